@@ -1,0 +1,361 @@
+"""``dsv4-tl bench``: time the kernels at the DSv4 shapes of spec §8 against the machine's
+ceilings and against peers measured in the same process.
+
+Every implementation is first checked against the float32 reference on the very inputs it
+is timed on; a mismatch is reported in the table (and the run exits non-zero). Times are
+medians over repeated replays of a CUDA graph that holds several calls cycling through
+distinct input sets, so launch gaps and host overhead stay out of kernel times and the L2
+cache does not serve one input set repeatedly. Peers: FlashMLA as shipped in vLLM's wheel
+(``torch.ops._flashmla_C``, loaded from ``--peers-dir``); a peer that fails to load or run is
+reported, never silently dropped.
+
+FLOPs = 2·h·attended·(512 + 512) (FlashMLA's count). Bytes: decode = attended·584 (FP8
+cache) + q + out + indices; prefill = q + out + indices + the BF16 workspace; gather =
+rows·(584 read + 1024 written).
+"""
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+from typing import Callable, Optional
+
+import torch
+
+from .cache_format import TOKEN_BYTES
+from .testing import check_close, out_abs_tol, random_k, random_paged_cache, scatter_slots
+
+SCALE = 512 ** -0.5
+WINDOW = 128
+
+
+# ----------------------------------------------------------------------------- timing
+def graph_time_us(calls: list, reps: int = 20) -> float:
+    """Median µs per call of ``calls`` (closures over distinct input sets), replayed in a graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls:  # warm up: loads kernels, fills FlashMLA's scheduler metadata
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return statistics.median(times)
+
+
+def measure_ceilings(device) -> dict:
+    """bf16 GEMM rate (8192³, random data) and device copy rate (1 GiB, read + write)."""
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    gemm_us = graph_time_us([lambda: torch.mm(a, b)] * 3, reps=10)
+    src = torch.randn(1 << 28, device=device)  # 1 GiB fp32
+    dst = torch.empty_like(src)
+    copy_us = graph_time_us([lambda: dst.copy_(src)] * 3, reps=10)
+    return {"bf16_gemm_tflops": 2 * n**3 / gemm_us / 1e6,
+            "copy_gbps": 2 * src.numel() * 4 / copy_us / 1e3}
+
+
+# ----------------------------------------------------------------------------- shapes
+@dataclasses.dataclass(frozen=True)
+class DecodeShape:
+    h: int
+    b: int
+    kind: str  # "swa", "c4a", "c128a"
+
+    @property
+    def extra_topk(self) -> int:
+        return {"swa": 0, "c4a": 512 if self.h == 64 else 1024, "c128a": 1024}[self.kind]
+
+    @property
+    def name(self) -> str:
+        extra = {"swa": "", "c4a": f" + C4A {self.extra_topk} (bs 64)",
+                 "c128a": f" + C128A {self.extra_topk} (bs 2)"}[self.kind]
+        return f"decode h{self.h} b{self.b} window {WINDOW}{extra}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillShape:
+    h: int
+    s_q: int
+    topk: int
+    s_kv: int
+
+    @property
+    def name(self) -> str:
+        return f"prefill h{self.h} s_q {self.s_q} top-k {self.topk} s_kv {self.s_kv}"
+
+
+def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -> list:
+    """``sets`` input sets sharing the caches: SWA cache (bs 64, a 128-token window per
+    request in scattered blocks) and, for C4A/C128A, the compressed cache (bs 64 / 2) of a
+    32K / 128K-token context with random block tables. Full lengths (the steady state)."""
+    b, h = shape.b, shape.h
+    swa_blocks = 3
+    swa = random_paged_cache(b * swa_blocks * 2, 64, gen, device)
+    swa_table = torch.randperm(swa.shape[0], generator=gen, device=device).view(-1, swa_blocks)
+    extra = None
+    if shape.kind != "swa":
+        bs, entries = (64, 32768 // 4) if shape.kind == "c4a" else (2, 131072 // 128)
+        per_req = entries // bs
+        extra = random_paged_cache(b * per_req, bs, gen, device)
+        extra_table = torch.randperm(extra.shape[0], generator=gen, device=device).view(b, per_req)
+    out = []
+    for _ in range(sets):
+        q = torch.randn((b, 1, h, 512), generator=gen, device=device).to(torch.bfloat16)
+        start = torch.randint(0, 64, (b,), generator=gen, device=device)
+        idx = torch.stack([scatter_slots(swa_table[r], start[r] + torch.arange(WINDOW, device=device), 64)
+                           for r in range(b)]).view(b, 1, WINDOW)
+        lens = torch.full((b,), WINDOW, dtype=torch.int32, device=device)
+        item = {"q": q, "k_cache": swa, "indices": idx, "topk_length": lens,
+                "attn_sink": torch.rand(h, generator=gen, device=device) * 4 - 2,
+                "extra_k_cache": None, "extra_indices": None, "extra_topk_length": None}
+        if extra is not None:
+            k = shape.extra_topk
+            if shape.kind == "c4a":  # indexer picks: distinct random compressed positions
+                pos = torch.rand((b, entries), generator=gen, device=device).topk(k, -1).indices
+            else:  # C128A: every visible compressed entry, in order
+                pos = torch.arange(k, device=device)[None].expand(b, k)
+            e_idx = torch.stack([scatter_slots(extra_table[r], pos[r], bs) for r in range(b)])
+            item.update(extra_k_cache=extra, extra_indices=e_idx.view(b, 1, k),
+                        extra_topk_length=torch.full((b,), k, dtype=torch.int32, device=device))
+        out.append(item)
+    return out
+
+
+def prefill_inputs(shape: PrefillShape, gen: torch.Generator, sets: int, device) -> list:
+    """Workspace rows of 4 requests (PREFILL_CHUNK_SIZE); each query row = top-k minus the
+    window from the request's compressed region + its 128-row SWA window, as
+    combine_topk_swa_indices lays them out."""
+    kv = random_k(shape.s_kv, gen, device).view(shape.s_kv, 1, 512)
+    m = shape.s_kv // 4
+    per_req = shape.s_q // 4
+    n = m - (per_req + WINDOW)
+    out = []
+    for _ in range(sets):
+        t = torch.arange(shape.s_q, device=device)
+        r, i = t // per_req, t % per_req
+        comp = torch.rand((shape.s_q, n), generator=gen, device=device).topk(shape.topk - WINDOW, -1).indices
+        swa = n + i[:, None] + torch.arange(WINDOW, device=device)[None]
+        idx = (r[:, None] * m + torch.cat([comp, swa], -1)).int().view(shape.s_q, 1, shape.topk)
+        out.append({"q": torch.randn((shape.s_q, shape.h, 512), generator=gen, device=device).to(torch.bfloat16),
+                    "kv": kv, "indices": idx,
+                    "topk_length": torch.full((shape.s_q,), shape.topk, dtype=torch.int32, device=device),
+                    "attn_sink": torch.rand(shape.h, generator=gen, device=device) * 4 - 2})
+    return out
+
+
+# ----------------------------------------------------------------------------- implementations
+def ours_decode(x: dict):
+    from .ops import sparse_decode
+    return lambda: sparse_decode(x["q"], x["k_cache"], x["indices"], x["topk_length"], SCALE,
+                                 x["attn_sink"], x["extra_k_cache"], x["extra_indices"],
+                                 x["extra_topk_length"])
+
+
+def ours_prefill(x: dict):
+    from .ops import sparse_prefill
+    return lambda: sparse_prefill(x["q"], x["kv"], x["indices"], SCALE, x["attn_sink"],
+                                  x["topk_length"])
+
+
+class FlashMLAPeer:
+    """FlashMLA's sparse kernels through ``torch.ops._flashmla_C`` (vLLM 0.26 build)."""
+
+    name = "flashmla"
+
+    def __init__(self, peers_dir: str):
+        torch.cuda.init()
+        torch.ops.load_library(os.path.join(peers_dir, "flashmla", "_flashmla_C.abi3.so"))
+        self.ops = torch.ops._flashmla_C
+
+    def decode(self, x: dict):
+        q = x["q"]
+        out = torch.empty_like(q)
+        state = {"meta": None, "splits": None}
+        extra = x["extra_k_cache"]
+
+        def run():
+            o, lse, state["meta"], state["splits"] = self.ops.sparse_decode_fwd(
+                q, x["k_cache"].unsqueeze(-2), x["indices"], x["topk_length"], x["attn_sink"],
+                state["meta"], state["splits"],
+                None if extra is None else extra.unsqueeze(-2), x["extra_indices"],
+                x["extra_topk_length"], 512, SCALE, out)
+            return o, lse
+        return run
+
+    def prefill(self, x: dict):
+        return lambda: tuple(self.ops.sparse_prefill_fwd(
+            x["q"], x["kv"], x["indices"], SCALE, 512, x["attn_sink"], x["topk_length"], None))
+
+
+# ----------------------------------------------------------------------------- driver
+def _check_decode(x: dict, result) -> str:
+    from .reference import sparse_decode_ref
+    from .testing import cache_kmax
+    out, lse = result
+    ref_out, ref_lse = sparse_decode_ref(x["q"], x["k_cache"], x["indices"], x["topk_length"],
+                                         SCALE, x["attn_sink"], x["extra_k_cache"],
+                                         x["extra_indices"], x["extra_topk_length"])
+    kmax = max(cache_kmax(c) for c in (x["k_cache"], x["extra_k_cache"]) if c is not None)
+    check_close("out", out, ref_out, abs_tol=out_abs_tol(kmax), rel_tol=2 / 128, max_rel_norm=1e-2)
+    check_close("lse", lse.reshape(ref_lse.shape), ref_lse, abs_tol=1e-3, rel_tol=2**-13)
+    return "ok"
+
+
+def _check_prefill(x: dict, result) -> str:
+    from .reference import sparse_prefill_ref
+    out, max_logits, lse = result
+    ref = sparse_prefill_ref(x["q"], x["kv"], x["indices"], SCALE, 512, x["attn_sink"],
+                             x["topk_length"])
+    check_close("out", out, ref[0], abs_tol=out_abs_tol(float(x["kv"].float().abs().max())),
+                rel_tol=2 / 128, max_rel_norm=1e-2)
+    check_close("max_logits", max_logits, ref[1], abs_tol=1e-3, rel_tol=2**-13)
+    check_close("lse", lse, ref[2], abs_tol=1e-3, rel_tol=2**-13)
+    return "ok"
+
+
+def _attended(x: dict) -> int:
+    n = int(x["topk_length"].sum()) if x["topk_length"] is not None else x["indices"].numel()
+    if x.get("extra_topk_length") is not None:
+        n += int(x["extra_topk_length"].sum())
+    return n
+
+
+def _measure(row: dict, impls: dict, inputs: list, check: Callable, flops: float, nbytes: float,
+             ceilings: dict) -> None:
+    for name, make in impls.items():
+        entry = {"impl": name}
+        try:
+            calls = [make(x) for x in inputs]
+            result = calls[0]()
+            torch.cuda.synchronize()
+            entry["check"] = check(inputs[0], result)
+            us = graph_time_us(calls)
+            entry.update(us=us, tflops=flops / us / 1e6, gbps=nbytes / us / 1e3)
+            entry["pct_gemm"] = 100 * entry["tflops"] / ceilings["bf16_gemm_tflops"]
+            entry["pct_copy"] = 100 * entry["gbps"] / ceilings["copy_gbps"]
+        except Exception as exc:  # reported in the table, never dropped
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        row["results"].append(entry)
+
+
+def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda") -> dict:
+    gen = torch.Generator(device).manual_seed(0)
+    props = torch.cuda.get_device_properties(device)
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "device": props.name, "sms": props.multi_processor_count,
+              "torch": torch.__version__, "rows": [], "peer_errors": {}}
+    try:
+        import tilelang
+        report["tilelang"] = tilelang.__version__
+    except ImportError:
+        pass
+    report["ceilings"] = ceilings = measure_ceilings(device)
+    peers = []
+    if peers_dir:
+        try:
+            peers.append(FlashMLAPeer(peers_dir))
+        except Exception as exc:
+            report["peer_errors"]["flashmla"] = f"{type(exc).__name__}: {exc}"[:300]
+    sets = 3
+    if "decode" in suites:
+        batches = (1, 8, 64, 128) if quick else (1, 8, 32, 64, 128, 256)
+        kinds = ("c4a",) if quick else ("swa", "c4a", "c128a")
+        for kind in kinds:
+            for h in (64, 128):
+                for b in batches:
+                    shape = DecodeShape(h, b, kind)
+                    inputs = decode_inputs(shape, gen, sets, device)
+                    att = _attended(inputs[0])
+                    flops = 2 * h * att * 1024
+                    nbytes = att * TOKEN_BYTES + 2 * b * h * 512 * 2 + 4 * att
+                    row = {"suite": "decode", "shape": shape.name, "attended": att, "results": []}
+                    impls = {"dsv4_tl": ours_decode}
+                    impls.update({p.name: p.decode for p in peers})
+                    _measure(row, impls, inputs, _check_decode, flops, nbytes, ceilings)
+                    report["rows"].append(row)
+                    del inputs
+                    torch.cuda.empty_cache()
+    if "prefill" in suites:
+        for h, topk in ((64, 640), (128, 1152)):
+            shape = PrefillShape(h, 4096, topk, 32768)
+            inputs = prefill_inputs(shape, gen, sets, device)
+            att = _attended(inputs[0])
+            flops = 2 * h * att * 1024
+            nbytes = 2 * 4096 * h * 512 * 2 + 4 * att + shape.s_kv * 1024
+            row = {"suite": "prefill", "shape": shape.name, "attended": att, "results": []}
+            impls = {"dsv4_tl": ours_prefill}
+            impls.update({p.name: p.prefill for p in peers})
+            _measure(row, impls, inputs, _check_prefill, flops, nbytes, ceilings)
+            report["rows"].append(row)
+            del inputs
+            torch.cuda.empty_cache()
+    return report
+
+
+def format_table(report: dict) -> str:
+    c = report["ceilings"]
+    lines = [f"{report['device']} ({report['sms']} SMs), {report['date']}, torch {report['torch']}, "
+             f"tilelang {report.get('tilelang', '?')}",
+             f"ceilings: bf16 GEMM {c['bf16_gemm_tflops']:.0f} TFLOP/s, copy {c['copy_gbps']:.0f} GB/s"]
+    for name, err in report["peer_errors"].items():
+        lines.append(f"peer {name} failed to load: {err}")
+    head = f"{'shape':52s} {'impl':9s} {'us':>9s} {'TFLOP/s':>8s} {'%gemm':>6s} {'GB/s':>7s} {'%copy':>6s} {'vs flashmla':>11s}  check"
+    lines += [head, "-" * len(head)]
+    for row in report["rows"]:
+        by = {e["impl"]: e for e in row["results"]}
+        for e in row["results"]:
+            if "error" in e:
+                lines.append(f"{row['shape'][:52]:52s} {e['impl']:9s} ERROR {e['error']}")
+                continue
+            fm = by.get("flashmla", {})
+            ratio = f"{fm['us'] / e['us']:.2f}x" if "us" in fm and e["impl"] != "flashmla" else ""
+            lines.append(f"{row['shape'][:52]:52s} {e['impl']:9s} {e['us']:9.1f} {e['tflops']:8.1f} "
+                         f"{e['pct_gemm']:6.1f} {e['gbps']:7.0f} {e['pct_copy']:6.1f} {ratio:>11s}  {e['check']}")
+    lines.append("ratio = FlashMLA time / dsv4_tl time (> 1: dsv4_tl faster)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="dsv4-tl bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", choices=["decode", "prefill", "all"], default="all")
+    parser.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR"),
+                        help="unpacked peer bundle (…/dsv4_peers); default $PEERS_DIR")
+    parser.add_argument("--quick", action="store_true", help="a subset of the decode shapes")
+    parser.add_argument("--json", help="write the full report here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("dsv4-tl bench: needs a CUDA device", file=sys.stderr)
+        return 2
+    suites = ["decode", "prefill"] if args.suite == "all" else [args.suite]
+    report = run_bench(suites, args.peers_dir, args.quick)
+    table = format_table(report)
+    report["table"] = table
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    print(table)
+    failed = [e for r in report["rows"] for e in r["results"] if "error" in e and e["impl"] == "dsv4_tl"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

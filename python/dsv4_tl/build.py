@@ -1,0 +1,185 @@
+"""Ahead-of-time builds: every kernel variant a DSv4 deployment needs, per target.
+
+``dsv4-tl build --target cuda:sm_90a`` runs on any machine with TileLang and the target's
+compiler (no GPU): it enumerates the variants (:func:`build_variants`), compiles the ones
+whose artifact is missing or stale in parallel, and writes
+``<out>/<target>/manifest.json`` recording for each variant its key, op, static parameters,
+schedule, source hash and the sha256 of its artifact, plus the toolchain versions. The
+loader (:mod:`dsv4_tl.loader`) refuses artifacts the manifest does not vouch for.
+
+Variants: for each op, the static parameters of a DSv4 deployment (head counts 64 and 128,
+the ones vLLM pads to, plus any ``--heads``; with and without the extra scope; dense and
+ragged prefill) times every distinct schedule of the target's schedule file (default and
+buckets). Index widths and batch sizes are run-time values, so they add no variants.
+"""
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Iterable, Optional
+
+from .kernels import KERNELS, Variant
+from .loader import MANIFEST_NAME, artifact_path, compile_variant, default_kernel_dir, sha256_file
+from .schedules import load_schedule_file
+from .targets import Target, parse_target
+
+DEFAULT_HEADS = (64, 128)
+
+
+def fp8_formats_for(target: Target) -> tuple:
+    """Cache byte flavours to build: gfx942 writers may produce FNUZ (spec §1)."""
+    return ("e4m3fn", "e4m3fnuz") if target.name == "hip:gfx942" else ("e4m3fn",)
+
+
+def schedules_of(target: Target, op: str) -> list:
+    """The distinct configs of ``op``'s schedule file: the default, then each bucket's."""
+    spec = load_schedule_file(target.dirname, op)
+    configs = [dict(spec["default"])]
+    for bucket in spec.get("buckets", []):
+        config = {**spec["default"], **bucket["config"]}
+        if config not in configs:
+            configs.append(config)
+    return configs
+
+
+def _statics(op: str, target: Target, heads: Iterable[int]) -> list:
+    """Static parameter sets of ``op`` a deployment needs (see the module docstring)."""
+    heads = sorted(set(heads))
+    if op == "sparse_decode":
+        return [dict(num_heads=h, has_extra=e, fp8_format=f)
+                for h in heads for e in (False, True) for f in fp8_formats_for(target)]
+    if op == "sparse_decode_combine":
+        splits = sorted({c["num_splits"] for c in schedules_of(target, "sparse_decode")} - {1})
+        return [dict(num_heads=h, num_splits=s) for h in heads for s in splits]
+    if op == "sparse_prefill":
+        return [dict(num_heads=h, ragged=r) for h in heads for r in (False, True)]
+    if op == "dequant_gather":
+        return [dict(fp8_format=f) for f in fp8_formats_for(target)]
+    return [{}]
+
+
+def build_variants(target: "str | Target", heads: Iterable[int] = DEFAULT_HEADS) -> list:
+    """Every variant ``dsv4-tl build`` compiles for ``target``, in a stable order."""
+    target = parse_target(target)
+    variants = []
+    for op in sorted(KERNELS):
+        for static in _statics(op, target, heads):
+            for schedule in schedules_of(target, op):
+                variants.append(Variant.make(op, static, schedule))
+    return variants
+
+
+def source_hash(variant: Variant) -> str:
+    """sha256 over everything that determines the compiled code of ``variant`` except the
+    toolchain: all kernel definition files (they import each other), the variant identity."""
+    import dsv4_tl.tile_kernels as tk
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(tk.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    digest.update(json.dumps(variant.as_dict(), sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def toolchain_versions() -> dict:
+    import tilelang
+    import tvm_ffi
+
+    versions = {"tilelang": tilelang.__version__, "apache-tvm-ffi": tvm_ffi.__version__}
+    try:
+        import torch
+
+        versions["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return versions
+
+
+def _compile_job(args: tuple) -> tuple:
+    import logging
+
+    logging.getLogger("tilelang").setLevel(logging.WARNING)  # one line per kernel is noise here
+    op_static_schedule, target_name, path = args
+    variant = Variant.make(*op_static_schedule)
+    start = time.time()
+    compile_variant(variant, parse_target(target_name), Path(path))
+    return variant.key, time.time() - start
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:60]:60s}")
+    sys.stderr.flush()
+
+
+def build(target: "str | Target", out: "str | Path | None" = None,
+          heads: Iterable[int] = DEFAULT_HEADS, jobs: Optional[int] = None,
+          progress: bool = True) -> dict:
+    """Build (incrementally) every variant for ``target`` into ``out``; return the manifest.
+
+    Raises RuntimeError naming every variant that failed to compile (the others are kept
+    and recorded, so a re-run only retries the failures).
+    """
+    target = parse_target(target)
+    out = Path(out) if out is not None else default_kernel_dir()
+    tdir = out / target.dirname
+    tdir.mkdir(parents=True, exist_ok=True)
+    manifest_path = tdir / MANIFEST_NAME
+    old = {}
+    if manifest_path.is_file():
+        old = {e["key"]: e for e in json.loads(manifest_path.read_text()).get("kernels", [])}
+    versions = toolchain_versions()
+
+    entries, todo = {}, []
+    for variant in build_variants(target, heads):
+        path = artifact_path(out, target, variant)
+        entry = {"key": variant.key, **variant.as_dict(), "target": target.name,
+                 "source_hash": source_hash(variant), "artifact": path.name,
+                 "entry": variant.spec.entry, "toolchain": versions}
+        prev = old.get(variant.key)
+        if (prev and path.is_file() and prev.get("source_hash") == entry["source_hash"]
+                and prev.get("toolchain") == versions and prev.get("sha256") == sha256_file(path)):
+            entries[variant.key] = prev  # unchanged: reuse
+        else:
+            entries[variant.key] = entry
+            todo.append((variant, path))
+
+    failures = []
+    if todo:
+        jobs = jobs or max(1, min(len(todo), os.cpu_count() or 1))
+        args = [((v.op, dict(v.static), dict(v.schedule)), target.name, str(p)) for v, p in todo]
+        done = 0
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(_compile_job, a): v for a, (v, _) in zip(args, todo)}
+            for future in concurrent.futures.as_completed(futures):
+                variant = futures[future]
+                done += 1
+                try:
+                    future.result()
+                except Exception as exc:  # name the kernel and variant
+                    failures.append(f"{variant.key}: {exc}")
+                    entries.pop(variant.key)
+                if progress:
+                    _progress(done, len(todo), variant.key)
+        if progress:
+            sys.stderr.write("\n")
+    for variant, path in todo:
+        if variant.key in entries:
+            entries[variant.key]["sha256"] = sha256_file(path)
+
+    manifest = {"format": 1, "target": target.name, "toolchain": versions,
+                "kernels": [entries[k] for k in sorted(entries)]}
+    tmp = manifest_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, manifest_path)
+    if failures:
+        raise RuntimeError(f"{len(failures)} kernel variant(s) failed to compile for "
+                           f"{target.name}:\n  " + "\n  ".join(failures))
+    manifest["built"] = [v.key for v, _ in todo]
+    return manifest

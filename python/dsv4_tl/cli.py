@@ -1,0 +1,106 @@
+"""The ``dsv4-tl`` command: ``build``, ``info``, ``bench``."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from .targets import DEFAULT_TARGET, SUPPORTED_TARGETS
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from .build import DEFAULT_HEADS, build
+
+    heads = sorted(set(DEFAULT_HEADS) | set(args.heads or []))
+    status = 0
+    for target in args.target or [DEFAULT_TARGET]:
+        try:
+            manifest = build(target, args.out, heads=heads, jobs=args.jobs,
+                             progress=sys.stderr.isatty() or args.progress)
+        except RuntimeError as exc:
+            print(f"dsv4-tl build: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        n, built = len(manifest["kernels"]), len(manifest["built"])
+        print(f"{target}: {n} kernel variants ({built} compiled, {n - built} unchanged)")
+    return status
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .loader import MANIFEST_NAME, default_kernel_dir
+
+    root = Path(args.out) if args.out else default_kernel_dir()
+    print(f"kernel dir: {root}")
+    found = False
+    for target in SUPPORTED_TARGETS:
+        from .targets import parse_target
+
+        path = root / parse_target(target).dirname / MANIFEST_NAME
+        if not path.is_file():
+            continue
+        found = True
+        data = json.loads(path.read_text())
+        ops = {}
+        for entry in data.get("kernels", []):
+            ops[entry["op"]] = ops.get(entry["op"], 0) + 1
+        tools = ", ".join(f"{k} {v}" for k, v in sorted(data.get("toolchain", {}).items()))
+        print(f"  {target}: {len(data.get('kernels', []))} variants ({tools})")
+        for op, count in sorted(ops.items()):
+            print(f"    {op}: {count}")
+    if not found:
+        print(f"  nothing built; run: dsv4-tl build --target {DEFAULT_TARGET}")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from .targets import target_for_device
+
+            for i in range(torch.cuda.device_count()):
+                name = torch.cuda.get_device_name(i)
+                try:
+                    target = target_for_device(torch.device("cuda", i)).name
+                except RuntimeError as exc:
+                    target = f"unsupported ({exc})"
+                print(f"device cuda:{i}: {name} -> {target}")
+        else:
+            print("devices: no CUDA/ROCm device visible to torch")
+    except ImportError:
+        print("devices: torch is not installed")
+    return 0
+
+
+def main(argv: Optional[list] = None) -> int:
+    parser = argparse.ArgumentParser(prog="dsv4-tl", description="DeepSeek-V4 sparse MLA kernels")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("build", help="compile every kernel variant for one or more targets")
+    p.add_argument("--target", action="append", choices=SUPPORTED_TARGETS,
+                   help=f"repeatable; default {DEFAULT_TARGET}")
+    p.add_argument("--out", help="artifact root (default $DSV4_TL_KERNEL_DIR or ~/.cache/dsv4_tl/kernels)")
+    p.add_argument("--heads", type=int, action="append",
+                   help="extra head counts to build besides 64 and 128 (repeatable)")
+    p.add_argument("--jobs", type=int, help="parallel compiles (default: all cores)")
+    p.add_argument("--progress", action="store_true", help="progress bar even when not a tty")
+    p.set_defaults(func=_cmd_build)
+
+    p = sub.add_parser("info", help="what is built, for which targets and versions; devices seen")
+    p.add_argument("--out", help="artifact root to inspect")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("bench", help="benchmark against the measured ceilings and peers (GPU)",
+                       add_help=False)
+    p.set_defaults(func=None)
+
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Shared test plumbing: a fresh seed per test and the ``gpu`` marker.
+
+* ``seed`` fixture: a new random seed per test (``os.urandom``), also passed to
+  ``torch.manual_seed``. A failing test's report gets a ``seed`` section; rerun it with
+  ``DSV4_TL_SEED=<seed> python -m pytest <node id>``.
+* ``gpu`` marker / ``requires_cuda``: tests that need a CUDA device are skipped without one.
+"""
+
+import os
+
+import pytest
+
+SEED_ENV = "DSV4_TL_SEED"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+CUDA_AVAILABLE = _cuda_available()
+
+# `from conftest import requires_cuda`; `@pytest.mark.gpu` does the same.
+requires_cuda = pytest.mark.skipif(not CUDA_AVAILABLE, reason="needs a CUDA device")
+
+
+def pytest_configure(config):
+    # pyproject.toml registers it too; registering twice is harmless.
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if CUDA_AVAILABLE:
+        return
+    skip = pytest.mark.skip(reason="gpu test: no CUDA device here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A fresh seed for this test (or ``$DSV4_TL_SEED``); torch's RNG is seeded with it."""
+    env = os.environ.get(SEED_ENV)
+    value = int(env) if env else int.from_bytes(os.urandom(4), "little")
+    request.node.user_properties.append(("seed", value))
+    import torch
+
+    torch.manual_seed(value)
+    return value
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for name, value in item.user_properties:
+            if name == "seed":
+                report.sections.append(("seed", f"rerun with {SEED_ENV}={value}"))

@@ -1,0 +1,220 @@
+"""GPU tests of sparse FP8 decode against the float32 reference.
+
+Fresh random inputs every run (the seed is printed on failure), outputs poisoned with NaN
+before every call. Tolerances: out is bf16 and P is rounded to bf16 before PV, as in
+FlashMLA, so |err| <= out_abs_tol(max |k|) + 2/128·|ref| elementwise (the rounding bound of
+bf16 weights, see dsv4_tl.testing.out_abs_tol; 2/128 = two bf16 ulps of the output) and a
+relative Frobenius error <= 1e-2; lse only sees fp32 accumulation of exact bf16 products, so
+|err| <= 1e-3 + 2^-13·|ref|.
+"""
+
+import math
+
+import pytest
+import torch
+
+from dsv4_tl.ops import sparse_decode
+from dsv4_tl.reference import sparse_decode_ref
+from dsv4_tl.testing import (
+    cache_kmax,
+    check_close,
+    out_abs_tol,
+    poison_past_length,
+    punch_holes,
+    random_paged_cache,
+    scatter_slots,
+)
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+DEV = "cuda"
+SCALE = 512 ** -0.5
+WINDOW = 128
+
+
+def _scope(b, s_q, width, block_size, blocks_per_req, gen, *, full=False, fp8_format="e4m3fn"):
+    """A scattered paged cache and index rows of one scope: every request owns
+    ``blocks_per_req`` random blocks of a pool 2x larger; rows pick random distinct positions
+    (or all positions in order when ``full``)."""
+    num_blocks = 2 * b * blocks_per_req
+    cache = random_paged_cache(num_blocks, block_size, gen, DEV, fp8_format)
+    table = torch.randperm(num_blocks, generator=gen, device=DEV)[: b * blocks_per_req]
+    table = table.view(b, blocks_per_req)
+    capacity = blocks_per_req * block_size
+    idx = torch.empty((b, s_q, width), dtype=torch.int32, device=DEV)
+    for r in range(b):
+        for s in range(s_q):
+            if full:
+                pos = torch.arange(width, device=DEV) % capacity
+            else:
+                pos = torch.randperm(capacity, generator=gen, device=DEV)[:width]
+            idx[r, s] = scatter_slots(table[r], pos, block_size)
+    return cache, idx
+
+
+def _lengths(b, width, gen, *, full_rows=1):
+    """Per-request lengths in [0, width]; the first ``full_rows`` use the whole width."""
+    lens = torch.randint(0, width + 1, (b,), generator=gen, device=DEV, dtype=torch.int32)
+    lens[:full_rows] = width
+    return lens
+
+
+def _sink(h, gen, kind="mixed"):
+    if kind == "none":
+        return None
+    if kind == "-inf":
+        return torch.full((h,), -math.inf, device=DEV)
+    if kind == "+inf":
+        return torch.full((h,), math.inf, device=DEV)
+    sink = torch.rand(h, generator=gen, device=DEV) * 4 - 2
+    if kind == "mixed" and h >= 4:
+        sink[1], sink[2] = -math.inf, math.inf
+    return sink
+
+
+def _run_and_check(q, main, extra, sink, fp8_format="e4m3fn"):
+    (k_cache, idx, lens), (e_cache, e_idx, e_lens) = main, extra
+    b, s_q, h, _ = q.shape
+    out = torch.full((b, s_q, h, 512), math.nan, dtype=torch.bfloat16, device=DEV)
+    lse = torch.full((b, h, s_q), math.nan, dtype=torch.float32, device=DEV)
+    got_out, got_lse = sparse_decode(q, k_cache, idx, lens, SCALE, sink, e_cache, e_idx, e_lens,
+                                     fp8_format=fp8_format, out=out, lse=lse)
+    assert got_out.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
+    torch.cuda.synchronize()
+    ref_out, ref_lse = sparse_decode_ref(q, k_cache, idx, lens, SCALE, sink, e_cache, e_idx,
+                                         e_lens, fp8_format=fp8_format)
+    kmax = max(cache_kmax(c, fp8_format) for c in (k_cache, e_cache) if c is not None)
+    check_close("out", out, ref_out, abs_tol=out_abs_tol(kmax), rel_tol=2 / 128,
+                max_rel_norm=1e-2)
+    check_close("lse", lse, ref_lse, abs_tol=1e-3, rel_tol=2**-13)
+
+
+def _case(b, s_q, h, extra_kind, gen, *, sink="mixed", holes=0.1, lonely_row=True,
+          fp8_format="e4m3fn"):
+    q = torch.randn((b, s_q, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _scope(b, s_q, WINDOW, 64, 3, gen, fp8_format=fp8_format)
+    lens = _lengths(b, WINDOW, gen)
+    extra = (None, None, None)
+    if extra_kind != "swa":
+        if extra_kind.startswith("c4a"):  # indexer top-k over compressed entries, bs 64
+            width = int(extra_kind[3:])
+            e_cache, e_idx = _scope(b, s_q, width, 64, width // 64 + 2, gen,
+                                    fp8_format=fp8_format)
+        else:  # c128a: dense over all visible compressed entries, bs 2, variable length
+            width = int(extra_kind[5:])
+            e_cache, e_idx = _scope(b, s_q, width, 2, width // 2, gen, full=True,
+                                    fp8_format=fp8_format)
+        e_lens = _lengths(b, width, gen)
+        punch_holes(e_idx, e_lens, holes, gen)
+        poison_past_length(e_idx, e_lens, gen)
+        extra = (e_cache, e_idx, e_lens)
+    punch_holes(idx, lens, holes, gen)
+    poison_past_length(idx, lens, gen)
+    if lonely_row and b > 1:
+        lens[-1] = 0
+        if extra[2] is not None:
+            extra[2][-1] = 0
+    _run_and_check(q, (k_cache, idx, lens), extra, _sink(h, gen, sink), fp8_format)
+
+
+@pytest.mark.parametrize(
+    "h,b,extra_kind",
+    [
+        (64, 1, "c4a512"),
+        (128, 1, "c4a1024"),
+        (64, 7, "c4a512"),
+        (128, 7, "c128a256"),
+        (128, 64, "c4a1024"),
+        (64, 64, "c128a128"),
+        (128, 128, "c4a1024"),
+        (64, 128, "c4a512"),
+        (128, 64, "swa"),
+        (64, 7, "swa"),
+        (16, 7, "c4a512"),
+        (32, 64, "c128a256"),
+        (96, 7, "c4a512"),
+    ],
+    ids=lambda v: str(v),
+)
+def test_decode_matches_reference(h, b, extra_kind, seed):
+    gen = torch.Generator(DEV).manual_seed(seed)
+    _case(b, 1, h, extra_kind, gen)
+
+
+@pytest.mark.parametrize("sink", ["none", "-inf", "+inf", "finite"])
+def test_decode_sink(sink, seed):
+    gen = torch.Generator(DEV).manual_seed(seed)
+    _case(7, 1, 64, "c4a512", gen, sink=sink)
+
+
+def test_decode_mtp_rows(seed):
+    """s_q = 2 (MTP): rows of one request share topk_length but have their own indices."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    _case(5, 2, 128, "c4a1024", gen)
+
+
+def test_decode_all_rows_lonely(seed):
+    """Every length 0: out must be exactly 0 and lse +inf, whatever the indices hold."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    b, h = 4, 64
+    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _scope(b, 1, WINDOW, 64, 3, gen)
+    lens = torch.zeros(b, dtype=torch.int32, device=DEV)
+    poison_past_length(idx, lens, gen)
+    _run_and_check(q, (k_cache, idx, lens), (None, None, None), _sink(h, gen))
+
+
+def test_decode_all_invalid_holes(seed):
+    """Lengths cover the row but every entry is -1: a lonely row again."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    b, h = 3, 128
+    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _scope(b, 1, WINDOW, 64, 3, gen)
+    idx.fill_(-1)
+    lens = torch.full((b,), WINDOW, dtype=torch.int32, device=DEV)
+    _run_and_check(q, (k_cache, idx, lens), (None, None, None), _sink(h, gen))
+
+
+def test_decode_out_of_range_slots_ignored(seed):
+    """Slots past the cache (and negative ones other than -1) inside topk_length are skipped."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    b, h = 4, 64
+    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _scope(b, 1, WINDOW, 64, 3, gen)
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    bad = torch.rand(idx.shape, generator=gen, device=DEV) < 0.2
+    garbage = torch.tensor([num_slots, num_slots + 63, 2**31 - 1, -2, -(2**31)],
+                           dtype=torch.int32, device=DEV)
+    pick = torch.randint(0, len(garbage), idx.shape, generator=gen, device=DEV)
+    idx[bad] = garbage[pick][bad]
+    lens = torch.full((b,), WINDOW, dtype=torch.int32, device=DEV)
+    _run_and_check(q, (k_cache, idx, lens), (None, None, None), _sink(h, gen))
+
+
+def test_decode_fnuz_cache(seed):
+    """FNUZ bytes (gfx942 writers) decoded by the FNUZ path of the kernel."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    _case(7, 1, 64, "c4a512", gen, fp8_format="e4m3fnuz")
+
+
+def test_decode_flashmla_4d_cache_view(seed):
+    """FlashMLA's [num_blocks, bs, 1, 584] view of the same bytes gives the same result."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    b, h = 3, 64
+    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _scope(b, 1, WINDOW, 64, 3, gen)
+    lens = _lengths(b, WINDOW, gen)
+    out3, lse3 = sparse_decode(q, k_cache, idx, lens, SCALE)
+    out4, lse4 = sparse_decode(q, k_cache.unsqueeze(2), idx, lens, SCALE)
+    assert torch.equal(out3, out4) and torch.equal(lse3, lse4)
+
+
+def test_decode_empty_batch():
+    q = torch.empty((0, 1, 64, 512), dtype=torch.bfloat16, device=DEV)
+    k_cache = random_paged_cache(2, 64, torch.Generator(DEV).manual_seed(0), DEV)
+    idx = torch.empty((0, 1, 128), dtype=torch.int32, device=DEV)
+    out, lse = sparse_decode(q, k_cache, idx, None, SCALE)
+    assert out.shape == (0, 1, 64, 512) and lse.shape == (0, 64, 1)

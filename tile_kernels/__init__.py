@@ -1,0 +1,1 @@
+"""TileLang kernel definitions: one file per kernel, each exposing ``build_<op>(...)`` -> prim_func."""

@@ -1,0 +1,344 @@
+"""Sparse MLA decode straight from the FP8 paged KV cache (fp8_ds_mla layout, spec §1, §3).
+
+One CTA owns one query row ``(b, s)``, a group of ``heads_per_block`` heads and one KV split.
+The tiles of the main (sliding-window) scope and of the optional extra (compressed) scope
+form one list; a split walks its share of that list. For each tile the CTA reads the
+``block_tokens`` indices, turns each valid one into byte offsets (int64:
+``block * block_stride + p * 576`` for data, ``block * block_stride + bs * 576 + p * 8`` for
+the UE8M0 scales), and dequantises the FP8 NoPE bytes with their power-of-two scales and
+copies the BF16 RoPE dims into a BF16 tile in shared memory. There is no BF16 copy of the
+cache in global memory. Then the shared tile math (``attention_tile``) runs QKᵀ and PV on
+the tensor cores with V = K.
+
+Index validity: entry ``c`` of a scope is valid when ``c < topk_length[b]`` (clamped to the
+index width), ``idx >= 0`` and ``idx < num_blocks * block_size``; nothing else is ever
+dereferenced, so ``-1`` holes and garbage past the length (``INT32_MAX``, negatives) are
+safe. Index reads themselves are clamped into the row.
+
+With ``num_splits == 1`` the CTA finishes the row: sink folded into the denominator, natural
+log LSE (sink excluded, ``+inf`` for a row with no valid token). With ``num_splits > 1`` it
+writes an fp32 partial output normalised by its own sum and a log2-domain partial LSE
+(``-inf`` when empty); ``build_sparse_decode_combine`` merges the splits and applies the sink.
+
+Grid: ``(b * s_q, ceil(h / heads_per_block), num_splits)``.
+Definition of the math: ``dsv4_tl/reference/sparse_decode.py``.
+"""
+
+import tilelang.language as T
+
+from .attention_tile import LN2, LOG2E, attend_tile, init_softmax_state
+
+HEAD_DIM = 512
+NOPE_DIM = 448
+ROPE_DIM = 64
+QUANT_TILE = 64
+TOKEN_DATA_BYTES = 576
+TOKEN_SCALE_BYTES = 8
+NUM_SCALES = NOPE_DIM // QUANT_TILE
+
+FP8_FORMATS = ("e4m3fn", "e4m3fnuz")
+
+# Every global read of these kernels is explicitly clamped or masked (indices, cache rows),
+# so TileLang's per-element bounds guards are redundant, and they split the 16-byte cache
+# loads into byte loads.
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
+
+
+def fp8_byte_to_float(fp8_view, u8_view, offset, fp8_format: str):
+    """One cache byte as float32. OCP e4m3fn uses the hardware conversion of the fp8 view.
+    FNUZ (bias 8, 0x80 = NaN, no inf) has no CUDA type, so it is decoded from the raw byte:
+    the one target-specific building block of the kernel."""
+    if fp8_format == "e4m3fn":
+        return T.cast(fp8_view[offset], T.float32)
+    byte = T.cast(u8_view[offset], T.int32)
+    exp = (byte >> 3) & 15
+    man = T.cast(byte & 7, T.float32)
+    mag = T.if_then_else(
+        exp == 0,
+        man * 0.125 * 0.0078125,  # subnormal: m/8 * 2^(1-8)
+        (1.0 + man * 0.125) * T.exp2(T.cast(exp - 8, T.float32)),
+    )
+    value = T.if_then_else(byte >= 128, -mag, mag)
+    return T.if_then_else(byte == 128, T.cast(float("nan"), T.float32), value)
+
+
+def build_sparse_decode(
+    num_heads: int,
+    has_extra: bool,
+    *,
+    fp8_format: str = "e4m3fn",
+    num_splits: int = 1,
+    block_tokens: int = 64,
+    heads_per_block: int = 64,
+    threads: int = 256,
+):
+    """Return the prim_func of sparse FP8 decode.
+
+    Args:
+        num_heads: h_q (any value >= 1; the last head group is zero-padded, never stored).
+        has_extra: whether the extra (compressed) scope exists; False for SWA-only layers.
+            Index widths are run-time values: one variant serves every top-k width.
+        fp8_format: "e4m3fn" (OCP) or "e4m3fnuz" (FNUZ) bytes in the cache.
+        num_splits, block_tokens, heads_per_block, threads: the schedule.
+
+    Kernel arguments: ``q [b, s_q, h, 512] bf16``; per scope the cache as three flat views of
+    the same bytes (``fp8 [n_bytes]``, ``bf16 [n_bytes / 2]``, ``uint8 [n_bytes]``), ``indices
+    [b, s_q, width] int32``, ``topk_length [b] int32``; ``attn_sink [h] fp32`` (``-inf`` = no
+    sink); outputs ``out [b, s_q, h, 512] bf16`` and ``lse [b, h, s_q] fp32`` (single split)
+    or ``o_partial [b, s_q, splits, h, 512] fp32`` and ``lse_partial [b, s_q, splits, h]
+    fp32``; scalars ``sm_scale`` and per scope ``block_size`` (int32), ``block_stride`` (bytes,
+    int64) and ``num_blocks`` (int32).
+    """
+    if fp8_format not in FP8_FORMATS:
+        raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
+    D = HEAD_DIM
+    BI = block_tokens
+    HB = heads_per_block
+    S = num_splits
+    head_groups = (num_heads + HB - 1) // HB
+
+    b = T.dynamic("b")
+    s_q = T.dynamic("s_q")
+    topk = T.dynamic("topk")
+    ew = T.dynamic("extra_topk")
+    m_bytes = T.dynamic("m_bytes")
+    m_half = T.dynamic("m_half")
+    e_bytes = T.dynamic("e_bytes")
+    e_half = T.dynamic("e_half")
+    # Arguments a variant does not use (the extra scope of an SWA-only layer, the final
+    # outputs of a split variant, the partials of a single-split one) get their own size
+    # variables so that the caller can pass zero-size placeholders.
+    eb = T.dynamic("eb")
+    es = T.dynamic("es")
+    ob = T.dynamic("ob")
+    os_ = T.dynamic("os")
+    pb = T.dynamic("pb")
+    ps = T.dynamic("ps")
+
+    @T.macro
+    def gather_dequant_tile(
+        cache_fp8, cache_bf16, cache_u8, Indices, r_b, r_s, width, length, col0,
+        block_size, block_stride, num_blocks, row16, scale, valid, K_shared,
+    ):
+        # Phase 1: per token, the index -> validity, the 16-byte row of its data record
+        # (records and block strides are multiples of 16 bytes, so writing addresses as
+        # row16 * 16 + ... lets the compiler prove 16-byte alignment and vectorise phase 2),
+        # and the 7 power-of-two scales 2^(e - 127).
+        for j in T.Parallel(BI):
+            col = col0 + j
+            idx = Indices[r_b, r_s, T.min(col, width - 1)]
+            blk = idx // block_size
+            ok = (col < length) and (idx >= 0) and (blk < num_blocks)
+            safe_blk = T.cast(T.if_then_else(ok, blk, 0), T.int64)
+            p = T.cast(T.if_then_else(ok, idx % block_size, 0), T.int64)
+            valid[j] = ok
+            row16[j] = safe_blk * (block_stride // 16) + p * (TOKEN_DATA_BYTES // 16)
+        for j, g in T.Parallel(BI, NUM_SCALES):
+            blk = T.cast(T.if_then_else(valid[j], Indices[r_b, r_s, T.min(col0 + j, width - 1)] // block_size, 0), T.int64)
+            p = T.cast(T.if_then_else(valid[j], Indices[r_b, r_s, T.min(col0 + j, width - 1)] % block_size, 0), T.int64)
+            byte = cache_u8[blk * block_stride + T.cast(block_size, T.int64) * TOKEN_DATA_BYTES
+                            + p * TOKEN_SCALE_BYTES + g]
+            scale[j, g] = T.exp2(T.cast(byte, T.float32) - 127.0)
+        # Phase 2: dequantise NoPE (fp8 · scale) and copy RoPE (bf16); zero rows if invalid.
+        for g in T.unroll(NUM_SCALES):
+            for j, d in T.Parallel(BI, QUANT_TILE):
+                K_shared[j, g * QUANT_TILE + d] = T.if_then_else(
+                    valid[j],
+                    T.cast(
+                        fp8_byte_to_float(cache_fp8, cache_u8, row16[j] * 16 + g * QUANT_TILE + d,
+                                          fp8_format)
+                        * scale[j, g],
+                        T.bfloat16,
+                    ),
+                    T.cast(0, T.bfloat16),
+                )
+        for j, d in T.Parallel(BI, ROPE_DIM):
+            K_shared[j, NOPE_DIM + d] = T.if_then_else(
+                valid[j], cache_bf16[row16[j] * 8 + NOPE_DIM // 2 + d], T.cast(0, T.bfloat16)
+            )
+
+    @T.prim_func
+    def sparse_decode(
+        Q: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
+        MainFp8: T.Tensor([m_bytes], T.float8_e4m3fn),
+        MainBf16: T.Tensor([m_half], T.bfloat16),
+        MainU8: T.Tensor([m_bytes], T.uint8),
+        MainIndices: T.Tensor([b, s_q, topk], T.int32),
+        MainLength: T.Tensor([b], T.int32),
+        ExtraFp8: T.Tensor([e_bytes], T.float8_e4m3fn),
+        ExtraBf16: T.Tensor([e_half], T.bfloat16),
+        ExtraU8: T.Tensor([e_bytes], T.uint8),
+        ExtraIndices: T.Tensor([eb, es, ew], T.int32),
+        ExtraLength: T.Tensor([eb], T.int32),
+        Sink: T.Tensor([num_heads], T.float32),
+        Out: T.Tensor([ob, os_, num_heads, D], T.bfloat16),
+        Lse: T.Tensor([ob, num_heads, os_], T.float32),
+        OPartial: T.Tensor([pb, ps, S, num_heads, D], T.float32),
+        LsePartial: T.Tensor([pb, ps, S, num_heads], T.float32),
+        sm_scale: T.float32,
+        main_block_size: T.int32,
+        main_block_stride: T.int64,
+        main_num_blocks: T.int32,
+        extra_block_size: T.int32,
+        extra_block_stride: T.int64,
+        extra_num_blocks: T.int32,
+    ):
+        with T.Kernel(b * s_q, head_groups, S, threads=threads) as (row, hg, split):
+            Q_shared = T.alloc_shared([HB, D], T.bfloat16)
+            K_shared = T.alloc_shared([BI, D], T.bfloat16)
+            P_shared = T.alloc_shared([HB, BI], T.bfloat16)
+            row16 = T.alloc_shared([BI], T.int64)
+            scale = T.alloc_shared([BI, NUM_SCALES], T.float32)
+            valid = T.alloc_shared([BI], T.bool)
+            acc_s = T.alloc_fragment([HB, BI], T.float32)
+            acc_o = T.alloc_fragment([HB, D], T.float32)
+            m_i = T.alloc_fragment([HB], T.float32)
+            m_prev = T.alloc_fragment([HB], T.float32)
+            l_i = T.alloc_fragment([HB], T.float32)
+            l_tile = T.alloc_fragment([HB], T.float32)
+            alpha = T.alloc_fragment([HB], T.float32)
+
+            r_b = row // s_q
+            r_s = row % s_q
+            h0 = hg * HB
+            scale_log2 = sm_scale * LOG2E
+            main_len = T.min(T.max(MainLength[r_b], 0), topk)
+            main_tiles = T.ceildiv(main_len, BI)
+            extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
+            total_tiles = main_tiles + T.ceildiv(extra_len, BI)
+            per_split = T.ceildiv(total_tiles, S)
+            t_begin = T.min(split * per_split, total_tiles)
+            t_end = T.min(t_begin + per_split, total_tiles)
+
+            for i, d in T.Parallel(HB, D):
+                Q_shared[i, d] = T.if_then_else(
+                    h0 + i < num_heads, Q[r_b, r_s, T.min(h0 + i, num_heads - 1), d], 0
+                )
+            init_softmax_state(acc_o, m_i, l_i)
+
+            for t in T.serial(t_begin, t_end):
+                if t < main_tiles:
+                    gather_dequant_tile(
+                        MainFp8, MainBf16, MainU8, MainIndices, r_b, r_s, topk, main_len,
+                        t * BI, main_block_size, main_block_stride, main_num_blocks,
+                        row16, scale, valid, K_shared,
+                    )
+                else:
+                    gather_dequant_tile(
+                        ExtraFp8, ExtraBf16, ExtraU8, ExtraIndices, r_b, r_s, ew, extra_len,
+                        (t - main_tiles) * BI, extra_block_size, extra_block_stride,
+                        extra_num_blocks, row16, scale, valid, K_shared,
+                    )
+                attend_tile(
+                    Q_shared, K_shared, P_shared, valid, acc_s, acc_o,
+                    m_i, m_prev, l_i, l_tile, alpha, scale_log2, HB, BI, D,
+                )
+
+            if S == 1:
+                for i in T.Parallel(HB):
+                    has = l_i[i] > 0
+                    if h0 + i < num_heads:
+                        Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                            has, T.log(l_i[i]) + m_i[i] * sm_scale, T.infinity(T.float32)
+                        )
+                    l_i[i] = T.if_then_else(
+                        has,
+                        l_i[i]
+                        + T.exp2(
+                            Sink[T.min(h0 + i, num_heads - 1)] * LOG2E - m_i[i] * scale_log2
+                        ),
+                        1.0,
+                    )
+                for i, d in T.Parallel(HB, D):
+                    if h0 + i < num_heads:
+                        Out[r_b, r_s, h0 + i, d] = T.cast(acc_o[i, d] / l_i[i], T.bfloat16)
+            else:
+                for i in T.Parallel(HB):
+                    has = l_i[i] > 0
+                    if h0 + i < num_heads:
+                        LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
+                            has, T.log2(l_i[i]) + m_i[i] * scale_log2, -T.infinity(T.float32)
+                        )
+                    l_i[i] = T.if_then_else(has, l_i[i], 1.0)
+                for i, d in T.Parallel(HB, D):
+                    if h0 + i < num_heads:
+                        OPartial[r_b, r_s, split, h0 + i, d] = acc_o[i, d] / l_i[i]
+
+    return sparse_decode
+
+
+def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_block: int = 8,
+                                threads: int = 128):
+    """Merge split-KV partials of ``build_sparse_decode`` and apply the attention sink.
+
+    ``lse = log2(Σ_s 2^lse_s)`` over the splits; ``out = Σ_s 2^(lse_s - lse) o_s`` scaled by
+    ``1 / (1 + e^(sink - lse_nat))``; rows where every split is empty give out 0, lse +inf.
+    Grid: ``(b * s_q, ceil(h / heads_per_block))``.
+    """
+    D = HEAD_DIM
+    S = num_splits
+    HB = heads_per_block
+    head_groups = (num_heads + HB - 1) // HB
+    b = T.dynamic("b")
+    s_q = T.dynamic("s_q")
+    topk = T.dynamic("topk")
+    ew = T.dynamic("extra_topk")
+
+    @T.prim_func
+    def sparse_decode_combine(
+        OPartial: T.Tensor([b, s_q, S, num_heads, D], T.float32),
+        LsePartial: T.Tensor([b, s_q, S, num_heads], T.float32),
+        Sink: T.Tensor([num_heads], T.float32),
+        Out: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
+        Lse: T.Tensor([b, num_heads, s_q], T.float32),
+    ):
+        with T.Kernel(b * s_q, head_groups, threads=threads) as (row, hg):
+            lse_max = T.alloc_shared([HB], T.float32)
+            lse_sum = T.alloc_shared([HB], T.float32)
+            weight = T.alloc_shared([HB, S], T.float32)
+            r_b = row // s_q
+            r_s = row % s_q
+            h0 = hg * HB
+            for i in T.Parallel(HB):
+                h = T.min(h0 + i, num_heads - 1)
+                m = T.alloc_var(T.float32, init=-T.infinity(T.float32))
+                for s in T.serial(S):
+                    m = T.max(m, LsePartial[r_b, r_s, s, h])
+                acc = T.alloc_var(T.float32, init=0.0)
+                for s in T.serial(S):
+                    w = T.if_then_else(m == -T.infinity(T.float32), 0.0,
+                                       T.exp2(LsePartial[r_b, r_s, s, h] - m))
+                    weight[i, s] = w
+                    acc = acc + w
+                lse_max[i] = m
+                lse_sum[i] = acc
+            for i in T.Parallel(HB):
+                if h0 + i < num_heads:
+                    has = lse_sum[i] > 0
+                    lse2 = T.log2(T.max(lse_sum[i], 1e-30)) + lse_max[i]
+                    Lse[r_b, h0 + i, r_s] = T.if_then_else(has, lse2 * LN2, T.infinity(T.float32))
+                    # Final scale: 1/Σw for the merge times the sink factor 1/(1 + 2^(sink·log2e - lse2)).
+                    lse_sum[i] = T.if_then_else(
+                        has,
+                        1.0 / (lse_sum[i] * (1.0 + T.exp2(Sink[h0 + i] * LOG2E - lse2))),
+                        0.0,
+                    )
+            for i, d in T.Parallel(HB, D):
+                if h0 + i < num_heads:
+                    acc_d = T.alloc_var(T.float32, init=0.0)
+                    for s in T.serial(S):
+                        acc_d = acc_d + weight[i, s] * OPartial[r_b, r_s, s, h0 + i, d]
+                    Out[r_b, r_s, h0 + i, d] = T.cast(acc_d * lse_sum[i], T.bfloat16)
+
+    return sparse_decode_combine
+
+
+# Representative builds for the lowering smoke test (tests/test_lowering.py): C4A (h128),
+# SWA-only split-KV (h64), an unpadded head count with a C128A-width extra scope, and a combine.
+LOWERING_EXAMPLES = [
+    {"builder": "build_sparse_decode", "kwargs": {"num_heads": 128, "has_extra": True}},
+    {"builder": "build_sparse_decode", "kwargs": {"num_heads": 64, "has_extra": False, "num_splits": 4}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 16, "has_extra": True, "fp8_format": "e4m3fnuz"}},
+    {"builder": "build_sparse_decode_combine", "kwargs": {"num_heads": 128, "num_splits": 8}},
+]

@@ -1,0 +1,157 @@
+"""Sparse MLA prefill over a BF16 workspace (spec §4), dense and ragged index forms.
+
+One CTA owns one query row and a group of ``heads_per_block`` heads. It walks the row's
+valid index window in tiles of ``block_tokens`` KV rows: each tile is gathered into shared
+memory (invalid entries are never dereferenced and land as zero rows), QKᵀ and PV run on
+the tensor cores, and an online softmax in the log2 domain keeps the running max and sum.
+
+Index validity: column ``c`` of row ``i`` is valid when ``c < len_i``, ``idx >= 0`` and
+``idx < s_kv``. The index *address* itself is clamped into the row's window, so garbage
+lengths, garbage columns past the length and garbage indptr values are never read out of
+bounds either. Definition of the math: ``dsv4_tl/reference/sparse_prefill.py``.
+
+Grid: ``(s_q, ceil(h / heads_per_block))``.
+"""
+
+
+import tilelang.language as T
+
+from .attention_tile import LOG2E, attend_tile, init_softmax_state, masked_gather_rows
+
+HEAD_DIM = 512
+
+
+def build_sparse_prefill(
+    num_heads: int,
+    ragged: bool,
+    *,
+    block_tokens: int = 64,
+    heads_per_block: int = 64,
+    threads: int = 256,
+    num_stages: int = 2,
+):
+    """Return the prim_func of sparse prefill.
+
+    Args:
+        num_heads: h_q (any value >= 1; heads past ``num_heads`` in the last head group are
+            padded with zero queries and never stored).
+        ragged: False: ``indices [s_q, topk]`` + ``topk_length [s_q]``; True: CSR
+            ``indices [nnz]`` + ``indptr [s_q + 1]``.
+        block_tokens, heads_per_block, threads, num_stages: the schedule.
+
+    Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
+    ``indices``, ``lengths`` (dense: ``topk_length [s_q] int32``; ragged: ``indptr [s_q+1]
+    int32``), ``attn_sink [h] fp32`` (``-inf`` = no sink), outputs ``out [s_q, h, 512] bf16``,
+    ``max_logits [s_q, h] fp32``, ``lse [s_q, h] fp32``, and the scalar ``sm_scale``.
+    """
+    D = HEAD_DIM
+    BI = block_tokens
+    HB = heads_per_block
+    head_groups = (num_heads + HB - 1) // HB
+
+    s_q = T.dynamic("s_q")
+    s_kv = T.dynamic("s_kv")
+    nnz = T.dynamic("nnz")
+    topk = T.dynamic("topk")  # dense row width: a run-time value, one variant for every width
+    idx_shape = [nnz] if ragged else [s_q, topk]
+    len_shape = [s_q + 1] if ragged else [s_q]
+
+    # Row windows, resolved at trace time. Both forms clamp so that any length/indptr value
+    # keeps every index read inside the index buffer.
+    if ragged:
+
+        def row_length(lengths, row):
+            lo = T.min(T.max(lengths[row], 0), nnz)
+            return T.min(T.max(lengths[row + 1], lo), nnz) - lo
+
+        def index_at(indices, lengths, row, col):
+            return indices[T.cast(T.min(T.max(lengths[row], 0), nnz), T.int64) + col]
+
+    else:
+
+        def row_length(lengths, row):
+            return T.min(T.max(lengths[row], 0), topk)
+
+        def index_at(indices, lengths, row, col):
+            return indices[row, col]
+
+    @T.prim_func
+    def sparse_prefill(
+        Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
+        KV: T.Tensor([s_kv, D], T.bfloat16),
+        Indices: T.Tensor(idx_shape, T.int32),
+        Lengths: T.Tensor(len_shape, T.int32),
+        Sink: T.Tensor([num_heads], T.float32),
+        Out: T.Tensor([s_q, num_heads, D], T.bfloat16),
+        MaxLogits: T.Tensor([s_q, num_heads], T.float32),
+        Lse: T.Tensor([s_q, num_heads], T.float32),
+        sm_scale: T.float32,
+    ):
+        with T.Kernel(s_q, head_groups, threads=threads) as (row, hg):
+            Q_shared = T.alloc_shared([HB, D], T.bfloat16)
+            K_shared = T.alloc_shared([BI, D], T.bfloat16)
+            P_shared = T.alloc_shared([HB, BI], T.bfloat16)
+            rows_shared = T.alloc_shared([BI], T.int32)
+            valid_shared = T.alloc_shared([BI], T.bool)
+            acc_s = T.alloc_fragment([HB, BI], T.float32)
+            acc_o = T.alloc_fragment([HB, D], T.float32)
+            m_i = T.alloc_fragment([HB], T.float32)
+            m_prev = T.alloc_fragment([HB], T.float32)
+            l_i = T.alloc_fragment([HB], T.float32)
+            l_tile = T.alloc_fragment([HB], T.float32)
+            alpha = T.alloc_fragment([HB], T.float32)
+
+            h0 = hg * HB
+            scale_log2 = sm_scale * LOG2E
+            length = row_length(Lengths, row)
+
+            for i, d in T.Parallel(HB, D):
+                Q_shared[i, d] = T.if_then_else(
+                    h0 + i < num_heads, Q[row, T.min(h0 + i, num_heads - 1), d], 0
+                )
+            init_softmax_state(acc_o, m_i, l_i)
+
+            for t in T.Pipelined(T.ceildiv(length, BI), num_stages=num_stages):
+                for j in T.Parallel(BI):
+                    col = t * BI + j
+                    # Address clamped into the row's window: never past the index buffer.
+                    kv_row = index_at(Indices, Lengths, row, T.min(col, length - 1))
+                    ok = (col < length) and (kv_row >= 0) and (kv_row < s_kv)
+                    valid_shared[j] = ok
+                    rows_shared[j] = T.if_then_else(ok, kv_row, 0)
+                masked_gather_rows(KV, rows_shared, valid_shared, K_shared, BI, D)
+                attend_tile(
+                    Q_shared, K_shared, P_shared, valid_shared, acc_s, acc_o,
+                    m_i, m_prev, l_i, l_tile, alpha, scale_log2, HB, BI, D,
+                )
+
+            # Epilogue. max_logits/lse exclude the sink; out divides by (Σe^s + e^sink).
+            for i in T.Parallel(HB):
+                has = l_i[i] > 0
+                if h0 + i < num_heads:
+                    MaxLogits[row, h0 + i] = T.if_then_else(
+                        has, m_i[i] * sm_scale, -T.infinity(T.float32)
+                    )
+                    Lse[row, h0 + i] = T.if_then_else(
+                        has, T.log(l_i[i]) + m_i[i] * sm_scale, T.infinity(T.float32)
+                    )
+                # Denominator in units of 2^(m·scale_log2); the sink is e^sink = 2^(sink·log2e).
+                l_i[i] = T.if_then_else(
+                    has,
+                    l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E - m_i[i] * scale_log2),
+                    1.0,
+                )
+            for i, d in T.Parallel(HB, D):
+                if h0 + i < num_heads:
+                    Out[row, h0 + i, d] = T.cast(acc_o[i, d] / l_i[i], T.bfloat16)
+
+    return sparse_prefill
+
+
+# Representative builds for the lowering smoke test (tests/test_lowering.py): DSv4 head counts,
+# an unpadded head count, and both index forms.
+LOWERING_EXAMPLES = [
+    {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 128, "ragged": False}},
+    {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 64, "ragged": False}},
+    {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 16, "ragged": True}},
+]
