@@ -14,8 +14,23 @@ import sys
 
 import torch
 
-from dsv4_tl.ops import sparse_decode, sparse_prefill, sparse_prefill_ragged
-from dsv4_tl.reference import sparse_decode_ref, sparse_prefill_ref
+from dsv4_tl.ops import (
+    combine_topk_swa_indices,
+    combine_topk_swa_ragged_indices,
+    compute_global_topk_indices_and_lens,
+    compute_global_topk_ragged_indices_and_indptr,
+    dequantize_and_gather_k_cache,
+    sparse_decode,
+    sparse_prefill,
+    sparse_prefill_ragged,
+)
+from dsv4_tl.reference import (
+    combine_topk_swa_indices_ref,
+    compute_global_topk_indices_and_lens_ref,
+    dequantize_and_gather_k_cache_ref,
+    sparse_decode_ref,
+    sparse_prefill_ref,
+)
 from dsv4_tl.testing import (INT32_MAX, INT32_MIN, clamped_csr_as_dense, random_k,
                              random_paged_cache)
 
@@ -75,12 +90,53 @@ def run_prefill(gen) -> None:
     print("prefill dense + ragged: ok")
 
 
+def run_gather(gen) -> None:
+    cache = random_paged_cache(6, 64, gen, DEV)
+    r = 5
+    out = torch.full((r, 200, 512), math.nan, dtype=torch.bfloat16, device=DEV)
+    seq_lens = torch.tensor([300, 0, -7, INT32_MAX, 65], dtype=torch.int32, device=DEV)
+    gather_lens = torch.tensor([150, 10, 5, INT32_MIN, 400], dtype=torch.int32, device=DEV)
+    table = garbage_indices((r, 5), 6, gen)
+    ref = out.clone()
+    dequantize_and_gather_k_cache(out, cache, seq_lens, gather_lens, table, 64, 30)
+    torch.cuda.synchronize()
+    dequantize_and_gather_k_cache_ref(ref, cache, seq_lens, gather_lens, table, 64, 30)
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16)), "gather"
+    print("dequant-gather: ok")
+
+
+def run_indices(gen) -> None:
+    t, k, r = 9, 64, 3
+    topk = garbage_indices((t, k), 40, gen)
+    token_to_req = torch.tensor([0, 1, 2, 5, -1, 2, 1, 0, INT32_MAX], dtype=torch.int32,
+                                device=DEV)
+    table = garbage_indices((r, 3), 8, gen)
+    valid = torch.rand(t, generator=gen, device=DEV) < 0.7
+    got = compute_global_topk_indices_and_lens(topk, token_to_req, table, 16, valid)
+    ref = compute_global_topk_indices_and_lens_ref(topk, token_to_req, table, 16, valid)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref)), "global top-k"
+    compute_global_topk_ragged_indices_and_indptr(topk, token_to_req, table, 16, valid)
+    qsl = torch.tensor([0, 3, 3, 9], dtype=torch.int32, device=DEV)
+    seq_lens = torch.tensor([700, 5, 40], dtype=torch.int32, device=DEV)
+    gather_lens = torch.tensor([130, 5, 40], dtype=torch.int32, device=DEV)
+    picks = torch.randint(0, 40, (t, k), generator=gen, device=DEV, dtype=torch.int32)
+    args = (picks, qsl, seq_lens, gather_lens, 128, 4, 64, 600, 200)
+    got = combine_topk_swa_indices(*args)
+    ref = combine_topk_swa_indices_ref(*args)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref)), "combine"
+    combine_topk_swa_ragged_indices(*args)
+    torch.cuda.synchronize()
+    print("index helpers: ok")
+
+
 def main() -> int:
     gen = torch.Generator(DEV).manual_seed(1234)
     run_decode(gen, 64, 8, "8 splits + combine")
     run_decode(gen, 128, 8, "split-KV, two head groups")
     run_decode(gen, 16, 3, "padded heads")
     run_prefill(gen)
+    run_gather(gen)
+    run_indices(gen)
     print("all kernels ran")
     return 0
 

@@ -90,6 +90,13 @@ def _assert_equal(name, got, want, seed):
         )
 
 
+def _assert_dense_ragged_agree(dense, lens, flat, indptr, seed):
+    """Ragged row t (``flat[indptr[t]:indptr[t+1]]``) = the first lens[t] dense entries."""
+    _assert_equal("indptr[1:] - indptr[:-1]", indptr[1:] - indptr[:-1], lens, seed)
+    cols = torch.arange(dense.shape[1], device=dense.device)[None, :]
+    _assert_equal("flat vs dense prefixes", flat, dense[cols < lens[:, None]], seed)
+
+
 # ---------------------------------------------------------------------------------------
 # dequantize_and_gather_k_cache
 # ---------------------------------------------------------------------------------------
@@ -276,10 +283,7 @@ def test_global_topk(seed, gen, K):
     r_flat, r_indptr = compute_global_topk_ragged_indices_and_indptr_ref(local, t2r, bt, bs, valid)
     _assert_equal("indptr", indptr, r_indptr, seed)
     _assert_equal("flat", flat, r_flat, seed)
-    # dense and ragged agree: row t of flat = first lens[t] entries of the dense row
-    for t in range(T):
-        a, b = int(indptr[t]), int(indptr[t + 1])
-        assert torch.equal(flat[a:b], out[t, : b - a]), f"row {t} (seed {seed})"
+    _assert_dense_ragged_agree(out, lens, flat, indptr, seed)
 
 
 def test_global_topk_slot_overflow_and_small_blocks(seed, gen):
@@ -367,9 +371,7 @@ def test_combine_topk_swa(seed, gen, name):
     r_flat, r_indptr = combine_topk_swa_ragged_indices_ref(*args)
     _assert_equal("indptr", indptr, r_indptr, seed)
     _assert_equal("flat", flat, r_flat, seed)
-    for t in range(Tc):
-        a, b = int(indptr[t]), int(indptr[t + 1])
-        assert torch.equal(flat[a:b], out[t, : b - a]), f"row {t} (seed {seed})"
+    _assert_dense_ragged_agree(out, lens, flat, indptr, seed)
 
 
 def test_combine_topk_swa_wraps_like_reference(seed, gen):

@@ -56,3 +56,98 @@ def attend_tile(
         acc_o[i, d] *= alpha[i]
     T.copy(acc_s, P_shared)
     T.gemm(P_shared, K_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+
+
+# --- Warp-specialised Hopper schedule (384 threads) --------------------------------------
+# Warpgroup 0 (threads 0-127): QKᵀ over all 512 dims, online softmax, P·V for dims [0, 256).
+# Warpgroup 1 (128-255): P·V for dims [256, 512) with warpgroup 0's P tile and rescales.
+# Warpgroup 2 (256-383): the kernel's own producer fills K buffer (tile % 2) and its
+# validity flags. Buffers are picked at trace time: a loop over tile pairs writes the body
+# out for buffer 0 then buffer 1. Barrier phases: per-buffer barriers complete once per
+# pair (parity pair & 1); the P barriers once per tile (parity = buffer).
+WS_THREADS = 384
+
+
+class WarpSpecializedState:
+    """Shared memory, fragments and barriers of the warp-specialised schedule."""
+
+    def __init__(self, heads: int, block_tokens: int, dim: int):
+        HB, BI, DH = heads, block_tokens, dim // 2
+        self.Q_l = T.alloc_shared([HB, DH], T.bfloat16)
+        self.Q_r = T.alloc_shared([HB, DH], T.bfloat16)
+        self.K_l = (T.alloc_shared([BI, DH], T.bfloat16), T.alloc_shared([BI, DH], T.bfloat16))
+        self.K_r = (T.alloc_shared([BI, DH], T.bfloat16), T.alloc_shared([BI, DH], T.bfloat16))
+        self.valid = (T.alloc_shared([BI], T.bool, scope="shared"),
+                      T.alloc_shared([BI], T.bool, scope="shared"))
+        self.P_shared = T.alloc_shared([HB, BI], T.bfloat16)
+        self.alpha_shared = T.alloc_shared([HB], T.float32, scope="shared")
+        self.denom_shared = T.alloc_shared([HB], T.float32, scope="shared")
+        self.acc_o_l = T.alloc_fragment([HB, DH], T.float32)
+        self.acc_o_r = T.alloc_fragment([HB, DH], T.float32)
+        self.acc_s = T.alloc_fragment([HB, BI], T.float32)
+        self.l_i = T.alloc_fragment([HB], T.float32)
+        self.l_tile = T.alloc_fragment([HB], T.float32)
+        self.alpha = T.alloc_fragment([HB], T.float32)
+        self.m_i = T.alloc_fragment([HB], T.float32)
+        self.m_prev = T.alloc_fragment([HB], T.float32)
+        self.bar_start = T.alloc_barrier(arrive_count=WS_THREADS)
+        self.k_ready = (T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=128))
+        self.k_free = (T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=256))
+        self.bar_p_ready = T.alloc_barrier(arrive_count=256)
+        self.bar_p_free = T.alloc_barrier(arrive_count=256)
+        self.bar_done = T.alloc_barrier(arrive_count=256)
+        self.heads, self.block_tokens, self.half_dim = HB, BI, DH
+
+
+@T.macro
+def ws_consumer_softmax(st, pairs, scale_log2):
+    """Warpgroup 0's loop over ``2 * pairs`` tiles."""
+    HB, BI, DH = st.heads, st.block_tokens, st.half_dim
+    T.fill(st.l_i, 0)
+    T.fill(st.m_i, M_SENTINEL)
+    T.fill(st.acc_o_l, 0)
+    for pair in T.serial(pairs):
+        for buf in (0, 1):
+            T.barrier_wait(st.k_ready[buf], pair & 1)
+            for i, j in T.Parallel(HB, BI):
+                st.acc_s[i, j] = T.if_then_else(st.valid[buf][j], 0, -T.infinity(T.float32))
+            T.wgmma_gemm(st.Q_l, st.K_l[buf], st.acc_s, transpose_B=True)
+            T.wgmma_gemm(st.Q_r, st.K_r[buf], st.acc_s, transpose_B=True)
+            T.wait_wgmma(0)
+            if buf == 1 or pair > 0:  # warpgroup 1 is done with the previous P tile
+                T.barrier_arrive(st.bar_p_free)
+                T.barrier_wait(st.bar_p_free, buf ^ 1)
+            T.copy(st.m_i, st.m_prev)
+            T.reduce_max(st.acc_s, st.m_i, dim=1, clear=False)
+            for i in T.Parallel(HB):
+                st.alpha[i] = T.exp2((st.m_prev[i] - st.m_i[i]) * scale_log2)
+            for i, j in T.Parallel(HB, BI):
+                st.acc_s[i, j] = T.exp2(st.acc_s[i, j] * scale_log2 - st.m_i[i] * scale_log2)
+            T.reduce_sum(st.acc_s, st.l_tile, dim=1)
+            for i in T.Parallel(HB):
+                st.l_i[i] = st.l_i[i] * st.alpha[i] + st.l_tile[i]
+            for i, d in T.Parallel(HB, DH):
+                st.acc_o_l[i, d] *= st.alpha[i]
+            T.copy(st.alpha, st.alpha_shared)
+            T.copy(st.acc_s, st.P_shared)
+            T.gemm(st.P_shared, st.K_l[buf], st.acc_o_l)
+            T.barrier_arrive(st.bar_p_ready)
+            T.barrier_arrive(st.k_free[buf])
+
+
+@T.macro
+def ws_consumer_pv(st, pairs):
+    """Warpgroup 1's loop: the right half of P·V, then wait for the final denominators."""
+    HB, DH = st.heads, st.half_dim
+    T.fill(st.acc_o_r, 0)
+    for pair in T.serial(pairs):
+        for buf in (0, 1):
+            T.barrier_arrive(st.bar_p_ready)
+            T.barrier_wait(st.bar_p_ready, buf)
+            for i, d in T.Parallel(HB, DH):
+                st.acc_o_r[i, d] *= st.alpha_shared[i]
+            T.gemm(st.P_shared, st.K_r[buf], st.acc_o_r)
+            T.barrier_arrive(st.k_free[buf])
+            T.barrier_arrive(st.bar_p_free)
+    T.barrier_arrive(st.bar_done)
+    T.barrier_wait(st.bar_done, 0)

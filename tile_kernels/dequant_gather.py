@@ -19,10 +19,17 @@ alignment of the FP8 / RoPE loads (the cache's block stride is a multiple of 576
 bytes) and of the BF16 stores (the workspace strides are passed in units of 8 elements).
 Consecutive threads touch consecutive bytes of a token record and of the output row.
 
-Grid: ``(num_reqs, workers)``, workers from ``target_ctas`` (see the builder). Definition: ``dsv4_tl/reference/dequant_gather.py``.
+Caller guarantees (the front end checks them): ``num_reqs >= 1``, ``max_blocks >= 1``,
+``block_size >= 1``, the cache views hold at least one token record (an invalid row reads,
+and discards, the record at byte 0 and the scale bytes 0..7), 16-byte aligned buffers.
+
+Grid: ``(num_reqs, workers)``, workers from ``target_ctas`` (see the builder).
+Definition: ``dsv4_tl/reference/dequant_gather.py``.
 """
 
 import tilelang.language as T
+
+from .compile_options import NO_AUTO_BOUNDS_GUARDS
 
 HEAD_DIM = 512
 NOPE_DIM = 448
@@ -34,8 +41,6 @@ TOKEN_DATA_UNITS = TOKEN_DATA_BYTES // 16  # 36: a token record in 16-byte units
 TOKEN_SCALE_BYTES = 8
 ROPE_HALF_OFFSET = NOPE_DIM // 2  # 224: RoPE dims start 448 bytes = 224 bf16 into the record
 
-# Pass configs carried by the prim_func (tilelang.compile merges them).
-NO_AUTO_BOUNDS_GUARDS = {"tl.disable_safe_memory_legalize": True}
 
 FP8_DTYPES = {"e4m3fn": T.float8_e4m3fn, "e4m3fnuz": T.float8_e4m3fnuz}
 

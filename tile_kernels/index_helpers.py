@@ -19,11 +19,10 @@ Grid: ``(ceil(T / tokens_per_block),)``. Definitions: ``dsv4_tl/reference/indice
 
 import tilelang.language as T
 
+from .compile_options import NO_AUTO_BOUNDS_GUARDS
+
 INT32_MAX = 2**31 - 1
 
-# Pass configs carried by the prim_funcs (tilelang.compile merges them): every global
-# access is clamped or guarded by hand, so TileLang's per-element bounds guards are dropped.
-NO_AUTO_BOUNDS_GUARDS = {"tl.disable_safe_memory_legalize": True}
 
 
 def _ragged_window(Indptr, t, nnz):

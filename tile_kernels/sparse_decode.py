@@ -26,7 +26,18 @@ Definition of the math: ``dsv4_tl/reference/sparse_decode.py``.
 
 import tilelang.language as T
 
-from .attention_tile import LN2, LOG2E, attend_tile, init_softmax_state
+from .compile_options import NO_AUTO_BOUNDS_GUARDS
+
+from .attention_tile import (
+    LN2,
+    LOG2E,
+    WS_THREADS,
+    WarpSpecializedState,
+    attend_tile,
+    init_softmax_state,
+    ws_consumer_pv,
+    ws_consumer_softmax,
+)
 
 HEAD_DIM = 512
 NOPE_DIM = 448
@@ -37,11 +48,6 @@ TOKEN_SCALE_BYTES = 8
 NUM_SCALES = NOPE_DIM // QUANT_TILE
 
 FP8_FORMATS = ("e4m3fn", "e4m3fnuz")
-
-# Every global read of these kernels is explicitly clamped or masked (indices, cache rows),
-# so TileLang's per-element bounds guards are redundant, and they split the 16-byte cache
-# loads into byte loads.
-PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 
 
 def fp8_byte_to_float(fp8_view, u8_view, offset, fp8_format: str):
@@ -71,6 +77,7 @@ def build_sparse_decode(
     block_tokens: int = 64,
     heads_per_block: int = 64,
     threads: int = 256,
+    warp_specialized: bool = False,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -80,6 +87,9 @@ def build_sparse_decode(
             Index widths are run-time values: one variant serves every top-k width.
         fp8_format: "e4m3fn" (OCP) or "e4m3fnuz" (FNUZ) bytes in the cache.
         num_splits, block_tokens, heads_per_block, threads: the schedule.
+        warp_specialized: the Hopper schedule (384 threads, 64 heads per CTA): a producer
+            warpgroup dequantises tiles into two buffers while two consumer warpgroups run
+            the attention math (attention_tile.WarpSpecializedState). sm_90a only.
 
     Kernel arguments: ``q [b, s_q, h, 512] bf16``; per scope the cache as three flat views of
     the same bytes (``fp8 [n_bytes]``, ``bf16 [n_bytes / 2]``, ``uint8 [n_bytes]``), ``indices
@@ -101,10 +111,11 @@ def build_sparse_decode(
     s_q = T.dynamic("s_q")
     topk = T.dynamic("topk")
     ew = T.dynamic("extra_topk")
-    m_bytes = T.dynamic("m_bytes")
-    m_half = T.dynamic("m_half")
-    e_bytes = T.dynamic("e_bytes")
-    e_half = T.dynamic("e_half")
+    # Cache byte sizes are int64: a cache passes 2 GiB at about 57K blocks of 64 tokens.
+    m_bytes = T.dynamic("m_bytes", "int64")
+    m_half = T.dynamic("m_half", "int64")
+    e_bytes = T.dynamic("e_bytes", "int64")
+    e_half = T.dynamic("e_half", "int64")
     # Arguments a variant does not use (the extra scope of an SWA-only layer, the final
     # outputs of a split variant, the partials of a single-split one) get their own size
     # variables so that the caller can pass zero-size placeholders.
@@ -114,6 +125,12 @@ def build_sparse_decode(
     os_ = T.dynamic("os")
     pb = T.dynamic("pb")
     ps = T.dynamic("ps")
+
+    if warp_specialized:
+        if HB != 64 or threads != WS_THREADS or BI % 32:
+            raise ValueError("warp_specialized: needs heads_per_block 64, threads 384 and "
+                             f"block_tokens % 32 == 0, got {HB}, {threads}, {BI}")
+        return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI)
 
     @T.macro
     def gather_dequant_tile(
@@ -264,7 +281,208 @@ def build_sparse_decode(
                     if h0 + i < num_heads:
                         OPartial[r_b, r_s, split, h0 + i, d] = acc_o[i, d] / l_i[i]
 
-    return sparse_decode
+    return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+
+
+def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int):
+    """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
+
+    Producer warpgroup (4 warps): warp w dequantises 64-column chunks 2w and 2w + 1 of every
+    token of the tile (chunks 0-6 are the FP8 NoPE quantisation tiles, chunk 7 the BF16
+    RoPE dims), one token per lane, so every branch is warp-uniform and each lane moves
+    16-byte vectors. Invalid tokens are written as zero rows. Tiles past the split's range
+    are produced all-invalid so the consumers always take buffers in pairs.
+    """
+    D = HEAD_DIM
+    DH = D // 2
+    HB = 64
+    head_groups = (num_heads + HB - 1) // HB
+    b = T.dynamic("b")
+    s_q = T.dynamic("s_q")
+    topk = T.dynamic("topk")
+    ew = T.dynamic("extra_topk")
+    # Cache byte sizes are int64: a cache passes 2 GiB at about 57K blocks of 64 tokens.
+    m_bytes = T.dynamic("m_bytes", "int64")
+    m_half = T.dynamic("m_half", "int64")
+    e_bytes = T.dynamic("e_bytes", "int64")
+    e_half = T.dynamic("e_half", "int64")
+    eb = T.dynamic("eb")
+    es = T.dynamic("es")
+    ob = T.dynamic("ob")
+    os_ = T.dynamic("os")
+    pb = T.dynamic("pb")
+    ps = T.dynamic("ps")
+
+    @T.macro
+    def dequant_chunk(dst, j, c, col_offset, tok, cache_fp8, cache_u8):
+        """NoPE quantisation tile ``c`` of token ``j`` -> dst[j, c*64 - col_offset : +64]."""
+        sc = T.exp2(T.cast(cache_u8[tok[3] + c], T.float32) - 127.0)
+        for v16 in T.serial(QUANT_TILE // 16):
+            for v in T.vectorized(16):
+                d = c * QUANT_TILE + v16 * 16 + v
+                dst[j, d - col_offset] = T.if_then_else(
+                    tok[1] == 1,
+                    T.cast(fp8_byte_to_float(cache_fp8, cache_u8, tok[2] * 16 + d, fp8_format) * sc,
+                           T.bfloat16),
+                    T.cast(0, T.bfloat16))
+
+    @T.macro
+    def produce_tile(st, buf, p, tok, cache_fp8, cache_bf16, cache_u8, Indices, r_b, r_s, width,
+                     length, col0, block_size, block_stride, num_blocks):
+        # tok (a local int64[4]) holds this lane's token: index, valid, 16-byte data row and
+        # scale byte offset. Keeping them in registers stops the index arithmetic from being
+        # re-expanded at every use.
+        w = p // 32
+        lane = p % 32
+        for r in T.serial(BI // 32):
+            j = r * 32 + lane
+            col = col0 + j
+            tok[0] = T.cast(Indices[r_b, r_s, T.max(T.min(col, width - 1), 0)], T.int64)
+            tok[1] = T.if_then_else(
+                (col >= 0) and (col < length) and (tok[0] >= 0)
+                and (tok[0] // T.cast(block_size, T.int64) < T.cast(num_blocks, T.int64)), 1, 0)
+            tok[0] = T.if_then_else(tok[1] == 1, tok[0], 0)
+            tok[2] = ((tok[0] // T.cast(block_size, T.int64)) * (block_stride // 16)
+                      + (tok[0] % T.cast(block_size, T.int64)) * (TOKEN_DATA_BYTES // 16))
+            tok[3] = ((tok[0] // T.cast(block_size, T.int64)) * block_stride
+                      + T.cast(block_size, T.int64) * TOKEN_DATA_BYTES
+                      + (tok[0] % T.cast(block_size, T.int64)) * TOKEN_SCALE_BYTES)
+            if w == 0:
+                st.valid[buf][j] = tok[1] == 1
+            for k in (0, 1):
+                c = 2 * w + k
+                # Each branch holds its own store loop: a store under a branch inside a
+                # vectorised loop gets hoisted out of the branch by TileLang's vectoriser.
+                if c < 4:
+                    dequant_chunk(st.K_l[buf], j, c, 0, tok, cache_fp8, cache_u8)
+                elif c < NUM_SCALES:
+                    dequant_chunk(st.K_r[buf], j, c, DH, tok, cache_fp8, cache_u8)
+                else:
+                    for v8 in T.serial(ROPE_DIM // 8):
+                        for v in T.vectorized(8):
+                            st.K_r[buf][j, NOPE_DIM - DH + v8 * 8 + v] = T.if_then_else(
+                                tok[1] == 1, cache_bf16[tok[2] * 8 + NOPE_DIM // 2 + v8 * 8 + v],
+                                T.cast(0, T.bfloat16))
+
+    @T.prim_func
+    def sparse_decode(
+        Q: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
+        MainFp8: T.Tensor([m_bytes], T.float8_e4m3fn),
+        MainBf16: T.Tensor([m_half], T.bfloat16),
+        MainU8: T.Tensor([m_bytes], T.uint8),
+        MainIndices: T.Tensor([b, s_q, topk], T.int32),
+        MainLength: T.Tensor([b], T.int32),
+        ExtraFp8: T.Tensor([e_bytes], T.float8_e4m3fn),
+        ExtraBf16: T.Tensor([e_half], T.bfloat16),
+        ExtraU8: T.Tensor([e_bytes], T.uint8),
+        ExtraIndices: T.Tensor([eb, es, ew], T.int32),
+        ExtraLength: T.Tensor([eb], T.int32),
+        Sink: T.Tensor([num_heads], T.float32),
+        Out: T.Tensor([ob, os_, num_heads, D], T.bfloat16),
+        Lse: T.Tensor([ob, num_heads, os_], T.float32),
+        OPartial: T.Tensor([pb, ps, S, num_heads, D], T.float32),
+        LsePartial: T.Tensor([pb, ps, S, num_heads], T.float32),
+        sm_scale: T.float32,
+        main_block_size: T.int32,
+        main_block_stride: T.int64,
+        main_num_blocks: T.int32,
+        extra_block_size: T.int32,
+        extra_block_stride: T.int64,
+        extra_num_blocks: T.int32,
+    ):
+        with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS) as (row, hg, split):
+            st = WarpSpecializedState(HB, BI, D)
+            tx = T.get_thread_binding()
+            r_b = row // s_q
+            r_s = row % s_q
+            h0 = hg * HB
+            scale_log2 = sm_scale * LOG2E
+            main_len = T.min(T.max(MainLength[r_b], 0), topk)
+            main_tiles = T.ceildiv(main_len, BI)
+            extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
+            total_tiles = main_tiles + T.ceildiv(extra_len, BI)
+            per_split = T.ceildiv(total_tiles, S)
+            t_begin = T.min(split * per_split, total_tiles)
+            t_end = T.min(t_begin + per_split, total_tiles)
+            pairs = T.ceildiv(t_end - t_begin, 2)
+
+            for i, d in T.Parallel(HB, DH):
+                hh = T.min(h0 + i, num_heads - 1)
+                st.Q_l[i, d] = T.if_then_else(h0 + i < num_heads, Q[r_b, r_s, hh, d], 0)
+                st.Q_r[i, d] = T.if_then_else(h0 + i < num_heads, Q[r_b, r_s, hh, DH + d], 0)
+            T.barrier_arrive(st.bar_start)
+            T.barrier_wait(st.bar_start, 0)
+
+            if tx < 128:
+                T.set_max_nreg(240, 1)
+                ws_consumer_softmax(st, pairs, scale_log2)
+                for i in T.Parallel(HB):
+                    has = st.l_i[i] > 0
+                    if h0 + i < num_heads:
+                        if S == 1:
+                            Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                                has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale,
+                                T.infinity(T.float32))
+                        else:
+                            LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
+                                has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2,
+                                -T.infinity(T.float32))
+                    if S == 1:  # the sink joins the denominator here; else in the combine
+                        st.l_i[i] = T.if_then_else(
+                            has,
+                            st.l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                               - st.m_i[i] * scale_log2),
+                            1.0)
+                    else:
+                        st.l_i[i] = T.if_then_else(has, st.l_i[i], 1.0)
+                T.copy(st.l_i, st.denom_shared)
+                T.barrier_arrive(st.bar_done)
+                for i, d in T.Parallel(HB, DH):
+                    if h0 + i < num_heads:
+                        if S == 1:
+                            Out[r_b, r_s, h0 + i, d] = T.cast(st.acc_o_l[i, d] / st.l_i[i],
+                                                              T.bfloat16)
+                        else:
+                            OPartial[r_b, r_s, split, h0 + i, d] = st.acc_o_l[i, d] / st.l_i[i]
+            elif tx < 256:
+                T.set_max_nreg(168, 1)
+                ws_consumer_pv(st, pairs)
+                for i, d in T.Parallel(HB, DH):
+                    if h0 + i < num_heads:
+                        if S == 1:
+                            Out[r_b, r_s, h0 + i, DH + d] = T.cast(
+                                st.acc_o_r[i, d] / st.denom_shared[i], T.bfloat16)
+                        else:
+                            OPartial[r_b, r_s, split, h0 + i, DH + d] = (
+                                st.acc_o_r[i, d] / st.denom_shared[i])
+            else:
+                T.set_max_nreg(80, 0)
+                p = tx - 256
+                tok = T.alloc_local([4], T.int64)
+                for pair in T.serial(pairs):
+                    for buf in (0, 1):
+                        T.barrier_wait(st.k_free[buf], (pair & 1) ^ 1)
+                        t = t_begin + pair * 2 + buf
+                        if t < T.min(main_tiles, t_end):
+                            produce_tile(st, buf, p, tok, MainFp8, MainBf16, MainU8, MainIndices,
+                                         r_b, r_s, topk, main_len, t * BI, main_block_size,
+                                         main_block_stride, main_num_blocks)
+                        else:
+                            if has_extra:
+                                produce_tile(st, buf, p, tok, ExtraFp8, ExtraBf16, ExtraU8,
+                                             ExtraIndices, r_b, r_s, ew,
+                                             T.if_then_else(t < t_end, extra_len, 0),
+                                             (t - main_tiles) * BI, extra_block_size,
+                                             extra_block_stride, extra_num_blocks)
+                            else:  # past the range: an all-invalid (zero) tile
+                                produce_tile(st, buf, p, tok, MainFp8, MainBf16, MainU8,
+                                             MainIndices, r_b, r_s, topk, 0, 0,
+                                             main_block_size, main_block_stride,
+                                             main_num_blocks)
+                        T.fence_proxy_async()
+                        T.barrier_arrive(st.k_ready[buf])
+
+    return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
 def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_block: int = 8,
@@ -281,8 +499,6 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
     head_groups = (num_heads + HB - 1) // HB
     b = T.dynamic("b")
     s_q = T.dynamic("s_q")
-    topk = T.dynamic("topk")
-    ew = T.dynamic("extra_topk")
 
     @T.prim_func
     def sparse_decode_combine(
@@ -330,12 +546,15 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
                         acc_d = acc_d + weight[i, s] * OPartial[r_b, r_s, s, h0 + i, d]
                     Out[r_b, r_s, h0 + i, d] = T.cast(acc_d * lse_sum[i], T.bfloat16)
 
-    return sparse_decode_combine
+    return sparse_decode_combine.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
-# Representative builds for the lowering smoke test (tests/test_lowering.py): C4A (h128),
+# Representative builds for the lowering smoke test (tests/test_lowering.py): the sm_90a
+# warp-specialised schedule, C4A (h128) on the plain schedule,
 # SWA-only split-KV (h64), an unpadded head count with a C128A-width extra scope, and a combine.
 LOWERING_EXAMPLES = [
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 128, "has_extra": True}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 64, "has_extra": False, "num_splits": 4}},
     {"builder": "build_sparse_decode",

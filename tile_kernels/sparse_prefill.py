@@ -16,7 +16,18 @@ Grid: ``(s_q, ceil(h / heads_per_block))``.
 
 import tilelang.language as T
 
-from .attention_tile import LOG2E, attend_tile, init_softmax_state, masked_gather_rows
+from .compile_options import NO_AUTO_BOUNDS_GUARDS
+
+from .attention_tile import (
+    LOG2E,
+    WS_THREADS,
+    WarpSpecializedState,
+    attend_tile,
+    init_softmax_state,
+    masked_gather_rows,
+    ws_consumer_pv,
+    ws_consumer_softmax,
+)
 
 HEAD_DIM = 512
 
@@ -29,6 +40,7 @@ def build_sparse_prefill(
     heads_per_block: int = 64,
     threads: int = 256,
     num_stages: int = 2,
+    warp_specialized: bool = False,
 ):
     """Return the prim_func of sparse prefill.
 
@@ -38,6 +50,10 @@ def build_sparse_prefill(
         ragged: False: ``indices [s_q, topk]`` + ``topk_length [s_q]``; True: CSR
             ``indices [nnz]`` + ``indptr [s_q + 1]``.
         block_tokens, heads_per_block, threads, num_stages: the schedule.
+        warp_specialized: the Hopper schedule (384 threads, ``heads_per_block`` 64): one
+            producer warpgroup gathers KV tiles into two buffers guarded by mbarriers while
+            two consumer warpgroups run QKᵀ/softmax/PV (split along the 512 output dims).
+            Same math and index rules; sm_90a only.
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
     ``indices``, ``lengths`` (dense: ``topk_length [s_q] int32``; ragged: ``indptr [s_q+1]
@@ -74,6 +90,13 @@ def build_sparse_prefill(
 
         def index_at(indices, lengths, row, col):
             return indices[row, col]
+
+    if warp_specialized:
+        if HB != 64 or threads != 384:
+            raise ValueError("warp_specialized: needs heads_per_block 64 and threads 384, got "
+                             f"{HB} and {threads}")
+        return _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape,
+                                       len_shape, s_q, s_kv)
 
     @T.prim_func
     def sparse_prefill(
@@ -145,12 +168,118 @@ def build_sparse_prefill(
                 if h0 + i < num_heads:
                     Out[row, h0 + i, d] = T.cast(acc_o[i, d] / l_i[i], T.bfloat16)
 
-    return sparse_prefill
+    return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
-# Representative builds for the lowering smoke test (tests/test_lowering.py): DSv4 head counts,
+def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv):
+    """The warp-specialised Hopper schedule of the same kernel (attention_tile's
+    WarpSpecializedState and consumer macros). The producer warpgroup resolves 64 indices
+    per tile (clamped reads, validity flags) and copies the valid rows only, in 16-byte
+    vectors; its loads overlap the consumers' math because the roles live in different warps.
+    Invalid rows keep stale data of an earlier valid row (or the initial zeros): their scores
+    are -inf, so p = 0 multiplies a finite value. Tiles past the row's last one are produced
+    all-invalid, so the consumers always process buffers in pairs.
+    """
+    D = HEAD_DIM
+    DH = D // 2
+    HB = 64
+    head_groups = (num_heads + HB - 1) // HB
+
+    @T.prim_func
+    def sparse_prefill(
+        Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
+        KV: T.Tensor([s_kv, D], T.bfloat16),
+        Indices: T.Tensor(idx_shape, T.int32),
+        Lengths: T.Tensor(len_shape, T.int32),
+        Sink: T.Tensor([num_heads], T.float32),
+        Out: T.Tensor([s_q, num_heads, D], T.bfloat16),
+        MaxLogits: T.Tensor([s_q, num_heads], T.float32),
+        Lse: T.Tensor([s_q, num_heads], T.float32),
+        sm_scale: T.float32,
+    ):
+        with T.Kernel(s_q, head_groups, threads=WS_THREADS) as (row, hg):
+            st = WarpSpecializedState(HB, BI, D)
+            kv_row = T.alloc_local([1], T.int32)
+            tx = T.get_thread_binding()
+            h0 = hg * HB
+            scale_log2 = sm_scale * LOG2E
+            length = row_length(Lengths, row)
+            pairs = T.ceildiv(T.ceildiv(length, BI), 2)
+
+            for i, d in T.Parallel(HB, DH):
+                hh = T.min(h0 + i, num_heads - 1)
+                st.Q_l[i, d] = T.if_then_else(h0 + i < num_heads, Q[row, hh, d], 0)
+                st.Q_r[i, d] = T.if_then_else(h0 + i < num_heads, Q[row, hh, DH + d], 0)
+            # Stale rows must be finite: start both K buffers at zero.
+            for j, d in T.Parallel(BI, DH):
+                st.K_l[0][j, d] = 0
+                st.K_r[0][j, d] = 0
+                st.K_l[1][j, d] = 0
+                st.K_r[1][j, d] = 0
+            T.barrier_arrive(st.bar_start)
+            T.barrier_wait(st.bar_start, 0)
+
+            if tx < 128:
+                T.set_max_nreg(240, 1)
+                ws_consumer_softmax(st, pairs, scale_log2)
+                # Epilogue: lse / max_logits exclude the sink; out divides by Σe^s + e^sink.
+                for i in T.Parallel(HB):
+                    has = st.l_i[i] > 0
+                    if h0 + i < num_heads:
+                        MaxLogits[row, h0 + i] = T.if_then_else(
+                            has, st.m_i[i] * sm_scale, -T.infinity(T.float32))
+                        Lse[row, h0 + i] = T.if_then_else(
+                            has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale, T.infinity(T.float32))
+                    st.l_i[i] = T.if_then_else(
+                        has,
+                        st.l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                           - st.m_i[i] * scale_log2),
+                        1.0)
+                T.copy(st.l_i, st.denom_shared)
+                T.barrier_arrive(st.bar_done)
+                for i, d in T.Parallel(HB, DH):
+                    if h0 + i < num_heads:
+                        Out[row, h0 + i, d] = T.cast(st.acc_o_l[i, d] / st.l_i[i], T.bfloat16)
+            elif tx < 256:
+                T.set_max_nreg(168, 1)
+                ws_consumer_pv(st, pairs)
+                for i, d in T.Parallel(HB, DH):
+                    if h0 + i < num_heads:
+                        Out[row, h0 + i, DH + d] = T.cast(
+                            st.acc_o_r[i, d] / st.denom_shared[i], T.bfloat16)
+            else:
+                T.set_max_nreg(80, 0)
+                p = tx - 256
+                for pair in T.serial(pairs):
+                    for buf in (0, 1):
+                        T.barrier_wait(st.k_free[buf], (pair & 1) ^ 1)
+                        for r in T.serial(BI // 16):
+                            j = r * 16 + p // 8
+                            col = (pair * 2 + buf) * BI + j
+                            kv_row[0] = index_at(Indices, Lengths, row,
+                                                 T.max(T.min(col, length - 1), 0))
+                            ok = (col < length) and (kv_row[0] >= 0) and (kv_row[0] < s_kv)
+                            st.valid[buf][j] = ok
+                            if ok:  # 8 threads per row, 16-byte vectors
+                                for u in T.serial(DH // 64):
+                                    for v in T.vectorized(8):
+                                        c = 64 * u + (p % 8) * 8 + v
+                                        st.K_l[buf][j, c] = KV[kv_row[0], c]
+                                        st.K_r[buf][j, c] = KV[kv_row[0], DH + c]
+                        # Plain stores read next by wgmma (the async proxy): fence, then a
+                        # release-arrive on the buffer's barrier.
+                        T.fence_proxy_async()
+                        T.barrier_arrive(st.k_ready[buf])
+
+    return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+
+
+# Representative builds for the lowering smoke test (tests/test_lowering.py): the sm_90a
+# warp-specialised schedule, DSv4 head counts,
 # an unpadded head count, and both index forms.
 LOWERING_EXAMPLES = [
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 128, "ragged": False, "warp_specialized": True, "threads": 384}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 128, "ragged": False}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 64, "ragged": False}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 16, "ragged": True}},

@@ -30,9 +30,9 @@ from .targets import Target, parse_target
 DEFAULT_HEADS = (64, 128)
 
 
-def fp8_formats_for(target: Target) -> tuple:
-    """Cache byte flavours to build: gfx942 writers may produce FNUZ (spec §1)."""
-    return ("e4m3fn", "e4m3fnuz") if target.name == "hip:gfx942" else ("e4m3fn",)
+# Cache byte flavours built for every target: OCP e4m3fn is what NVIDIA and gfx950 writers
+# produce; gfx942 writers may produce FNUZ (spec §1), and a cache is data that can move.
+FP8_FORMATS = ("e4m3fn", "e4m3fnuz")
 
 
 def schedules_of(target: Target, op: str) -> list:
@@ -51,15 +51,17 @@ def _statics(op: str, target: Target, heads: Iterable[int]) -> list:
     heads = sorted(set(heads))
     if op == "sparse_decode":
         return [dict(num_heads=h, has_extra=e, fp8_format=f)
-                for h in heads for e in (False, True) for f in fp8_formats_for(target)]
+                for h in heads for e in (False, True) for f in FP8_FORMATS]
     if op == "sparse_decode_combine":
         splits = sorted({c["num_splits"] for c in schedules_of(target, "sparse_decode")} - {1})
         return [dict(num_heads=h, num_splits=s) for h in heads for s in splits]
     if op == "sparse_prefill":
         return [dict(num_heads=h, ragged=r) for h in heads for r in (False, True)]
     if op == "dequant_gather":
-        return [dict(fp8_format=f) for f in fp8_formats_for(target)]
-    return [{}]
+        return [dict(fp8_format=f) for f in FP8_FORMATS]
+    if op in ("global_topk", "combine_topk_swa"):
+        return [dict(ragged=r) for r in (False, True)]
+    raise ValueError(f"op: no build matrix for {op!r}")
 
 
 def build_variants(target: "str | Target", heads: Iterable[int] = DEFAULT_HEADS) -> list:

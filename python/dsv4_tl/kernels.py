@@ -28,6 +28,9 @@ KERNELS: dict = {
         "sparse_decode", "build_sparse_decode_combine", "sparse_decode_combine"
     ),
     "sparse_prefill": KernelSpec("sparse_prefill", "build_sparse_prefill", "sparse_prefill"),
+    "dequant_gather": KernelSpec("dequant_gather", "build_dequant_gather", "dequant_gather"),
+    "global_topk": KernelSpec("index_helpers", "build_global_topk", "global_topk"),
+    "combine_topk_swa": KernelSpec("index_helpers", "build_combine_topk_swa", "combine_topk_swa"),
 }
 
 
@@ -63,14 +66,9 @@ class Variant:
     def as_dict(self) -> dict:
         return {"op": self.op, "static": dict(self.static), "schedule": dict(self.schedule)}
 
-    def _module(self):
-        return importlib.import_module(f"dsv4_tl.tile_kernels.{self.spec.module}")
-
     def build(self) -> Any:
         """The TileLang prim_func of this variant (imports TileLang)."""
-        builder: Callable = getattr(self._module(), self.spec.builder)
+        module = importlib.import_module(f"dsv4_tl.tile_kernels.{self.spec.module}")
+        builder: Callable = getattr(module, self.spec.builder)
         return builder(**dict(self.static), **dict(self.schedule))
 
-    def pass_configs(self) -> dict:
-        """TileLang pass configs the kernel's definition file asks for (``PASS_CONFIGS``)."""
-        return dict(getattr(self._module(), "PASS_CONFIGS", {}))

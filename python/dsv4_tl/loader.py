@@ -76,7 +76,6 @@ def compile_variant(variant: Variant, target: Target, path: Path) -> Path:
             target=target.tilelang_target(),
             execution_backend="tvm_ffi",
             out_idx=None,
-            pass_configs=variant.pass_configs(),
         )
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.so")
@@ -166,6 +165,7 @@ class KernelLoader:
         return path
 
     def _load(self, variant: Variant) -> Callable:
+        import tilelang  # noqa: F401  (registers the CUDA/HIP module loaders of tvm-ffi)
         import tvm_ffi
 
         entry = self.manifest().get(variant.key)

@@ -1,6 +1,22 @@
 """Front-end ops: validate inputs once, pick the schedule bucket, launch the kernel."""
 
+from .dequant_gather import dequantize_and_gather_k_cache
+from .indices import (
+    combine_topk_swa_indices,
+    combine_topk_swa_ragged_indices,
+    compute_global_topk_indices_and_lens,
+    compute_global_topk_ragged_indices_and_indptr,
+)
 from .sparse_decode import sparse_decode
 from .sparse_prefill import sparse_prefill, sparse_prefill_ragged
 
-__all__ = ["sparse_decode", "sparse_prefill", "sparse_prefill_ragged"]
+__all__ = [
+    "combine_topk_swa_indices",
+    "combine_topk_swa_ragged_indices",
+    "compute_global_topk_indices_and_lens",
+    "compute_global_topk_ragged_indices_and_indptr",
+    "dequantize_and_gather_k_cache",
+    "sparse_decode",
+    "sparse_prefill",
+    "sparse_prefill_ragged",
+]

@@ -1,7 +1,8 @@
 """Shared plumbing of the front-end ops: schedule lookup, variant, loaded kernel."""
 
+import functools
 import math
-from typing import Callable
+from typing import Callable, Tuple
 
 import torch
 
@@ -9,20 +10,42 @@ from ..kernels import Variant
 from ..validation import check_tensor
 from ..loader import loader_for
 from ..schedules import schedule_for
-from ..targets import target_for_device
+from ..targets import Target, target_for_device
+
+
+@functools.lru_cache(maxsize=None)
+def _target_of(device_type: str, index: int) -> Target:
+    return target_for_device(torch.device(device_type, index))
+
+
+def _target(device: torch.device) -> Target:
+    device = torch.device(device)
+    return _target_of(device.type, device.index if device.index is not None
+                      else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve(op: str, target: Target, static: tuple, features: tuple) -> Tuple[Callable, dict]:
+    schedule = schedule_for(target.dirname, op, **dict(features))
+    return loader_for(target).get(Variant.make(op, dict(static), schedule)), schedule
 
 
 def kernel_for(op: str, device: torch.device, static: dict, **features: int) -> Callable:
     """The loaded kernel of ``op`` for ``device``: schedule of the shape bucket that
-    ``features`` fall in (from ``schedules/<target>/<op>.json``), compiled or loaded once."""
-    target = target_for_device(device)
-    schedule = schedule_for(target.dirname, op, **features)
-    return loader_for(target).get(Variant.make(op, static, schedule))
+    ``features`` fall in (from ``schedules/<target>/<op>.json``), compiled or loaded once.
+    Resolutions are memoised: the per-call cost is one dictionary lookup."""
+    return _resolve(op, _target(device), tuple(sorted(static.items())),
+                    tuple(sorted(features.items())))[0]
 
 
 def schedule_of(op: str, device: torch.device, **features: int) -> dict:
     """The schedule ``kernel_for`` would use (front ends read shape-dependent knobs from it)."""
-    return schedule_for(target_for_device(device).dirname, op, **features)
+    return _schedule_of(op, _target(device), tuple(sorted(features.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _schedule_of(op: str, target: Target, features: tuple) -> dict:
+    return schedule_for(target.dirname, op, **dict(features))
 
 
 def no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
