@@ -63,9 +63,11 @@ def test_torch_compile_fullgraph_matches_eager(seed):
     p_args = _prefill_args(gen)
 
     def step(d, p):
+        # Only elementwise work around the ops: inductor's reductions may sum in another
+        # order than eager, which would make the comparison about torch, not these ops.
         out, lse = dsv4_tl.sparse_decode(*d[:9], fp8_format=d[9])
         p_out, p_max, p_lse = dsv4_tl.sparse_prefill(*p)
-        return out.float().sum(-1) * 2, lse + 1, p_out, p_lse
+        return out * 2, lse + 1, p_out, p_max, p_lse
 
     eager = step(d_args, p_args)
     compiled = torch.compile(step, fullgraph=True)(d_args, p_args)

@@ -89,9 +89,11 @@ def test_check_k_cache_paths():
     _raises(ValueError, "k_cache", lambda: v.check_k_cache("k_cache", buf.as_strided((3, 2, 584), (1728, 584, 2))))
     # overlapping blocks: stride0 < bs*584
     _raises(ValueError, "k_cache", lambda: v.check_k_cache("k_cache", buf.as_strided((3, 2, 584), (576, 584, 1))))
-    # plain contiguous [nb, bs, 584]: stride0 = 1168 is not 576-aligned
-    with pytest.raises(ValueError, match=r"^k_cache: expected stride\(0\) to be a multiple of 576 .*got 1168$"):
-        v.check_k_cache("k_cache", torch.zeros(3, 2, 584, dtype=torch.uint8))
+    # plain contiguous [nb, bs, 584] with odd bs: stride0 = 3*584 = 1752 is not 16-byte aligned
+    with pytest.raises(ValueError, match=r"^k_cache: expected stride\(0\) to be a multiple of 16 .*got 1752$"):
+        v.check_k_cache("k_cache", torch.zeros(3, 3, 584, dtype=torch.uint8))
+    # ... with even bs it is (stride0 = 1168): accepted
+    v.check_k_cache("k_cache", torch.zeros(3, 2, 584, dtype=torch.uint8))
 
 
 # ---------------------------------------------------------------------------------------
@@ -105,7 +107,7 @@ def test_cache_format_errors():
     _raises(ValueError, "k", lambda: cf.insert_k(cache, k[:, :448], slots))
     _raises(TypeError, "slot_mapping", lambda: cf.insert_k(cache, k, slots.float()))
     _raises(ValueError, "slot_mapping", lambda: cf.insert_k(cache, k, slots[:2]))
-    _raises(ValueError, "k_cache", lambda: cf.insert_k(torch.zeros(2, 2, 584, dtype=torch.uint8), k, slots))
+    _raises(ValueError, "k_cache", lambda: cf.insert_k(torch.zeros(2, 3, 584, dtype=torch.uint8), k, slots))
     _raises(ValueError, "fp8_format", lambda: cf.insert_k(cache, k, slots, fp8_format="ocp"))
     _raises(TypeError, "slots", lambda: cf.dequantize_k(cache, slots.float(), "e4m3fn"))
     _raises(ValueError, "fp8_format", lambda: cf.quantize_k(k, "e4m3"))
@@ -144,7 +146,7 @@ def test_decode_valid_args_run():
         (dict(q=torch.zeros(2, 4, 512, dtype=BF16)), ValueError, "q"),
         (dict(q=torch.zeros(2, 1, 4, 576, dtype=BF16)), ValueError, "q"),
         (dict(q=torch.zeros(2, 1, 4, 1024, dtype=BF16)[..., ::2]), ValueError, "q"),
-        (dict(k_cache=torch.zeros(2, 64, 584, dtype=torch.uint8)), ValueError, "k_cache"),
+        (dict(k_cache=torch.zeros(2, 63, 584, dtype=torch.uint8)), ValueError, "k_cache"),
         (dict(k_cache=cf.alloc_k_cache(2, 64).float()), TypeError, "k_cache"),
         (dict(indices=torch.zeros(2, 1, 8, dtype=I64)), TypeError, "indices"),
         (dict(indices=torch.zeros(3, 1, 8, dtype=I32)), ValueError, "indices"),
@@ -160,7 +162,7 @@ def test_decode_valid_args_run():
         (dict(extra_indices_in_kvcache=None), ValueError, "extra_indices_in_kvcache"),
         (dict(extra_k_cache=None, extra_topk_length=None), ValueError, "extra_k_cache"),
         (dict(extra_k_cache=None, extra_indices_in_kvcache=None), ValueError, "extra_topk_length"),
-        (dict(extra_k_cache=torch.zeros(4, 2, 584, dtype=torch.uint8)), ValueError, "extra_k_cache"),
+        (dict(extra_k_cache=torch.zeros(4, 3, 584, dtype=torch.uint8)), ValueError, "extra_k_cache"),
         (dict(extra_indices_in_kvcache=torch.zeros(1, 1, 4, dtype=I32)), ValueError, "extra_indices_in_kvcache"),
         (dict(extra_topk_length=torch.ones(2, dtype=I64)), TypeError, "extra_topk_length"),
         (dict(fp8_format="e4m3"), ValueError, "fp8_format"),
@@ -262,7 +264,7 @@ def _gather_args(**over):
         (dict(out=torch.zeros(2, 6, 512, dtype=F32)), TypeError, "out"),
         (dict(out=torch.zeros(2, 6, 1024, dtype=BF16)[..., ::2]), ValueError, "out"),
         (dict(out=torch.zeros(2, 6, 448, dtype=BF16)), ValueError, "out"),
-        (dict(k_cache=torch.zeros(4, 2, 584, dtype=torch.uint8)), ValueError, "k_cache"),
+        (dict(k_cache=torch.zeros(4, 3, 584, dtype=torch.uint8)), ValueError, "k_cache"),
         (dict(seq_lens=torch.tensor([3, 4, 5], dtype=I32)), ValueError, "seq_lens"),
         (dict(seq_lens=torch.tensor([3, 4], dtype=I64)), TypeError, "seq_lens"),
         (dict(gather_lens=torch.tensor([3], dtype=I32)), ValueError, "gather_lens"),

@@ -30,9 +30,11 @@ from .targets import Target, parse_target
 DEFAULT_HEADS = (64, 128)
 
 
-# Cache byte flavours built for every target: OCP e4m3fn is what NVIDIA and gfx950 writers
-# produce; gfx942 writers may produce FNUZ (spec §1), and a cache is data that can move.
-FP8_FORMATS = ("e4m3fn", "e4m3fnuz")
+def fp8_formats_for(target: Target) -> tuple:
+    """Cache byte flavours built ahead of time: OCP e4m3fn everywhere (NVIDIA and gfx950
+    writers); gfx942 adds FNUZ, which its writers may produce (spec §1). Other flavours on
+    other targets work too, compiled on first use (JIT) or with an explicit build."""
+    return ("e4m3fn", "e4m3fnuz") if target.name == "hip:gfx942" else ("e4m3fn",)
 
 
 def schedules_of(target: Target, op: str) -> list:
@@ -51,24 +53,30 @@ def _statics(op: str, target: Target, heads: Iterable[int]) -> list:
     heads = sorted(set(heads))
     if op == "sparse_decode":
         return [dict(num_heads=h, has_extra=e, fp8_format=f)
-                for h in heads for e in (False, True) for f in FP8_FORMATS]
+                for h in heads for e in (False, True) for f in fp8_formats_for(target)]
     if op == "sparse_decode_combine":
         splits = sorted({c["num_splits"] for c in schedules_of(target, "sparse_decode")} - {1})
         return [dict(num_heads=h, num_splits=s) for h in heads for s in splits]
     if op == "sparse_prefill":
         return [dict(num_heads=h, ragged=r) for h in heads for r in (False, True)]
     if op == "dequant_gather":
-        return [dict(fp8_format=f) for f in FP8_FORMATS]
+        return [dict(fp8_format=f) for f in fp8_formats_for(target)]
     if op in ("global_topk", "combine_topk_swa"):
         return [dict(ragged=r) for r in (False, True)]
     raise ValueError(f"op: no build matrix for {op!r}")
 
 
-def build_variants(target: "str | Target", heads: Iterable[int] = DEFAULT_HEADS) -> list:
-    """Every variant ``dsv4-tl build`` compiles for ``target``, in a stable order."""
+def build_variants(target: "str | Target", heads: Iterable[int] = DEFAULT_HEADS,
+                   ops: Optional[Iterable[str]] = None) -> list:
+    """Every variant ``dsv4-tl build`` compiles for ``target`` (only ``ops`` if given), in a
+    stable order."""
     target = parse_target(target)
+    selected = sorted(KERNELS) if ops is None else sorted(ops)
+    for op in selected:
+        if op not in KERNELS:
+            raise ValueError(f"ops: unknown kernel {op!r}; known: {', '.join(sorted(KERNELS))}")
     variants = []
-    for op in sorted(KERNELS):
+    for op in selected:
         for static in _statics(op, target, heads):
             for schedule in schedules_of(target, op):
                 variants.append(Variant.make(op, static, schedule))
@@ -122,8 +130,10 @@ def _progress(done: int, total: int, label: str) -> None:
 
 def build(target: "str | Target", out: "str | Path | None" = None,
           heads: Iterable[int] = DEFAULT_HEADS, jobs: Optional[int] = None,
-          progress: bool = True) -> dict:
+          progress: bool = True, ops: Optional[Iterable[str]] = None) -> dict:
     """Build (incrementally) every variant for ``target`` into ``out``; return the manifest.
+
+    With ``ops``, only those kernels are (re)built; manifest entries of other ops are kept.
 
     Raises RuntimeError naming every variant that failed to compile (the others are kept
     and recorded, so a re-run only retries the failures).
@@ -139,7 +149,10 @@ def build(target: "str | Target", out: "str | Path | None" = None,
     versions = toolchain_versions()
 
     entries, todo = {}, []
-    for variant in build_variants(target, heads):
+    if ops is not None:  # a partial build keeps what it does not touch
+        keep = set(ops)
+        entries = {k: e for k, e in old.items() if e["op"] not in keep}
+    for variant in build_variants(target, heads, ops):
         path = artifact_path(out, target, variant)
         entry = {"key": variant.key, **variant.as_dict(), "target": target.name,
                  "source_hash": source_hash(variant), "artifact": path.name,

@@ -17,7 +17,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     for target in args.target or [DEFAULT_TARGET]:
         try:
             manifest = build(target, args.out, heads=heads, jobs=args.jobs,
-                             progress=sys.stderr.isatty() or args.progress)
+                             progress=sys.stderr.isatty() or args.progress, ops=args.op)
         except RuntimeError as exc:
             print(f"dsv4-tl build: {exc}", file=sys.stderr)
             status = 1
@@ -80,6 +80,7 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--out", help="artifact root (default $DSV4_TL_KERNEL_DIR or ~/.cache/dsv4_tl/kernels)")
     p.add_argument("--heads", type=int, action="append",
                    help="extra head counts to build besides 64 and 128 (repeatable)")
+    p.add_argument("--op", action="append", help="build only this kernel (repeatable)")
     p.add_argument("--jobs", type=int, help="parallel compiles (default: all cores)")
     p.add_argument("--progress", action="store_true", help="progress bar even when not a tty")
     p.set_defaults(func=_cmd_build)

@@ -63,6 +63,7 @@ class ArchLimits:
     max_waves_per_simd: int = 8
     simds_per_cu: int = 4
     lds_granule: int = 512
+    max_workgroups_per_cu: int = 16
 
 
 ARCH_LIMITS = {
@@ -93,6 +94,7 @@ class KernelResources:
     wavefront_size: int
     mfma: int = 0  # MFMA / SMFMAC instructions in the kernel's code
     mfma_ops: dict = dataclasses.field(default_factory=dict)
+    fp8_cvt: int = 0  # hardware fp8/bf8 -> f32 conversions (FNUZ on gfx942, OCP on gfx950)
 
     @property
     def lds_total(self) -> Optional[int]:
@@ -102,7 +104,7 @@ class KernelResources:
     def spills(self) -> int:
         return self.vgpr_spill + self.sgpr_spill
 
-    def occupancy(self) -> Optional[int]:
+    def occupancy(self) -> Optional[float]:
         """Waves per SIMD (see :func:`occupancy`); None while the LDS size is unknown."""
         if self.lds_total is None or self.arch not in ARCH_LIMITS:
             return None
@@ -145,7 +147,7 @@ class KernelResources:
         return {"kernel": self.name, "arch": self.arch, "VGPR": self.vgpr, "AGPR": self.agpr,
                 "SGPR": self.sgpr, "LDS": self.lds_total if self.lds_total is not None else "?",
                 "scratch": self.scratch_bytes, "spills": self.spills, "MFMA": self.mfma,
-                "occupancy": occ if occ is not None else "?"}
+                "fp8 cvt": self.fp8_cvt, "occupancy": occ if occ is not None else "?"}
 
 
 def occupancy(arch: str, vgpr_total: int, sgpr: int, lds_bytes: int, threads: int) -> dict:
@@ -153,8 +155,9 @@ def occupancy(arch: str, vgpr_total: int, sgpr: int, lds_bytes: int, threads: in
 
     Registers are per wave (unified VGPRs rounded up to the granule of 8, SGPRs to 16); a
     workgroup of ``ceil(threads / 64)`` waves needs ``lds_bytes`` (rounded up to 512 B) of the
-    CU's LDS, and all of its waves must fit at once, so LDS limits whole workgroups per CU.
-    This is the hardware bound; the scheduler can do worse, never better.
+    CU's LDS, and all of its waves must be resident at once (at most 16 workgroups per CU).
+    ``waves_per_simd`` is resident waves per CU / 4, so 0.5 means half the SIMDs hold no
+    wave of this kernel. This is the hardware bound; the scheduler can do worse, never better.
     """
     lim = ARCH_LIMITS[arch]
     waves_per_wg = max(1, math.ceil(threads / lim.wave_size))
@@ -162,16 +165,24 @@ def occupancy(arch: str, vgpr_total: int, sgpr: int, lds_bytes: int, threads: in
     s_alloc = max(lim.sgpr_granule, math.ceil(sgpr / lim.sgpr_granule) * lim.sgpr_granule)
     by_vgpr = min(lim.max_waves_per_simd, lim.vgprs_per_simd_lane // v_alloc)
     by_sgpr = min(lim.max_waves_per_simd, lim.sgprs_per_simd // s_alloc)
-    per_simd_regs = min(by_vgpr, by_sgpr)
-    wg_by_regs = per_simd_regs * lim.simds_per_cu // waves_per_wg
+    per_simd = min(by_vgpr, by_sgpr)
+    # Waves of a workgroup go round-robin over the SIMDs: ceil(waves_per_wg / 4) per SIMD.
+    wg_by_regs = per_simd // math.ceil(waves_per_wg / lim.simds_per_cu) if per_simd else 0
+    if waves_per_wg < lim.simds_per_cu:
+        wg_by_regs = per_simd * (lim.simds_per_cu // waves_per_wg)
     lds_alloc = math.ceil(lds_bytes / lim.lds_granule) * lim.lds_granule
-    wg_by_lds = lim.lds_per_cu // lds_alloc if lds_alloc else wg_by_regs
-    wgs = min(wg_by_regs, wg_by_lds)
-    waves = min(per_simd_regs, wgs * waves_per_wg // lim.simds_per_cu)
-    limiter = "LDS" if wg_by_lds < wg_by_regs else ("VGPR" if by_vgpr <= by_sgpr else "SGPR")
-    return {"waves_per_simd": waves, "workgroups_per_cu": wgs, "waves_per_workgroup": waves_per_wg,
-            "by_vgpr": by_vgpr, "by_sgpr": by_sgpr, "workgroups_by_lds": wg_by_lds,
-            "limiter": limiter}
+    wg_by_lds = lim.lds_per_cu // lds_alloc if lds_alloc else 1 << 30
+    wgs = min(wg_by_regs, wg_by_lds, lim.max_workgroups_per_cu)
+    waves_per_cu = min(wgs * waves_per_wg, per_simd * lim.simds_per_cu)
+    if wgs == wg_by_lds and wg_by_lds < wg_by_regs:
+        limiter = "LDS"
+    elif wgs == lim.max_workgroups_per_cu and wgs < wg_by_regs:
+        limiter = "workgroups"
+    else:
+        limiter = "VGPR" if by_vgpr <= by_sgpr else "SGPR"
+    return {"waves_per_simd": round(waves_per_cu / lim.simds_per_cu, 2), "waves_per_cu": waves_per_cu,
+            "workgroups_per_cu": wgs, "waves_per_workgroup": waves_per_wg, "by_vgpr": by_vgpr,
+            "by_sgpr": by_sgpr, "workgroups_by_lds": wg_by_lds, "limiter": limiter}
 
 
 # --- tools ------------------------------------------------------------------------------------
@@ -391,8 +402,10 @@ def lowered_dynamic_lds(variant, target) -> dict:
     target = parse_target(target)
     tvm_target = tvm.target.Target(target.tilelang_target())
     func = variant.build()
+    # The pass configs tilelang.compile would use: the prim_func's own, plus any the variant adds.
     configs = dict(func.attrs["tilelang_pass_configs"]) if func.attrs and "tilelang_pass_configs" in func.attrs else {}
-    configs.update(variant.pass_configs())
+    if hasattr(variant, "pass_configs"):
+        configs.update(variant.pass_configs())
     with tvm.transform.PassContext(config=configs), tvm_target:
         artifact = tilelang.lower(func, target=tvm_target)
     out = {}
@@ -468,8 +481,12 @@ def _descriptor_accum_offsets(objdump: str, path: str, symbols: list, arch: str)
     return out
 
 
+_FP8_CVT_RE = re.compile(r"^v_cvt_(?:pk_)?f32_(?:fp8|bf8)|^v_cvt_scalef32_(?:pk_)?f32_(?:fp8|bf8)")
+
+
 def _mfma_counts(objdump: str, path: str, arch: str) -> dict:
-    """``{function: Counter(mfma opcode -> count)}`` over the code of every function."""
+    """``{function: Counter(opcode -> count)}`` of the MFMA/SMFMAC instructions and of the
+    hardware fp8 -> f32 conversions (key ``"fp8_cvt:<opcode>"``) of every function."""
     text = _run([objdump, "-d", "--no-show-raw-insn", f"--mcpu={arch}", path])
     out, cur = {}, None
     for line in text.splitlines():
@@ -478,9 +495,14 @@ def _mfma_counts(objdump: str, path: str, arch: str) -> dict:
             cur = m.group(1)
             out.setdefault(cur, Counter())
             continue
-        m = re.match(r"^\s+(v_mfma\w*|v_smfmac\w*)", line)
+        m = re.match(r"^\s+(v_mfma\w*|v_smfmac\w*|v_cvt\w*)", line)
         if m and cur:
-            out[cur][m.group(1)] += 1
+            op = m.group(1)
+            if op.startswith("v_cvt"):
+                if _FP8_CVT_RE.match(op):
+                    out[cur]["fp8_cvt:" + op] += 1
+            else:
+                out[cur][op] += 1
     return out
 
 
@@ -508,7 +530,9 @@ def inspect_code_object(co: bytes, dynamic_lds: Optional[dict] = None, workdir: 
         vgpr = accum.get(name, total) if agpr else total
         if agpr and name not in accum:
             vgpr = total - agpr
-        ops = mfma.get(name, Counter())
+        found = mfma.get(name, Counter())
+        ops = {k: v for k, v in found.items() if not k.startswith("fp8_cvt:")}
+        cvt = sum(v for k, v in found.items() if k.startswith("fp8_cvt:"))
         kernels.append(KernelResources(
             name=name, symbol=k.get(".symbol", ""), arch=arch, triple=meta["target"] or "",
             vgpr=vgpr, agpr=agpr, vgpr_total=total, sgpr=int(k.get(".sgpr_count", 0)),
@@ -519,7 +543,7 @@ def inspect_code_object(co: bytes, dynamic_lds: Optional[dict] = None, workdir: 
             lds_dynamic=None if dynamic_lds is None else dynamic_lds.get(name),
             max_threads=int(k.get(".max_flat_workgroup_size", 0)),
             wavefront_size=int(k.get(".wavefront_size", 0)),
-            mfma=sum(ops.values()), mfma_ops=dict(ops)))
+            mfma=sum(ops.values()), mfma_ops=ops, fp8_cvt=cvt))
     return kernels
 
 
@@ -545,7 +569,7 @@ def inspect_artifact(path: "str | Path", dynamic_lds: Optional[dict] = None) -> 
 # --- the table --------------------------------------------------------------------------------
 
 TABLE_COLUMNS = ("variant", "kernel", "arch", "VGPR", "AGPR", "SGPR", "LDS", "scratch", "spills",
-                 "MFMA", "occupancy")
+                 "MFMA", "fp8 cvt", "occupancy")
 
 
 def format_table(rows: list, columns=TABLE_COLUMNS) -> str:

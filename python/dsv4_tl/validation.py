@@ -18,6 +18,8 @@ import torch
 # fp8_ds_mla per-token geometry (spec section 1); duplicated from cache_format to
 # keep this module free of imports from the rest of the package.
 _TOKEN_DATA_BYTES = 576
+# Block strides must keep 16-byte alignment: the kernels read token records as 16-byte vectors.
+_BLOCK_STRIDE_ALIGN = 16
 _TOKEN_BYTES = 584
 
 # Dtypes a paged fp8_ds_mla cache may be viewed as (FlashMLA accepts fp8/int8/uint8).
@@ -160,8 +162,12 @@ def check_k_cache(name: str, t: object) -> torch.Tensor:
         bytes (FlashMLA's ``stride(1)==584`` check; the shape is only a byte-count
         view, row p of it is not token p);
       * stride(0) >= block_size*584 (blocks must not overlap) and
-        stride(0) % 576 == 0 (FlashMLA's 576-B block alignment; vLLM allocates
-        ``block_bytes(bs) = ceil(bs*584/576)*576``).
+        stride(0) % 16 == 0: the kernels read token records as 16-byte vectors
+        (records are 576 B, so only the block stride needs checking). This is the
+        project's rule; FlashMLA is stricter (a multiple of 576 B), and vLLM's
+        allocation ``block_bytes(bs) = ceil(bs*584/576)*576`` satisfies both. A plain
+        contiguous ``[nb, bs, 584]`` tensor (stride 584*bs, a multiple of 8) passes
+        when bs is even.
 
     The head axis of the 4-D view has size 1 and any stride.  Returns ``t``.
     """
@@ -198,10 +204,10 @@ def check_k_cache(name: str, t: object) -> torch.Tensor:
                 f"{name}: expected stride(0) >= block_size*{_TOKEN_BYTES} = {bs * _TOKEN_BYTES} "
                 f"(blocks must not overlap), got {s0}"
             )
-        if s0 % _TOKEN_DATA_BYTES != 0:
+        if s0 % _BLOCK_STRIDE_ALIGN != 0:
             raise ValueError(
-                f"{name}: expected stride(0) to be a multiple of {_TOKEN_DATA_BYTES} "
-                f"(576-B block alignment), got {s0}"
+                f"{name}: expected stride(0) to be a multiple of {_BLOCK_STRIDE_ALIGN} bytes "
+                f"(16-byte vector reads of token records), got {s0}"
             )
     return t
 

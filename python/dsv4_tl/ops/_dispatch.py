@@ -48,14 +48,18 @@ def _schedule_of(op: str, target: Target, features: tuple) -> dict:
     return schedule_for(target.dirname, op, **dict(features))
 
 
+@functools.lru_cache(maxsize=None)
 def no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
-    """``attn_sink`` = -inf for every head: e^-inf = 0 adds nothing to the denominator."""
+    """``attn_sink`` = -inf for every head: e^-inf = 0 adds nothing to the denominator.
+    One read-only tensor per (head count, device), reused by every call."""
     return torch.full((num_heads,), -math.inf, dtype=torch.float32, device=device)
 
 
+@functools.lru_cache(maxsize=None)
 def placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
     """A zero-size argument that this variant never touches: its dynamic dims are 0, its
-    static dims (head count, widths) must still match the kernel signature."""
+    static dims (head count, widths) must still match the kernel signature. Cached: a
+    zero-size tensor holds no data, so one per (device, dtype, shape) serves every call."""
     return torch.empty(shape, dtype=dtype, device=device)
 
 

@@ -1,0 +1,162 @@
+"""CPU tests of ahead-of-time builds (manifest, hashes, incremental rebuilds, determinism) and
+of every loader error. Builds a small op subset so that CI stays fast; the full matrix is
+what `dsv4-tl build` (the README's main job) compiles."""
+
+import json
+import shutil
+
+import pytest
+
+import dsv4_tl
+from dsv4_tl.build import build, build_variants, schedules_of
+from dsv4_tl.kernels import Variant
+from dsv4_tl.loader import (
+    MANIFEST_NAME,
+    KernelBuildMismatchError,
+    KernelLoader,
+    KernelNotBuiltError,
+    sha256_file,
+)
+from dsv4_tl.targets import parse_target
+
+TARGET = "cuda:sm_90a"
+OPS = ("global_topk", "sparse_decode_combine")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kernels")
+    manifest = build(TARGET, out, heads=(64,), ops=OPS, jobs=2, progress=False)
+    return out, manifest
+
+
+def _copy(built, tmp_path):
+    out, _ = built
+    dst = tmp_path / "kernels"
+    shutil.copytree(out, dst)
+    return dst
+
+
+def test_manifest_records_every_variant_with_hashes(built):
+    out, manifest = built
+    expected = build_variants(TARGET, heads=(64,), ops=OPS)
+    # combine: one variant per split count >1 of the decode schedule; global_topk: dense+ragged
+    splits = {c["num_splits"] for c in schedules_of(parse_target(TARGET), "sparse_decode")} - {1}
+    assert len(expected) == len(splits) + 2
+    assert sorted(e["key"] for e in manifest["kernels"]) == sorted(v.key for v in expected)
+    assert manifest["target"] == TARGET
+    assert manifest["toolchain"]["tilelang"] == "0.1.15"
+    on_disk = json.loads((out / "cuda_sm90a" / MANIFEST_NAME).read_text())
+    assert on_disk["kernels"] == manifest["kernels"]
+    for entry in manifest["kernels"]:
+        path = out / "cuda_sm90a" / entry["artifact"]
+        assert entry["sha256"] == sha256_file(path)
+        assert entry["target"] == TARGET and entry["source_hash"]
+        assert set(entry) >= {"op", "static", "schedule", "toolchain", "entry"}
+
+
+def test_incremental_rebuild_compiles_nothing(built, tmp_path):
+    out = _copy(built, tmp_path)
+    again = build(TARGET, out, heads=(64,), ops=OPS, jobs=2, progress=False)
+    assert again["built"] == []
+
+
+def test_rebuild_replaces_a_tampered_artifact(built, tmp_path):
+    out = _copy(built, tmp_path)
+    victim = sorted((out / "cuda_sm90a").glob("global_topk*.so"))[0]
+    victim.write_bytes(victim.read_bytes() + b"x")
+    again = build(TARGET, out, heads=(64,), ops=("global_topk",), jobs=2, progress=False)
+    assert [k + ".so" for k in again["built"]] == [victim.name]
+    keys = {e["key"] for e in again["kernels"]}
+    assert any(k.startswith("sparse_decode_combine") for k in keys), "partial build kept others"
+
+
+def test_builds_are_deterministic(built, tmp_path):
+    _, manifest = built
+    fresh = build(TARGET, tmp_path / "again", heads=(64,), ops=OPS, jobs=2, progress=False)
+    assert fresh["kernels"] == manifest["kernels"]
+
+
+def test_loader_loads_verified_artifacts_without_a_gpu(built):
+    out, manifest = built
+    loader = KernelLoader(TARGET, out, jit=False)
+    for entry in manifest["kernels"]:
+        variant = Variant.make(entry["op"], entry["static"], entry["schedule"])
+        assert callable(loader.get(variant))
+
+
+def _a_variant(manifest):
+    entry = manifest["kernels"][0]
+    return Variant.make(entry["op"], entry["static"], entry["schedule"]), entry
+
+
+def test_loader_rejects_a_modified_artifact(built, tmp_path):
+    out = _copy(built, tmp_path)
+    variant, entry = _a_variant(built[1])
+    path = out / "cuda_sm90a" / entry["artifact"]
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(KernelBuildMismatchError, match=f"dsv4-tl build --target {TARGET}"):
+        KernelLoader(TARGET, out, jit=False).get(variant)
+
+
+def test_loader_rejects_a_missing_artifact(built, tmp_path):
+    out = _copy(built, tmp_path)
+    variant, entry = _a_variant(built[1])
+    (out / "cuda_sm90a" / entry["artifact"]).unlink()
+    with pytest.raises(KernelBuildMismatchError, match="missing"):
+        KernelLoader(TARGET, out, jit=False).get(variant)
+
+
+def test_loader_rejects_another_toolchain(built, tmp_path):
+    out = _copy(built, tmp_path)
+    variant, _ = _a_variant(built[1])
+    path = out / "cuda_sm90a" / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    for e in data["kernels"]:
+        e["toolchain"]["tilelang"] = "0.0.1"
+    path.write_text(json.dumps(data))
+    with pytest.raises(KernelBuildMismatchError, match="TileLang 0.0.1"):
+        KernelLoader(TARGET, out, jit=False).get(variant)
+
+
+def test_loader_rejects_a_manifest_of_another_target(built, tmp_path):
+    out = _copy(built, tmp_path)
+    variant, _ = _a_variant(built[1])
+    path = out / "cuda_sm90a" / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data["target"] = "cuda:sm_100a"
+    path.write_text(json.dumps(data))
+    with pytest.raises(KernelBuildMismatchError, match="built for cuda:sm_100a"):
+        KernelLoader(TARGET, out, jit=False).get(variant)
+
+
+def test_missing_variant_without_jit_names_the_build_command(built):
+    out, _ = built
+    variant = Variant.make("sparse_decode_combine", dict(num_heads=24, num_splits=2),
+                           schedules_of(parse_target(TARGET), "sparse_decode_combine")[0])
+    with pytest.raises(KernelNotBuiltError,
+                       match=f"dsv4-tl build --target {TARGET} --out {out} --heads 24"):
+        KernelLoader(TARGET, out, jit=False).get(variant)
+
+
+def test_jit_fallback_compiles_into_the_jit_dir(built, tmp_path):
+    out = _copy(built, tmp_path)
+    variant = Variant.make("global_topk", dict(ragged=False), {"tokens_per_block": 8,
+                                                               "cols_per_block": 256,
+                                                               "threads": 256})
+    loader = KernelLoader(TARGET, out, jit=True)
+    assert callable(loader.get(variant))
+    assert (out / "cuda_sm90a" / "jit" / f"{variant.key}.so").is_file()
+    assert loader.get(variant) is loader.get(variant)  # loaded once
+
+
+def test_unknown_target_and_op_are_named():
+    with pytest.raises(ValueError, match="target"):
+        parse_target("cuda:sm_80")
+    with pytest.raises(ValueError, match="ops"):
+        build_variants(TARGET, ops=["nope"])
+
+
+def test_public_api_surface():
+    for name in ("sparse_decode", "sparse_prefill", "sparse_prefill_ragged", "raw_kernel"):
+        assert hasattr(dsv4_tl, name)
