@@ -308,7 +308,72 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
             report["rows"].append(row)
             del inputs
             torch.cuda.empty_cache()
+    if "gather" in suites:
+        for rows, bs in ((32768, 64), (8192 + 127, 64)):
+            inputs, check = gather_inputs(rows, bs, gen, sets, device)
+            nbytes = 4 * rows * (TOKEN_BYTES + 512 * 2)
+            row = {"suite": "gather", "shape": f"gather 4 x {rows} rows (bs {bs})",
+                   "attended": 0, "results": []}
+            _measure(row, {"dsv4_tl": ours_gather}, inputs, check, 0.0, nbytes, ceilings)
+            report["rows"].append(row)
+            del inputs
+            torch.cuda.empty_cache()
     return report
+
+
+def gather_inputs(rows: int, block_size: int, gen: torch.Generator, sets: int, device):
+    """4 requests of ``rows`` tokens each in scattered blocks of one cache; every set writes
+    its own BF16 workspace. Returns (inputs, bit-exact check)."""
+    per_req = -(-rows // block_size)
+    cache = random_paged_cache(4 * per_req, block_size, gen, device)
+    out = []
+    for _ in range(sets):
+        table = torch.randperm(cache.shape[0], generator=gen, device=device).view(4, per_req).int()
+        out.append({"out": torch.empty((4, rows, 512), dtype=torch.bfloat16, device=device),
+                    "k_cache": cache, "seq_lens": torch.full((4,), rows, dtype=torch.int32, device=device),
+                    "block_table": table, "block_size": block_size})
+
+    def check(x: dict, _result) -> str:
+        from .reference import dequantize_and_gather_k_cache_ref
+
+        expected = torch.full_like(x["out"], float("nan"))
+        dequantize_and_gather_k_cache_ref(expected, x["k_cache"], x["seq_lens"], None,
+                                          x["block_table"], x["block_size"], 0)
+        if not torch.equal(expected.view(torch.int16), x["out"].view(torch.int16)):
+            raise AssertionError("gather: not bit-exact against the reference")
+        return "ok (bit-exact)"
+    return out, check
+
+
+def ours_gather(x: dict):
+    from .ops import dequantize_and_gather_k_cache
+    return lambda: dequantize_and_gather_k_cache(x["out"], x["k_cache"], x["seq_lens"], None,
+                                                 x["block_table"], x["block_size"], 0)
+
+
+def save_plot(report: dict, path: str) -> None:
+    """Bar chart: per shape, µs of each implementation (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["rows"] if any("us" in e for e in r["results"])]
+    impls = sorted({e["impl"] for r in rows for e in r["results"]})
+    fig, ax = plt.subplots(figsize=(max(8, 0.35 * len(rows)), 6))
+    width = 0.8 / max(len(impls), 1)
+    for k, impl in enumerate(impls):
+        xs = [i + k * width for i, r in enumerate(rows)]
+        ys = [next((e.get("us", 0) for e in r["results"] if e["impl"] == impl), 0) for r in rows]
+        ax.bar(xs, ys, width, label=impl)
+    ax.set_yscale("log")
+    ax.set_ylabel("µs (median, graph replay)")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
+    ax.set_xticklabels([r["shape"] for r in rows], rotation=90, fontsize=6)
+    ax.set_title(f"dsv4-tl bench, {report['device']}, {report['date']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def format_table(report: dict) -> str:
@@ -336,16 +401,17 @@ def format_table(report: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="dsv4-tl bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=["decode", "prefill", "all"], default="all")
+    parser.add_argument("--suite", choices=["decode", "prefill", "gather", "all"], default="all")
     parser.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR"),
                         help="unpacked peer bundle (…/dsv4_peers); default $PEERS_DIR")
     parser.add_argument("--quick", action="store_true", help="a subset of the decode shapes")
     parser.add_argument("--json", help="write the full report here")
+    parser.add_argument("--plot", help="write a PNG chart here (needs matplotlib)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("dsv4-tl bench: needs a CUDA device", file=sys.stderr)
         return 2
-    suites = ["decode", "prefill"] if args.suite == "all" else [args.suite]
+    suites = ["decode", "prefill", "gather"] if args.suite == "all" else [args.suite]
     report = run_bench(suites, args.peers_dir, args.quick)
     table = format_table(report)
     report["table"] = table
@@ -353,6 +419,11 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     print(table)
+    if args.plot:
+        try:
+            save_plot(report, args.plot)
+        except ImportError as exc:
+            print(f"dsv4-tl bench: no chart ({exc})", file=sys.stderr)
     failed = [e for r in report["rows"] for e in r["results"] if "error" in e and e["impl"] == "dsv4_tl"]
     return 1 if failed else 0
 
