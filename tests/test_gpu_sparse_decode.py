@@ -136,6 +136,7 @@ def _case(b, s_q, h, extra_kind, gen, *, sink="mixed", holes=0.1, lonely_row=Tru
         (16, 7, "c4a512"),
         (32, 64, "c128a256"),
         (96, 7, "c4a512"),
+        (8, 7, "c128a128"),
     ],
     ids=lambda v: str(v),
 )
