@@ -166,8 +166,9 @@ EOF
 for arch in gfx942 gfx950; do
     "$new/bin/hipcc" -O3 -c --offload-arch=$arch --genco -std=c++17 -o "$work/smoke.$arch.hsaco" "$work/smoke.cc" >&2 \
         || { log "smoke compile for $arch failed"; exit 1; }
-    "llvm-readelf-$LLVM" -h "$work/smoke.$arch.hsaco" | grep -q "AMDGPU" \
-        || { log "smoke compile for $arch produced no AMDGPU code object"; exit 1; }
+    "llvm-readelf-$LLVM" -h "$work/smoke.$arch.hsaco" > "$work/smoke.$arch.txt"  # no pipe: grep -q + pipefail races
+    grep -q "EM_AMDGPU" "$work/smoke.$arch.txt" && grep -qi "$arch" "$work/smoke.$arch.txt" \
+        || { log "smoke compile for $arch produced no $arch code object"; exit 1; }
 done
 
 rm -rf "$PREFIX.old.$$"

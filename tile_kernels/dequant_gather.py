@@ -30,6 +30,7 @@ Definition: ``dsv4_tl/reference/dequant_gather.py``.
 import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
+from .fp8 import fp8_byte_to_float
 
 HEAD_DIM = 512
 NOPE_DIM = 448
@@ -51,11 +52,14 @@ def build_dequant_gather(
     tokens_per_block: int = 32,
     target_ctas: int = 1056,
     threads: int = 256,
+    fp8_decode: str = "native",
 ):
     """Return the prim_func of dequantize-and-gather.
 
     Args:
         fp8_format: "e4m3fn" (OCP) or "e4m3fnuz" (FNUZ) bytes in the cache.
+        fp8_decode: schedule knob, "native" or "bits" (``fp8.fp8_byte_to_float``;
+            "bits" on gfx942, whose fp8 conversions are FNUZ).
         tokens_per_block, target_ctas, threads: the schedule (rows per tile, CTAs of the
             whole grid, threads per CTA). Each request gets ``workers = min(ceil(target_ctas
             / num_reqs), ceil((max_tokens - offset) / tokens_per_block))`` CTAs (at least 1),
@@ -83,30 +87,8 @@ def build_dequant_gather(
     n_bytes = T.dynamic("n_bytes", "int64")
     n_half = T.dynamic("n_half", "int64")
 
-    if fp8_format == "e4m3fn":
-
-        def decode_fp8(cache_fp8, cache_u8, idx):
-            return T.cast(cache_fp8[idx], T.float32)
-
-    else:
-        # FNUZ decoded from the bits (TileLang's CUDA codegen maps float8_e4m3fnuz to the
-        # OCP e4m3 conversions, which would be wrong): exponent bias 8, no infinities,
-        # 0x80 = NaN. Normal: (1 + m/8) * 2^(e - 8) = fp32 bits ((e + 119) << 23 | m << 20);
-        # subnormal: m * 2^-10. Every step is exact.
-        def decode_fp8(cache_fp8, cache_u8, idx):
-            b = T.cast(cache_u8[idx], T.int32)
-            e = (b >> 3) & 15
-            m = b & 7
-            mag = T.if_then_else(
-                e == 0,
-                T.cast(m, T.float32) * T.float32(2.0**-10),
-                T.reinterpret(((e + 119) << 23) | (m << 20), T.float32),
-            )
-            return T.if_then_else(
-                b == 0x80,
-                T.reinterpret(T.int32(0x7FC00000), T.float32),
-                T.if_then_else(b >= 0x80, -mag, mag),
-            )
+    def decode_fp8(cache_fp8, cache_u8, idx):
+        return fp8_byte_to_float(cache_fp8, cache_u8, idx, fp8_format, fp8_decode)
 
     @T.prim_func
     def dequant_gather(

@@ -27,6 +27,7 @@ Definition of the math: ``dsv4_tl/reference/sparse_decode.py``.
 import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
+from .fp8 import FP8_FORMATS, fp8_byte_to_float
 
 from .attention_tile import (
     LN2,
@@ -47,27 +48,6 @@ TOKEN_DATA_BYTES = 576
 TOKEN_SCALE_BYTES = 8
 NUM_SCALES = NOPE_DIM // QUANT_TILE
 
-FP8_FORMATS = ("e4m3fn", "e4m3fnuz")
-
-
-def fp8_byte_to_float(fp8_view, u8_view, offset, fp8_format: str):
-    """One cache byte as float32. OCP e4m3fn uses the hardware conversion of the fp8 view.
-    FNUZ (bias 8, 0x80 = NaN, no inf) has no CUDA type, so it is decoded from the raw byte:
-    the one target-specific building block of the kernel."""
-    if fp8_format == "e4m3fn":
-        return T.cast(fp8_view[offset], T.float32)
-    byte = T.cast(u8_view[offset], T.int32)
-    exp = (byte >> 3) & 15
-    man = T.cast(byte & 7, T.float32)
-    mag = T.if_then_else(
-        exp == 0,
-        man * 0.125 * 0.0078125,  # subnormal: m/8 * 2^(1-8)
-        (1.0 + man * 0.125) * T.exp2(T.cast(exp - 8, T.float32)),
-    )
-    value = T.if_then_else(byte >= 128, -mag, mag)
-    return T.if_then_else(byte == 128, T.cast(float("nan"), T.float32), value)
-
-
 def build_sparse_decode(
     num_heads: int,
     has_extra: bool,
@@ -78,6 +58,7 @@ def build_sparse_decode(
     heads_per_block: int = 64,
     threads: int = 256,
     warp_specialized: bool = False,
+    fp8_decode: str = "native",
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -87,6 +68,7 @@ def build_sparse_decode(
             Index widths are run-time values: one variant serves every top-k width.
         fp8_format: "e4m3fn" (OCP) or "e4m3fnuz" (FNUZ) bytes in the cache.
         num_splits, block_tokens, heads_per_block, threads: the schedule.
+        fp8_decode: schedule knob, "native" or "bits" (``fp8_byte_to_float``; "bits" on gfx942).
         warp_specialized: the Hopper schedule (384 threads, 64 heads per CTA): a producer
             warpgroup dequantises tiles into two buffers while two consumer warpgroups run
             the attention math (attention_tile.WarpSpecializedState). sm_90a only.
@@ -130,7 +112,7 @@ def build_sparse_decode(
         if HB != 64 or threads != WS_THREADS or BI % 32:
             raise ValueError("warp_specialized: needs heads_per_block 64, threads 384 and "
                              f"block_tokens % 32 == 0, got {HB}, {threads}, {BI}")
-        return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI)
+        return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, fp8_decode)
 
     @T.macro
     def gather_dequant_tile(
@@ -163,7 +145,7 @@ def build_sparse_decode(
                     valid[j],
                     T.cast(
                         fp8_byte_to_float(cache_fp8, cache_u8, row16[j] * 16 + g * QUANT_TILE + d,
-                                          fp8_format)
+                                          fp8_format, fp8_decode)
                         * scale[j, g],
                         T.bfloat16,
                     ),
@@ -284,7 +266,8 @@ def build_sparse_decode(
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
-def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int):
+def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
+                            fp8_decode: str = "native"):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup (4 warps): warp w dequantises 64-column chunks 2w and 2w + 1 of every
@@ -322,7 +305,8 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 d = c * QUANT_TILE + v16 * 16 + v
                 dst[j, d - col_offset] = T.if_then_else(
                     tok[1] == 1,
-                    T.cast(fp8_byte_to_float(cache_fp8, cache_u8, tok[2] * 16 + d, fp8_format) * sc,
+                    T.cast(fp8_byte_to_float(cache_fp8, cache_u8, tok[2] * 16 + d, fp8_format,
+                                             fp8_decode) * sc,
                            T.bfloat16),
                     T.cast(0, T.bfloat16))
 

@@ -58,7 +58,9 @@ class ArchLimits:
     max_agprs: int = 256
     vgpr_granule: int = 8
     sgprs_per_simd: int = 800
-    max_sgprs: int = 102 + 6  # addressable SGPRs + VCC/flat_scratch/XNACK mask, as counted in .sgpr_count
+    # .sgpr_count counts the 102 addressable SGPRs plus VCC, FLAT_SCRATCH and XNACK_MASK when
+    # used (106 seen at the limit); the compiler enforces the real limit, this is a backstop.
+    max_sgprs: int = 102 + 6
     sgpr_granule: int = 16
     max_waves_per_simd: int = 8
     simds_per_cu: int = 4
@@ -180,7 +182,8 @@ def occupancy(arch: str, vgpr_total: int, sgpr: int, lds_bytes: int, threads: in
         limiter = "workgroups"
     else:
         limiter = "VGPR" if by_vgpr <= by_sgpr else "SGPR"
-    return {"waves_per_simd": round(waves_per_cu / lim.simds_per_cu, 2), "waves_per_cu": waves_per_cu,
+    return {"waves_per_simd": round(waves_per_cu / lim.simds_per_cu, 2),
+            "waves_per_cu": waves_per_cu,
             "workgroups_per_cu": wgs, "waves_per_workgroup": waves_per_wg, "by_vgpr": by_vgpr,
             "by_sgpr": by_sgpr, "workgroups_by_lds": wg_by_lds, "limiter": limiter}
 
@@ -206,7 +209,8 @@ def llvm_tool(name: str) -> str:
 def _run(cmd: list) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[:2000]}")
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): "
+                           f"{proc.stderr.strip()[:2000]}")
     return proc.stdout
 
 
@@ -338,7 +342,8 @@ def extract_code_objects(path: "str | Path") -> list:
 _ADD_RE = re.compile(r"\badd[lq]?\s+\$0x([0-9a-f]+),\s*%(\w+)")
 _LEA_RE = re.compile(r"\blea[lq]?\s+0x([0-9a-f]+)\(%(\w+)\),\s*%(\w+)")
 _STORE_IMM_RE = re.compile(r"\bmovq\s+\$0x([0-9a-f]+),\s*0x8\(%(\w+)\)")
-_REG_WRITE_RE = re.compile(r"\b(?:mov|movabs|lea|pop|xor|sub|imul|shl|and|or)[lq]?\s+(?:[^,]+,\s*)?%(\w+)\s*$")
+_REG_WRITE_RE = re.compile(
+    r"\b(?:mov|movabs|lea|pop|xor|sub|imul|shl|and|or)[lq]?\s+(?:[^,]+,\s*)?%(\w+)\s*$")
 
 
 def host_dynamic_lds(path: "str | Path", functions: dict) -> dict:
@@ -403,7 +408,8 @@ def lowered_dynamic_lds(variant, target) -> dict:
     tvm_target = tvm.target.Target(target.tilelang_target())
     func = variant.build()
     # The pass configs tilelang.compile would use: the prim_func's own, plus any the variant adds.
-    configs = dict(func.attrs["tilelang_pass_configs"]) if func.attrs and "tilelang_pass_configs" in func.attrs else {}
+    attrs = func.attrs or {}
+    configs = dict(attrs["tilelang_pass_configs"]) if "tilelang_pass_configs" in attrs else {}
     if hasattr(variant, "pass_configs"):
         configs.update(variant.pass_configs())
     with tvm.transform.PassContext(config=configs), tvm_target:
@@ -469,7 +475,8 @@ def _descriptor_accum_offsets(objdump: str, path: str, symbols: list, arch: str)
     out = {}
     if not symbols:
         return out
-    text = _run([objdump, "-D", f"--mcpu={arch}", "--disassemble-symbols=" + ",".join(symbols), path])
+    text = _run([objdump, "-D", f"--mcpu={arch}",
+                 "--disassemble-symbols=" + ",".join(symbols), path])
     cur = None
     for line in text.splitlines():
         m = re.match(r"^\.amdhsa_kernel\s+(\S+)", line.strip())
@@ -506,7 +513,8 @@ def _mfma_counts(objdump: str, path: str, arch: str) -> dict:
     return out
 
 
-def inspect_code_object(co: bytes, dynamic_lds: Optional[dict] = None, workdir: Optional[str] = None) -> list:
+def inspect_code_object(co: bytes, dynamic_lds: Optional[dict] = None,
+                        workdir: Optional[str] = None) -> list:
     """:class:`KernelResources` of every kernel in the code object bytes ``co``.
     ``dynamic_lds``: ``{kernel name: bytes}`` (None or a missing name: unknown)."""
     import tempfile
@@ -536,7 +544,8 @@ def inspect_code_object(co: bytes, dynamic_lds: Optional[dict] = None, workdir: 
         kernels.append(KernelResources(
             name=name, symbol=k.get(".symbol", ""), arch=arch, triple=meta["target"] or "",
             vgpr=vgpr, agpr=agpr, vgpr_total=total, sgpr=int(k.get(".sgpr_count", 0)),
-            vgpr_spill=int(k.get(".vgpr_spill_count", 0)), sgpr_spill=int(k.get(".sgpr_spill_count", 0)),
+            vgpr_spill=int(k.get(".vgpr_spill_count", 0)),
+            sgpr_spill=int(k.get(".sgpr_spill_count", 0)),
             scratch_bytes=int(k.get(".private_segment_fixed_size", 0)),
             uses_dynamic_stack=bool(k.get(".uses_dynamic_stack", False)),
             lds_static=int(k.get(".group_segment_fixed_size", 0)),
@@ -581,6 +590,33 @@ def format_table(rows: list, columns=TABLE_COLUMNS) -> str:
     lines = [fmt.format(*cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     lines += [fmt.format(*row) for row in cells]
     return "\n".join(lines)
+
+
+def summarize(rows: list) -> list:
+    """One row per (op, arch) of :meth:`KernelResources.row` rows that carry ``variant``
+    (a variant key, op first): the variant count and each column's range."""
+    groups = {}
+    for r in rows:
+        if not isinstance(r.get("VGPR"), int):
+            continue
+        groups.setdefault((r["variant"].split(".")[0], r["arch"]), []).append(r)
+
+    def span(vals):
+        lo, hi = min(vals), max(vals)
+        return str(lo) if lo == hi else f"{lo}-{hi}"
+
+    out = []
+    for (op, arch), rs in sorted(groups.items()):
+        row = {"op": op, "arch": arch, "variants": len(rs)}
+        for col in SUMMARY_COLUMNS[3:]:
+            vals = [r[col] for r in rs if isinstance(r.get(col), (int, float))]
+            row[col] = span(vals) if vals else "?"
+        out.append(row)
+    return out
+
+
+SUMMARY_COLUMNS = ("op", "arch", "variants", "VGPR", "AGPR", "SGPR", "LDS", "scratch", "spills",
+                   "MFMA", "fp8 cvt", "occupancy")
 
 
 def main(argv=None) -> int:
