@@ -1,15 +1,37 @@
 """Per-target schedules: the knobs of each kernel, as small JSON files.
 
-``schedules/<target>/<op>.json`` holds a ``default`` config (valid for every shape) and an
-ordered list of ``buckets``; each bucket has ``match`` (feature -> ``[lo, hi)`` range) and the
-config keys it overrides. :func:`schedule_for` returns the default merged with the first
-bucket whose ranges all contain the call's features, so the kernel definitions in
-``tile_kernels/`` never hard-code a schedule.
+``schedules/<target>/<op>.json`` holds
+
+* ``default``: a config (knob -> value) valid for every shape;
+* ``buckets``: an ordered list of shape buckets, each with a ``name`` (what tuning logs
+  key on; an unnamed bucket is never looked up in the logs), ``match`` (feature ->
+  ``[lo, hi)``, ``hi`` null = unbounded; or, for a string feature such as decode's
+  ``scope``, a list of accepted values) and ``config``, the knobs it overrides;
+* ``space`` (optional): knob -> candidate values, what ``dsv4-tl tune`` searches
+  (first value = preferred; see :mod:`dsv4_tl.tune`).
+
+:func:`schedule_for` resolves a call's features to a config: the first bucket whose ranges
+all contain the call's features (a bucket naming a feature the caller does not pass does not
+match); its config is the logged best of that bucket when ``tuning_logs/<target>/<op>.jsonl``
+has a valid entry for this TileLang version (:mod:`dsv4_tl.tuning_log`), else the default
+merged with the bucket's ``config``, with a warning naming the bucket (once per bucket per
+process). No bucket matching: the default. So the kernel definitions in ``tile_kernels/``
+never hard-code a schedule.
+
+:func:`forced_schedule` pins one config for every shape of an op (``dsv4-tl tune`` uses it to
+run candidates through the front ends); callers that memoise resolutions (``ops/_dispatch``)
+must drop their caches around it (:func:`dsv4_tl.tune.forcing` does).
 """
 
+import contextlib
 import json
+import threading
+import warnings
 from functools import lru_cache
 from importlib import resources
+from typing import Iterator, List, Optional, Tuple
+
+from .. import tuning_log
 
 
 @lru_cache(maxsize=None)
@@ -21,20 +43,116 @@ def load_schedule_file(target_dir: str, op: str) -> dict:
     return json.loads(path.read_text())
 
 
+def _in_range(value, rng) -> bool:
+    if isinstance(value, str) or (rng and all(isinstance(v, str) for v in rng)):
+        return value in rng
+    lo, hi = rng
+    return lo <= value and (hi is None or value < hi)
+
+
 def _matches(match: dict, features: dict) -> bool:
-    for name, (lo, hi) in match.items():
+    for name, rng in match.items():
         value = features.get(name)
-        if value is None or not (lo <= value < hi):
+        if value is None or not _in_range(value, rng):
             return False
     return True
 
 
-def schedule_for(target_dir: str, op: str, **features: int) -> dict:
-    """Default config of ``op`` on ``target_dir`` overridden by the first matching bucket."""
-    spec = load_schedule_file(target_dir, op)
-    config = dict(spec["default"])
+def bucket_for(spec: dict, features: dict) -> Optional[dict]:
+    """The first bucket of ``spec`` whose ``match`` contains ``features``, or None."""
     for bucket in spec.get("buckets", []):
         if _matches(bucket["match"], features):
-            config.update(bucket["config"])
-            break
-    return config
+            return bucket
+    return None
+
+
+def bucket_name(bucket: dict, index: int) -> str:
+    """A bucket's name (unnamed buckets of older files: ``bucket<index>``)."""
+    return bucket.get("name", f"bucket{index}")
+
+
+# ------------------------------------------------------------------------------ logs
+_no_log_warned: set = set()
+_lock = threading.Lock()
+
+
+def _logged_config(target_dir: str, op: str, spec: dict, bucket: dict, index: int,
+                   warn: bool = True) -> Tuple[dict, str]:
+    """``(config, source)`` of one bucket: the logged best (source ``"log"``) or the
+    schedule file's default + bucket config (source ``"file"``, with the warning)."""
+    if "name" not in bucket:  # unnamed buckets (HIP files) are not tuned: no log, no warning
+        return {**spec["default"], **bucket["config"]}, "file"
+    name = bucket["name"]
+    entry = tuning_log.select_entry(target_dir, op, name, match=bucket["match"])
+    if entry is not None:
+        best = entry["best"]
+        if set(best) == set(spec["default"]):
+            return dict(best), "log"
+        key = ("knobs", target_dir, op, name)
+        with _lock:
+            fresh = key not in _no_log_warned
+            _no_log_warned.add(key)
+        if fresh:
+            warnings.warn(f"schedule: the tuning log entry of {target_dir}/{op} bucket {name!r} "
+                          f"has knobs {sorted(best)}, the schedule file {sorted(spec['default'])}: "
+                          "ignored (re-run dsv4-tl tune)", stacklevel=4)
+    elif warn:
+        key = ("nolog", target_dir, op, name)
+        with _lock:
+            fresh = key not in _no_log_warned
+            _no_log_warned.add(key)
+        if fresh:
+            warnings.warn(f"schedule: no tuning log entry for {target_dir}/{op} bucket {name!r} "
+                          f"(TileLang {tuning_log.current_tilelang()}): using the schedule "
+                          "file's config; run dsv4-tl tune to measure it", stacklevel=4)
+    return {**spec["default"], **bucket["config"]}, "file"
+
+
+def resolved_buckets(target_dir: str, op: str) -> List[Tuple[dict, dict, str]]:
+    """``(bucket, config, source)`` for every bucket of ``op``, in file order; ``source``
+    is ``"log"`` or ``"file"`` (see :func:`schedule_for`)."""
+    spec = load_schedule_file(target_dir, op)
+    return [(b, *_logged_config(target_dir, op, spec, b, i))
+            for i, b in enumerate(spec.get("buckets", []))]
+
+
+# ------------------------------------------------------------------------------ forcing
+_forced: dict = {}
+
+
+@contextlib.contextmanager
+def forced_schedule(target_dir: str, op: str, config: dict) -> Iterator[None]:
+    """Within the block, :func:`schedule_for` returns ``config`` for every shape of ``op``
+    on ``target_dir`` (tuning). Not for concurrent use from several threads."""
+    key = (target_dir, op)
+    previous = _forced.get(key)
+    _forced[key] = dict(config)
+    try:
+        yield
+    finally:
+        if previous is None:
+            _forced.pop(key, None)
+        else:
+            _forced[key] = previous
+
+
+def schedule_for(target_dir: str, op: str, **features) -> dict:
+    """The config of ``op`` on ``target_dir`` for a call with ``features`` (see the module
+    docstring): forced config, else the matching bucket's (logged or file) config, else the
+    default."""
+    forced = _forced.get((target_dir, op))
+    if forced is not None:
+        return dict(forced)
+    spec = load_schedule_file(target_dir, op)
+    for index, bucket in enumerate(spec.get("buckets", [])):
+        if _matches(bucket["match"], features):
+            return _logged_config(target_dir, op, spec, bucket, index)[0]
+    return dict(spec["default"])
+
+
+def clear_caches() -> None:
+    """Re-read schedule files and logs, and warn again (tests)."""
+    load_schedule_file.cache_clear()
+    tuning_log.clear_caches()
+    with _lock:
+        _no_log_warned.clear()

@@ -33,14 +33,25 @@ def test_subpackages_import():
     assert Path(dsv4_tl.schedules.__file__).parent.name == "schedules"
 
 
-def test_schedule_for_decode_splits_small_grids():
+def test_schedule_for_decode_splits_small_grids(tmp_path, monkeypatch):
+    import warnings
+
+    from dsv4_tl import schedules
     from dsv4_tl.schedules import schedule_for
 
-    config = schedule_for(SM90A, "sparse_decode", ctas=10)
-    assert isinstance(config, dict)
-    assert isinstance(config["num_splits"], int) and config["num_splits"] > 1  # 10 CTAs on 132 SMs
-    # Past the last bucket the default (no split) applies.
-    assert schedule_for(SM90A, "sparse_decode", ctas=10_000)["num_splits"] == 1
+    # The schedule file's own buckets: no tuning logs (those are tests/test_tuning.py's).
+    monkeypatch.setenv("DSV4_TL_TUNING_LOGS", str(tmp_path))
+    schedules.clear_caches()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "no tuning log entry for bucket ..."
+            config = schedule_for(SM90A, "sparse_decode", ctas=10, h=64, scope="c4a")
+            assert isinstance(config, dict)
+            assert isinstance(config["num_splits"], int) and config["num_splits"] > 1  # 10 CTAs on 132 SMs
+            # Past one wave the default (no split) applies.
+            assert schedule_for(SM90A, "sparse_decode", ctas=10_000, h=64, scope="c4a")["num_splits"] == 1
+    finally:
+        schedules.clear_caches()
 
 
 def test_sm90a_schedule_files_parse_and_have_default():
@@ -50,8 +61,10 @@ def test_sm90a_schedule_files_parse_and_have_default():
         spec = json.loads(path.read_text())
         assert isinstance(spec.get("default"), dict) and spec["default"], f"{path.name}: no 'default' config"
         assert spec.get("op", path.name[: -len(".json")]) == path.name[: -len(".json")], f"{path.name}: op name differs"
+        names = [bucket.get("name") for bucket in spec.get("buckets", [])]
         for bucket in spec.get("buckets", []):
-            assert set(bucket) == {"match", "config"}, f"{path.name}: bucket {bucket!r}"
+            assert set(bucket) == {"name", "match", "config"}, f"{path.name}: bucket {bucket!r}"
+        assert len(set(names)) == len(names), f"{path.name}: bucket names repeat"
 
 
 def test_tilelang_uses_its_bundled_tvm():

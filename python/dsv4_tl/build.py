@@ -9,8 +9,10 @@ loader (:mod:`dsv4_tl.loader`) refuses artifacts the manifest does not vouch for
 
 Variants: for each op, the static parameters of a DSv4 deployment (head counts 64 and 128,
 the ones vLLM pads to, plus any ``--heads``; with and without the extra scope; dense and
-ragged prefill) times every distinct schedule of the target's schedule file (default and
-buckets). Index widths and batch sizes are run-time values, so they add no variants.
+ragged prefill) times every distinct schedule of the target's schedule file that can serve
+them (default and buckets; a bucket's config is its logged best from ``tuning_logs/`` when
+one exists, see :func:`schedules_of`). Index widths and batch sizes are run-time values, so
+they add no variants.
 """
 
 import concurrent.futures
@@ -24,7 +26,7 @@ from typing import Iterable, Optional
 
 from .kernels import KERNELS, Variant
 from .loader import MANIFEST_NAME, artifact_path, compile_variant, default_kernel_dir, sha256_file
-from .schedules import load_schedule_file
+from .schedules import load_schedule_file, resolved_buckets
 from .targets import Target, parse_target
 
 DEFAULT_HEADS = (64, 128)
@@ -37,13 +39,42 @@ def fp8_formats_for(target: Target) -> tuple:
     return ("e4m3fn", "e4m3fnuz") if target.name == "hip:gfx942" else ("e4m3fn",)
 
 
-def schedules_of(target: Target, op: str) -> list:
-    """The distinct configs of ``op``'s schedule file: the default, then each bucket's."""
+# Bucket feature -> (static parameter, does a static value fall in the bucket's range?):
+# a bucket whose match excludes a static parameter set never selects that variant at run
+# time, so the build does not compile it (features the table does not name constrain nothing).
+_FEATURE_OF_STATIC = {
+    "sparse_decode": {
+        "h": ("num_heads", lambda value, rng: rng[0] <= value and (rng[1] is None or value < rng[1])),
+        # scope "swa" = no extra cache; "c4a" / "c128a" = with one
+        "scope": ("has_extra", lambda value, scopes: any((s != "swa") == value for s in scopes)),
+    },
+    "sparse_prefill": {
+        "h": ("num_heads", lambda value, rng: rng[0] <= value and (rng[1] is None or value < rng[1])),
+    },
+}
+
+
+def _bucket_admits(op: str, match: dict, static: Optional[dict]) -> bool:
+    if static is None:
+        return True
+    for feature, (param, admits) in _FEATURE_OF_STATIC.get(op, {}).items():
+        if feature in match and param in static and not admits(static[param], match[feature]):
+            return False
+    return True
+
+
+def schedules_of(target: Target, op: str, static: Optional[dict] = None) -> list:
+    """The distinct configs ``op`` can run with on ``target``: the schedule file's default,
+    then each bucket's config in file order, where a bucket's config is its logged best
+    when ``tuning_logs/<target>/<op>.jsonl`` has a valid entry for this TileLang version,
+    else the file's (with a warning naming the bucket: :func:`dsv4_tl.schedules.schedule_for`
+    resolves the same way at run time). With ``static``, buckets whose features exclude
+    those static parameters (another head count, another scope) are left out. Depends only
+    on the schedule files and the logs: same logs, same variants, same manifest."""
     spec = load_schedule_file(target.dirname, op)
     configs = [dict(spec["default"])]
-    for bucket in spec.get("buckets", []):
-        config = {**spec["default"], **bucket["config"]}
-        if config not in configs:
+    for bucket, config, _source in resolved_buckets(target.dirname, op):
+        if _bucket_admits(op, bucket["match"], static) and config not in configs:
             configs.append(config)
     return configs
 
@@ -78,7 +109,7 @@ def build_variants(target: "str | Target", heads: Iterable[int] = DEFAULT_HEADS,
     variants = []
     for op in selected:
         for static in _statics(op, target, heads):
-            for schedule in schedules_of(target, op):
+            for schedule in schedules_of(target, op, static):
                 variants.append(Variant.make(op, static, schedule))
     return variants
 

@@ -1,4 +1,4 @@
-"""The ``dsv4-tl`` command: ``build``, ``info``, ``bench``."""
+"""The ``dsv4-tl`` command: ``build``, ``info``, ``bench``, ``tune``."""
 
 import argparse
 import json
@@ -93,11 +93,19 @@ def main(argv: Optional[list] = None) -> int:
                        add_help=False)
     p.set_defaults(func=None)
 
+    p = sub.add_parser("tune", help="measure schedule candidates per shape bucket and log the "
+                       "best (GPU; --dry-run and --report anywhere)", add_help=False)
+    p.set_defaults(func=None)
+
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         from .bench import main as bench_main
 
         return bench_main(rest)
+    if args.command == "tune":
+        from .tune import main as tune_main
+
+        return tune_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)

@@ -122,8 +122,6 @@ def dequantize_and_gather_k_cache(
         # (discarded) first token record of an invalid row, so give it one zero block.
         flat = torch.zeros(block_bytes(bs), dtype=torch.uint8, device=dev)
     stride16 = geom.stride0 // _VEC_BYTES if geom.num_blocks > 1 else 0
-    if geom.num_blocks > 1 and geom.stride0 % _VEC_BYTES:  # stride0 % 576 == 0 is checked already
-        raise ValueError(f"k_cache: expected stride(0) to be a multiple of 16, got {geom.stride0}")
     assert TOKEN_DATA_BYTES % _VEC_BYTES == 0
     fp8_view = flat.view(torch.float8_e4m3fn if fmt == "e4m3fn" else torch.float8_e4m3fnuz)
     views = (fp8_view, flat.view(torch.bfloat16), flat)
@@ -133,7 +131,10 @@ def dequantize_and_gather_k_cache(
     seq_lens = seq_lens.contiguous()
     gather_lens = seq_lens if gather_lens is None else gather_lens.contiguous()
 
-    kernel = kernel_for("dequant_gather", dev, dict(fp8_format=fmt))
+    # Shape-bucket feature (schedules/<target>/dequant_gather.json): rows this call may write,
+    # rounded up to a power of two (bounds the memo of resolved kernels).
+    rows = 1 << (num_reqs * (max_tokens - offset) - 1).bit_length()
+    kernel = kernel_for("dequant_gather", dev, dict(fp8_format=fmt), rows=rows)
     kernel(_out_flat_view(out), *views, seq_lens, gather_lens, block_table,
            bs, stride16, geom.num_blocks, offset, max_tokens,
            out.stride(0) // _VEC_ELEMS, out.stride(1) // _VEC_ELEMS)

@@ -124,9 +124,12 @@ def sparse_decode(
     sink = no_sink(h, dev) if attn_sink is None else attn_sink.contiguous()
 
     static = dict(num_heads=h, has_extra=extra_k_cache is not None, fp8_format=fp8_format)
+    # Shape-bucket features (schedules/<target>/sparse_decode.json): head count, scope of the
+    # extra cache (none: swa; 2-token blocks, 256 / 128: c128a; else c4a) and CTA count.
+    scope = "swa" if extra_k_cache is None else "c128a" if e_geom.block_size <= 2 else "c4a"
     ctas = b * s_q * math.ceil(h / schedule_of("sparse_decode", dev)["heads_per_block"])
-    kernel = kernel_for("sparse_decode", dev, static, ctas=ctas)
-    splits = schedule_of("sparse_decode", dev, ctas=ctas)["num_splits"]
+    kernel = kernel_for("sparse_decode", dev, static, ctas=ctas, h=h, scope=scope)
+    splits = schedule_of("sparse_decode", dev, ctas=ctas, h=h, scope=scope)["num_splits"]
     if splits == 1:
         o_part = placeholder(dev, torch.float32, (0, 0, 1, h, HEAD_DIM))
         lse_part = placeholder(dev, torch.float32, (0, 0, 1, h))

@@ -48,7 +48,13 @@ def _launch(ragged: bool, q, kv, indices, lengths, sm_scale, attn_sink, outs):
     if s_kv == 0:
         return _no_kv_rows(out, max_logits, lse)
     sink = no_sink(h, q.device) if attn_sink is None else attn_sink.contiguous()
-    kernel = kernel_for("sparse_prefill", q.device, dict(num_heads=h, ragged=ragged))
+    # Shape-bucket features (schedules/<target>/sparse_prefill.json): head count and row
+    # width (ragged: the mean row length rounded up to a power of two, which bounds the
+    # memo of resolved kernels).
+    width = (1 << max(0, -(-indices.numel() // s_q) - 1).bit_length() if ragged
+             else indices.shape[1])
+    kernel = kernel_for("sparse_prefill", q.device, dict(num_heads=h, ragged=ragged),
+                        h=h, topk=width)
     kernel(q.contiguous(), kv.view(s_kv, HEAD_DIM) if kv.is_contiguous() else
            kv.reshape(s_kv, HEAD_DIM).contiguous(), indices, lengths, sink, out, max_logits, lse,
            sm_scale)

@@ -1,0 +1,312 @@
+"""Stored tuning results: ``tuning_logs/<target dirname>/<op>.jsonl``, append-only.
+
+One JSON object per line, written by ``dsv4-tl tune`` on a GPU and read by
+:func:`dsv4_tl.schedules.schedule_for` (run time) and :func:`dsv4_tl.build.schedules_of`
+(ahead-of-time builds). An entry records one shape bucket of one op on one device::
+
+    {"format": 1, "target": "cuda:sm_90a", "op": "sparse_decode",
+     "bucket": "h64_c4a_ctas1_16", "match": {"h": [1, 65], "scope": ["c4a"], "ctas": [1, 17]},
+     "features": {"h": 64, "scope": "c4a", "ctas": 8},      # the representative input
+     "shape": "decode h64 b8 window 128 + C4A 512 (bs 64)",
+     "best": {...full config...}, "best_us": 41.2,
+     "default": {...the schedule file's default...}, "default_us": 80.3,
+     "baseline": {...the bucket's config in the schedule file...}, "baseline_us": 52.0,
+     "candidates": [{"config": {...}, "us": 41.2}, ..., {"config": {...}, "error": "..."}],
+     "device": "NVIDIA H200", "driver": "570.172.08",
+     "toolchain": {"tilelang": "0.1.15", "torch": "2.13.0", ...},
+     "date": "2026-11-21T08:00:00+00:00"}
+
+``candidates`` holds every timed candidate, fastest first (the runner-ups), then the ones
+that failed to compile, to run or the reference check (``error``). Times are microseconds
+per call: medians over CUDA-graph replays with rotated inputs.
+
+Selection (:func:`select_entry`): the entries of ``(target, op, bucket)`` whose TileLang
+version is this process's; the newest (``date``, then line order) wins. Entries of another
+TileLang version are ignored with a warning, as are entries whose bucket ranges differ from
+the schedule file's (the bucket was redefined after tuning). Malformed lines are skipped
+with a warning naming the file and line. The log root is ``$DSV4_TL_TUNING_LOGS`` when set,
+else the installed ``dsv4_tl.tuning_logs`` package (the repository's ``tuning_logs/``).
+
+No dependency beyond the standard library: the schema is checked by :func:`validate_entry`.
+"""
+
+import datetime
+import json
+import os
+import warnings
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, List, Optional, Tuple
+
+ENV_LOG_DIR = "DSV4_TL_TUNING_LOGS"
+FORMAT = 1
+
+# field -> (accepted types, required). bool is excluded from numbers explicitly below.
+_FIELDS = {
+    "format": ((int,), True),
+    "target": ((str,), True),
+    "op": ((str,), True),
+    "bucket": ((str,), True),
+    "match": ((dict,), True),
+    "features": ((dict,), True),
+    "shape": ((str,), True),
+    "best": ((dict,), True),
+    "best_us": ((int, float), True),
+    "default": ((dict,), True),
+    "default_us": ((int, float, type(None)), True),
+    "baseline": ((dict,), False),
+    "baseline_us": ((int, float, type(None)), False),
+    "candidates": ((list,), True),
+    "device": ((str,), True),
+    "driver": ((str,), True),
+    "toolchain": ((dict,), True),
+    "date": ((str,), True),
+    "sms": ((int,), False),
+    "cuda": ((str,), False),
+    "source_hash": ((str,), False),
+    "pruned": ((int,), False),
+    "notes": ((str,), False),
+}
+_KNOB_TYPES = (bool, int, float, str)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_config(where: str, config, errors: list) -> None:
+    if not isinstance(config, dict) or not config:
+        errors.append(f"{where}: expected a non-empty object of knob -> value")
+        return
+    for knob, value in config.items():
+        if not isinstance(value, _KNOB_TYPES):
+            errors.append(f"{where}.{knob}: expected a bool, number or string, got {value!r}")
+
+
+def validate_match(where: str, match, errors: list) -> None:
+    """A bucket's ``match``: feature -> ``[lo, hi)`` (numbers; ``hi`` null = unbounded) or
+    a non-empty list of strings (membership)."""
+    if not isinstance(match, dict):
+        errors.append(f"{where}: expected an object")
+        return
+    for name, rng in match.items():
+        ok = isinstance(rng, list) and len(rng) >= 1
+        if ok and all(isinstance(v, str) for v in rng):
+            continue
+        ok = (ok and len(rng) == 2 and _is_number(rng[0])
+              and (rng[1] is None or (_is_number(rng[1]) and rng[1] > rng[0])))
+        if not ok:
+            errors.append(f"{where}.{name}: expected [lo, hi) with lo < hi (hi may be null) "
+                          f"or a list of strings, got {rng!r}")
+
+
+def validate_entry(entry) -> List[str]:
+    """Every schema violation of one log entry (empty list: valid)."""
+    if not isinstance(entry, dict):
+        return ["entry: expected a JSON object"]
+    errors = []
+    for field, (types, required) in _FIELDS.items():
+        if field not in entry:
+            if required:
+                errors.append(f"{field}: missing")
+            continue
+        value = entry[field]
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            names = "/".join("null" if t is type(None) else t.__name__ for t in types)
+            errors.append(f"{field}: expected {names}, got {type(value).__name__}")
+    unknown = sorted(set(entry) - set(_FIELDS))
+    if unknown:
+        errors.append(f"unknown fields: {', '.join(unknown)}")
+    if errors:
+        return errors
+    if entry["format"] != FORMAT:
+        errors.append(f"format: expected {FORMAT}, got {entry['format']}")
+    for field in ("best_us", "default_us", "baseline_us"):
+        if _is_number(entry.get(field)) and not entry[field] > 0:
+            errors.append(f"{field}: expected a positive time in µs, got {entry[field]}")
+    validate_match("match", entry["match"], errors)
+    _check_config("best", entry["best"], errors)
+    _check_config("default", entry["default"], errors)
+    if "baseline" in entry:
+        _check_config("baseline", entry["baseline"], errors)
+    if not isinstance(entry["toolchain"].get("tilelang"), str):
+        errors.append("toolchain.tilelang: missing (the version selection keys on it)")
+    try:
+        datetime.datetime.fromisoformat(entry["date"])
+    except ValueError:
+        errors.append(f"date: expected an ISO 8601 timestamp, got {entry['date']!r}")
+    timed = []
+    for i, cand in enumerate(entry["candidates"]):
+        where = f"candidates[{i}]"
+        if not isinstance(cand, dict) or "config" not in cand:
+            errors.append(f"{where}: expected an object with 'config'")
+            continue
+        _check_config(f"{where}.config", cand["config"], errors)
+        has_us, has_err = "us" in cand, "error" in cand
+        if has_us == has_err:
+            errors.append(f"{where}: expected exactly one of 'us' and 'error'")
+        elif has_us and not (_is_number(cand["us"]) and cand["us"] > 0):
+            errors.append(f"{where}.us: expected a positive number, got {cand['us']!r}")
+        elif has_err and not isinstance(cand["error"], str):
+            errors.append(f"{where}.error: expected a string")
+        elif has_us:
+            timed.append(cand)
+        extra = set(cand) - {"config", "us", "error"}
+        if extra:
+            errors.append(f"{where}: unknown fields {', '.join(sorted(extra))}")
+    if not errors:
+        if not any(c["config"] == entry["best"] and c["us"] == entry["best_us"] for c in timed):
+            errors.append("best: not among the timed candidates with best_us")
+        if set(entry["best"]) != set(entry["default"]):
+            errors.append("best: knobs differ from default's")
+    return errors
+
+
+def check_entry(entry) -> None:
+    """Raise ValueError listing every schema violation of ``entry``."""
+    errors = validate_entry(entry)
+    if errors:
+        raise ValueError("tuning log entry: " + "; ".join(errors))
+
+
+# ------------------------------------------------------------------------------ files
+def log_root() -> Path:
+    """``$DSV4_TL_TUNING_LOGS`` or the installed ``dsv4_tl.tuning_logs`` package."""
+    env = os.environ.get(ENV_LOG_DIR)
+    if env:
+        return Path(env)
+    import dsv4_tl.tuning_logs as pkg
+
+    return Path(pkg.__file__).parent
+
+
+def log_path(root: "str | Path", target_dir: str, op: str) -> Path:
+    return Path(root) / target_dir / f"{op}.jsonl"
+
+
+def parse_lines(lines: Iterable[str], origin: str = "<log>") -> Tuple[list, list]:
+    """``(entries, problems)``: each valid entry gets ``"_line"`` (1-based); each malformed
+    line gives a problem string naming ``origin:line``."""
+    entries, problems = [], []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problems.append(f"{origin}:{n}: not JSON ({exc.msg})")
+            continue
+        errors = validate_entry(entry)
+        if errors:
+            problems.append(f"{origin}:{n}: " + "; ".join(errors))
+            continue
+        entry["_line"] = n
+        entries.append(entry)
+    return entries, problems
+
+
+@lru_cache(maxsize=64)
+def _read_cached(path: str, mtime_ns: int, size: int) -> Tuple[tuple, tuple]:
+    with open(path, encoding="utf-8") as f:
+        entries, problems = parse_lines(f, path)
+    return tuple(entries), tuple(problems)
+
+
+_warned: set = set()
+
+
+def _warn_once(key, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
+def read_log(path: "str | Path", warn: bool = True) -> list:
+    """The valid entries of one log file (``[]`` if it does not exist); malformed lines are
+    skipped with a warning (once per line per process). Entries are shared: do not modify."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return []
+    entries, problems = _read_cached(str(path), st.st_mtime_ns, st.st_size)
+    if warn:
+        for problem in problems:
+            _warn_once(("bad", problem), f"tuning log: skipping a malformed line: {problem}")
+    return list(entries)
+
+
+def append_entry(path: "str | Path", entry: dict) -> None:
+    """Validate ``entry`` and append it as one line (creating the file and folders)."""
+    entry = {k: v for k, v in entry.items() if not k.startswith("_")}
+    check_entry(entry)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n"
+    with open(path, "a", encoding="utf-8") as f:  # one write: lines never interleave
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def current_tilelang() -> Optional[str]:
+    """TileLang's version from the package metadata (no ``import tilelang``)."""
+    import importlib.metadata as md
+
+    try:
+        return md.version("tilelang")
+    except md.PackageNotFoundError:
+        return None
+
+
+def _newest(entries: list) -> Optional[dict]:
+    return max(entries, key=lambda e: (e["date"], e["_line"])) if entries else None
+
+
+def select_entry(target_dir: str, op: str, bucket: str, match: Optional[dict] = None,
+                 tilelang: Optional[str] = None, root: "str | Path | None" = None) -> Optional[dict]:
+    """The log entry whose best config ``(target_dir, op, bucket)`` uses, or None.
+
+    Only entries tuned with ``tilelang`` (default: this process's version) count; others
+    are ignored with a warning. With ``match``, entries whose bucket ranges differ are
+    ignored with a warning too. The newest remaining entry wins.
+    """
+    path = log_path(log_root() if root is None else root, target_dir, op)
+    entries = [e for e in read_log(path) if e["bucket"] == bucket and e["op"] == op]
+    if not entries:
+        return None
+    version = current_tilelang() if tilelang is None else tilelang
+    same = [e for e in entries if e["toolchain"]["tilelang"] == version]
+    others = sorted({e["toolchain"]["tilelang"] for e in entries} - {version})
+    if others:
+        _warn_once(("version", str(path), bucket, version),
+                   f"tuning log {path}: bucket {bucket!r} has entries tuned with TileLang "
+                   f"{', '.join(others)}; this process has {version}: those are ignored")
+    if match is not None:
+        stale = [e for e in same if e["match"] != match]
+        if stale:
+            _warn_once(("match", str(path), bucket),
+                       f"tuning log {path}: {len(stale)} entries of bucket {bucket!r} were "
+                       f"tuned for ranges {stale[-1]['match']}, the schedule file now has "
+                       f"{match}: ignored (re-run dsv4-tl tune)")
+        same = [e for e in same if e["match"] == match]
+    return _newest(same)
+
+
+def entries_for(path: "str | Path", device: Optional[str] = None,
+                tilelang: Optional[str] = None) -> list:
+    """Entries of one file, optionally only those of ``device`` and ``tilelang``."""
+    out = []
+    for e in read_log(path):
+        if device is not None and e["device"] != device:
+            continue
+        if tilelang is not None and e["toolchain"]["tilelang"] != tilelang:
+            continue
+        out.append(e)
+    return out
+
+
+def clear_caches() -> None:
+    """Forget parsed files and the once-per-process warnings (tests)."""
+    _read_cached.cache_clear()
+    _warned.clear()

@@ -1,0 +1,410 @@
+"""CPU tests of schedule tuning: the log schema, candidate pruning, bucket and log-entry
+selection, the fallback warnings, builds from logs (deterministic manifests) and that a
+logged config reaches the front end. The GPU part of ``dsv4-tl tune`` (compiling and timing
+candidates) runs in ``scripts/device_tune.sh``; here its measurements are faked."""
+
+import copy
+import json
+import re
+import warnings
+
+import pytest
+
+from dsv4_tl import schedules, tune, tuning_log
+from dsv4_tl.build import build, build_variants, schedules_of
+from dsv4_tl.kernels import Variant
+from dsv4_tl.targets import parse_target
+
+TARGET = parse_target("cuda:sm_90a")
+SM90A = TARGET.dirname
+TILELANG = tuning_log.current_tilelang()
+
+
+@pytest.fixture
+def logs(tmp_path, monkeypatch):
+    """An empty log root in $DSV4_TL_TUNING_LOGS; caches and once-only warnings reset."""
+    root = tmp_path / "logs"
+    root.mkdir()
+    monkeypatch.setenv(tuning_log.ENV_LOG_DIR, str(root))
+    schedules.clear_caches()
+    yield root
+    schedules.clear_caches()
+
+
+def _spec(op):
+    return schedules.load_schedule_file(SM90A, op)
+
+
+def _bucket(op, name):
+    return next(b for b in _spec(op)["buckets"] if b.get("name") == name)
+
+
+def _entry(op, bucket, best, *, us=10.0, date="2026-11-21T08:00:00+00:00", tilelang=TILELANG,
+           match=None, **extra):
+    """A valid entry of ``bucket`` whose best is the default overridden by ``best``."""
+    default = dict(_spec(op)["default"])
+    best = {**default, **best}
+    entry = {
+        "format": 1, "target": TARGET.name, "op": op, "bucket": bucket,
+        "match": _bucket(op, bucket)["match"] if match is None else match,
+        "features": {}, "shape": "test shape", "best": best, "best_us": us,
+        "default": default, "default_us": 2 * us,
+        "candidates": [{"config": best, "us": us}, {"config": default, "us": 2 * us}],
+        "device": "NVIDIA H200", "driver": "570.0", "toolchain": {"tilelang": tilelang},
+        "date": date,
+    }
+    entry.update(extra)
+    return entry
+
+
+def _write(root, op, *entries):
+    path = tuning_log.log_path(root, SM90A, op)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for e in entries:
+            f.write(json.dumps(e) + "\n")
+    return path
+
+
+# ------------------------------------------------------------------------------ schema
+def test_schema_accepts_a_good_entry_and_round_trips(logs):
+    entry = _entry("global_topk", "all", {"tokens_per_block": 8})
+    assert tuning_log.validate_entry(entry) == []
+    path = tuning_log.log_path(logs, SM90A, "global_topk")
+    tuning_log.append_entry(path, entry)
+    tuning_log.append_entry(path, entry)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0]) == entry  # one object per line
+    read = tuning_log.read_log(path)
+    assert [e["_line"] for e in read] == [1, 2]
+
+
+def _mutations():
+    def drop(field):
+        return lambda e: e.pop(field)
+
+    def set_(field, value):
+        return lambda e: e.__setitem__(field, value)
+
+    return {
+        "missing best": (drop("best"), "best: missing"),
+        "missing toolchain": (drop("toolchain"), "toolchain: missing"),
+        "string time": (set_("best_us", "fast"), "best_us: expected"),
+        "bool as number": (set_("best_us", True), "best_us: expected"),
+        "negative time": (set_("best_us", -1.0), "positive time"),
+        "best not measured": (set_("best_us", 3.0), "best: not among the timed candidates"),
+        "unknown field": (set_("speed", 1), "unknown fields: speed"),
+        "bad range": (set_("match", {"ctas": [17, 1]}), "match.ctas"),
+        "bad date": (set_("date", "yesterday"), "date: expected an ISO 8601"),
+        "future format": (set_("format", 2), "format: expected 1"),
+        "us and error": (lambda e: e["candidates"][1].__setitem__("error", "x"),
+                         "exactly one of 'us' and 'error'"),
+        "no tilelang": (set_("toolchain", {"torch": "2.13.0"}), "toolchain.tilelang"),
+        "other knobs": (lambda e: e["best"].pop("threads"),  # candidates[0] is the same dict
+                        "knobs differ from default"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_mutations()))
+def test_schema_rejects_bad_entries(name):
+    mutate, message = _mutations()[name]
+    entry = _entry("global_topk", "all", {"tokens_per_block": 8})
+    mutate(entry)
+    errors = tuning_log.validate_entry(entry)
+    assert any(message in e for e in errors), errors
+    with pytest.raises(ValueError, match="tuning log entry"):
+        tuning_log.check_entry(entry)
+
+
+def test_malformed_lines_are_skipped_with_a_warning_naming_the_line(logs):
+    good = _entry("global_topk", "all", {"tokens_per_block": 8})
+    bad = copy.deepcopy(good)
+    del bad["device"]
+    path = _write(logs, "global_topk", good, bad)
+    with open(path, "a") as f:
+        f.write("{not json\n")
+    with pytest.warns(UserWarning) as record:
+        entries = tuning_log.read_log(path)
+    assert [e["_line"] for e in entries] == [1]
+    text = " ".join(str(w.message) for w in record)
+    assert f"{path}:2: device: missing" in text and f"{path}:3: not JSON" in text
+
+
+def test_append_refuses_an_invalid_entry(logs):
+    entry = _entry("global_topk", "all", {"tokens_per_block": 8}, best_us=0)
+    path = tuning_log.log_path(logs, SM90A, "global_topk")
+    with pytest.raises(ValueError, match="best_us"):
+        tuning_log.append_entry(path, entry)
+    assert not path.exists()
+
+
+# ------------------------------------------------------------------------------ pruning
+WS = {"block_tokens": 64, "heads_per_block": 64, "threads": 384, "num_splits": 1,
+      "warp_specialized": True}
+
+
+def test_a_candidate_over_the_shared_memory_limit_is_pruned_with_the_reason():
+    too_big = {**WS, "block_tokens": 128}  # Q 64 KB + 2 x 128-token K buffers = ~342 KB
+    reason = tune.prune(SM90A, "sparse_decode", too_big)
+    assert reason is not None and "shared memory" in reason and "227 KB" in reason
+    assert tune.prune(SM90A, "sparse_decode", WS) is None
+    # The estimates match the generated CUDA (largest shared-buffer offsets, sm_90a).
+    assert 196 * 1024 < tune.smem_bytes("sparse_decode", WS) < 210 * 1024
+    plain = {**WS, "threads": 256, "warp_specialized": False, "num_stages": 2}
+    assert 139 * 1024 < tune.smem_bytes("sparse_prefill", plain) < 146 * 1024
+    _, pruned = tune.candidates(SM90A, "sparse_decode", _bucket("sparse_decode", "h64_c4a_ctas1_16"))
+    assert any(c["block_tokens"] == 128 and c["warp_specialized"] and "shared memory" in r
+               for c, r in pruned)
+
+
+def test_arch_and_layout_rules():
+    assert "wgmma" in tune.prune("cuda_sm100a", "sparse_decode", WS)
+    assert "registers" in tune.prune(SM90A, "sparse_decode",
+                                     {**WS, "threads": 128, "warp_specialized": False})
+    assert "needs heads_per_block 64, threads 384" in tune.prune(SM90A, "sparse_decode",
+                                                                 {**WS, "threads": 256})
+    assert "num_stages" in tune.prune(SM90A, "sparse_prefill", {**WS, "num_stages": 2})
+    assert "1024" in tune.prune(SM90A, "dequant_gather",
+                                {"tokens_per_block": 32, "target_ctas": 1056, "threads": 2048})
+
+
+def test_split_sanity_uses_the_buckets_representative():
+    from dsv4_tl.bench import DecodeShape
+
+    swa = DecodeShape(64, 8, "swa")  # 128 window tokens = 2 tiles of 64
+    assert "2 KV tiles" in tune.prune(SM90A, "sparse_decode", {**WS, "num_splits": 4}, swa)
+    big = DecodeShape(128, 128, "c4a")  # 256 CTAs: splitting only adds waves
+    assert "two waves" in tune.prune(SM90A, "sparse_decode", {**WS, "num_splits": 2}, big)
+    assert tune.prune(SM90A, "sparse_decode", {**WS, "num_splits": 8}, DecodeShape(64, 8, "c4a")) is None
+
+
+def test_candidates_keep_baseline_and_default_then_nearest_first():
+    bucket = _bucket("sparse_decode", "h64_c4a_ctas1_16")
+    kept, pruned = tune.candidates(SM90A, "sparse_decode", bucket, max_candidates=8)
+    base = {**_spec("sparse_decode")["default"], **bucket["config"]}
+    assert [c.role for c in kept[:2]] == ["baseline", "default"]
+    assert kept[0].config == base and len(kept) == 8
+    dist = [sum(c.config[k] != base[k] for k in base) for c in kept[2:]]
+    assert dist == sorted(dist)
+    assert any("over --max-candidates 8" in r for _, r in pruned)
+    everything, _ = tune.candidates(SM90A, "sparse_decode", bucket, max_candidates=0)
+    assert len(everything) > 8
+
+
+@pytest.mark.parametrize("target", ["cuda:sm_90a", "cuda:sm_100a"])
+def test_suite_covers_every_bucket_and_each_representative_lands_in_it(target):
+    ops = [op for op in tune.TUNABLE_OPS]
+    plans = tune.plan(target, ops, "dsv4")  # raises on a missing or misplaced representative
+    t = parse_target(target)
+    named = {(op, b["name"]) for op in ops
+             for b in schedules.load_schedule_file(t.dirname, op)["buckets"]}
+    assert {(p.op, p.name) for p in plans} == named
+    for p in plans:
+        assert 1 <= len(p.kept) <= tune.DEFAULT_MAX_CANDIDATES + 1
+        assert p.kept[0].role == "baseline"
+
+
+def test_dry_run_lists_kept_and_pruned_candidates(capsys):
+    from dsv4_tl.cli import main
+
+    assert main(["tune", "--target", "cuda:sm_90a", "--kernel", "sparse_decode", "--suite",
+                 "dsv4", "--bucket", "h128_c4a_ctas1_16", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "sparse_decode / h128_c4a_ctas1_16: decode h128 b8" in text
+    assert "keep   baseline ns8" in text and "keep   default  (default)" in text
+    assert re.search(r"prune +4 x shared memory: ~3\d\d KB per block > 227 KB .*: bt128 ns8", text)
+    assert "1 buckets," in text and "distinct kernel variants" in text
+
+
+def test_unknown_bucket_is_an_error(capsys):
+    assert tune.main(["--kernel", "sparse_decode", "--bucket", "nope", "--dry-run"]) == 2
+    assert "no bucket named nope" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ selection
+def test_schedule_for_uses_the_newest_entry_of_the_bucket(logs):
+    name = "h64_c4a_ctas1_16"
+    _write(logs, "sparse_decode",
+           _entry("sparse_decode", name, {"num_splits": 4}, date="2026-11-21T08:00:00+00:00"),
+           _entry("sparse_decode", name, {"num_splits": 2, "block_tokens": 32},
+                  date="2026-11-22T08:00:00+00:00"),
+           _entry("sparse_decode", name, {"num_splits": 1}, date="2026-11-20T08:00:00+00:00"),
+           _entry("sparse_decode", "h64_swa_ctas1_16", {"num_splits": 2}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # other buckets have no log
+        got = schedules.schedule_for(SM90A, "sparse_decode", h=64, scope="c4a", ctas=8)
+        assert (got["num_splits"], got["block_tokens"]) == (2, 32)
+        # another scope, another bucket, its own entry
+        assert schedules.schedule_for(SM90A, "sparse_decode", h=64, scope="swa", ctas=8)["num_splits"] == 2
+        # no log for this bucket: the schedule file's config
+        assert schedules.schedule_for(SM90A, "sparse_decode", h=128, scope="c4a", ctas=8)["num_splits"] == 8
+        # a feature missing: no bucket matches, the default applies
+        assert schedules.schedule_for(SM90A, "sparse_decode", ctas=8) == _spec("sparse_decode")["default"]
+
+
+def test_missing_log_warns_once_naming_the_bucket(logs):
+    with pytest.warns(UserWarning, match="bucket 'h64_c128a_ctas17_33'") as record:
+        config = schedules.schedule_for(SM90A, "sparse_decode", h=64, scope="c128a", ctas=20)
+    assert config["num_splits"] == 4  # the schedule file's bucket config
+    assert sum("h64_c128a_ctas17_33" in str(w.message) for w in record) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second resolution of the bucket stays quiet
+        schedules.schedule_for(SM90A, "sparse_decode", h=64, scope="c128a", ctas=30)
+        # unnamed buckets (HIP files) are never looked up and never warn
+        assert schedules.schedule_for("hip_gfx942", "sparse_decode", ctas=10)["num_splits"] == 8
+
+
+def test_entries_of_another_tilelang_or_other_ranges_are_ignored_with_a_warning(logs):
+    name = "h64_c4a_ctas1_16"
+    _write(logs, "sparse_decode",
+           _entry("sparse_decode", name, {"num_splits": 2}, tilelang="0.0.1"),
+           _entry("sparse_decode", name, {"num_splits": 4},
+                  match={"h": [1, 65], "scope": ["c4a"], "ctas": [1, 9]}))
+    with pytest.warns(UserWarning) as record:
+        config = schedules.schedule_for(SM90A, "sparse_decode", h=64, scope="c4a", ctas=8)
+    assert config["num_splits"] == 8  # neither entry counts: the file's config
+    text = [str(w.message) for w in record]
+    assert any("TileLang 0.0.1" in t and f"this process has {TILELANG}" in t for t in text)
+    assert any("ranges" in t and name in t for t in text)
+    assert any("no tuning log entry" in t and name in t for t in text)
+
+
+def test_forced_schedule_overrides_every_shape_and_restores(logs):
+    forced = {**WS, "num_splits": 3}
+    with schedules.forced_schedule(SM90A, "sparse_decode", forced):
+        assert schedules.schedule_for(SM90A, "sparse_decode", h=64, scope="c4a", ctas=8) == forced
+        assert schedules.schedule_for(SM90A, "sparse_decode") == forced
+    with pytest.warns(UserWarning):
+        assert schedules.schedule_for(SM90A, "sparse_decode", h=64, scope="c4a", ctas=8)["num_splits"] == 8
+
+
+def test_a_logged_config_changes_the_variant_the_front_end_resolves(logs, monkeypatch):
+    from dsv4_tl.ops import _dispatch
+
+    class Loader:
+        def get(self, variant):
+            return variant
+
+    monkeypatch.setattr(_dispatch, "loader_for", lambda target: Loader())
+    static = tuple(sorted(dict(num_heads=64, has_extra=True, fp8_format="e4m3fn").items()))
+    features = tuple(sorted(dict(ctas=8, h=64, scope="c4a").items()))
+
+    def resolve():
+        _dispatch._resolve.cache_clear()
+        _dispatch._schedule_of.cache_clear()
+        return _dispatch._resolve("sparse_decode", TARGET, static, features)
+
+    try:
+        with pytest.warns(UserWarning, match="h64_c4a_ctas1_16"):
+            before, schedule = resolve()
+        assert schedule["num_splits"] == 8
+        _write(logs, "sparse_decode",
+               _entry("sparse_decode", "h64_c4a_ctas1_16", {"num_splits": 2, "block_tokens": 32}))
+        after, schedule = resolve()
+        assert (schedule["num_splits"], schedule["block_tokens"]) == (2, 32)
+        assert after != before and after == Variant.make("sparse_decode", dict(static), schedule)
+        assert after.key != before.key
+    finally:
+        _dispatch._resolve.cache_clear()
+        _dispatch._schedule_of.cache_clear()
+
+
+# ------------------------------------------------------------------------------ builds
+def test_build_variants_follow_the_logs_and_the_static_parameters(logs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = build_variants(TARGET, heads=(64, 128), ops=["sparse_decode"])
+        _write(logs, "sparse_decode",
+               _entry("sparse_decode", "h128_c4a_ctas34_66", {"num_splits": 2, "block_tokens": 32}))
+        schedules.clear_caches()
+        tuned = build_variants(TARGET, heads=(64, 128), ops=["sparse_decode"])
+    new = set(tuned) - set(plain)
+    # only the static parameters the bucket can see: 128 heads, with the extra scope
+    assert new and all(dict(v.static)["num_heads"] == 128 and dict(v.static)["has_extra"]
+                       and dict(v.schedule)["block_tokens"] == 32 for v in new)
+    assert all(c["num_splits"] in (1, 2, 4, 8) for c in schedules_of(TARGET, "sparse_decode"))
+
+
+def test_same_logs_give_byte_identical_manifests(logs, tmp_path):
+    _write(logs, "global_topk",
+           _entry("global_topk", "all", {"tokens_per_block": 8, "cols_per_block": 1024}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = build(TARGET, tmp_path / "a", heads=(64,), ops=["global_topk"], jobs=2, progress=False)
+        schedules.clear_caches()
+        b = build(TARGET, tmp_path / "b", heads=(64,), ops=["global_topk"], jobs=2, progress=False)
+    manifest = lambda d: (d / SM90A / "manifest.json").read_bytes()
+    assert manifest(tmp_path / "a") == manifest(tmp_path / "b")
+    assert a["kernels"] == b["kernels"]
+    assert b"timestamp" not in manifest(tmp_path / "a") and b"date" not in manifest(tmp_path / "a")
+    logged = [e for e in a["kernels"] if e["schedule"]["tokens_per_block"] == 8]
+    assert len(logged) == 2 and {e["static"]["ragged"] for e in logged} == {False, True}
+    assert all(e["schedule"]["cols_per_block"] == 1024 for e in logged)
+
+
+# ------------------------------------------------------------------------------ tune run pieces
+def _fake_results(p, slow_baseline=1.0):
+    """Made-up times: the baseline at ``100 * slow_baseline`` µs, the others 97 + i µs,
+    the last candidate failing its reference check."""
+    results = []
+    for i, cand in enumerate(p.kept):
+        if cand.role == "baseline":
+            results.append({"config": cand.config, "us": 100.0 * slow_baseline})
+        elif i == len(p.kept) - 1:
+            results.append({"config": cand.config, "error": "AssertionError: out: 3/100 elements"})
+        else:
+            results.append({"config": cand.config, "us": 97.0 + i})
+    return results
+
+
+INFO = {"device": "NVIDIA H200", "driver": "570.0", "sms": 132, "cuda": "13.0"}
+
+
+def test_log_entry_from_measurements_keeps_the_baseline_within_noise():
+    (p,) = tune.plan(TARGET, ["sparse_decode"], buckets=["h64_c4a_ctas1_16"])
+    tools = {"tilelang": TILELANG, "torch": "2.13.0"}
+    near = tune.make_entry(TARGET, p, _fake_results(p), INFO, tools, min_gain=0.05)
+    assert near["best"] == near["baseline"]  # 99 µs is within 5 % of 100 µs
+    far = tune.make_entry(TARGET, p, _fake_results(p, slow_baseline=2.0), INFO, tools)
+    assert far["best"] != far["baseline"] and far["best_us"] == 98.0
+    assert far["default_us"] is not None and far["baseline_us"] == 200.0
+    times = [c["us"] for c in far["candidates"] if "us" in c]
+    assert times == sorted(times) and "error" in far["candidates"][-1]
+    assert tuning_log.validate_entry(far) == []
+    assert tune.make_entry(TARGET, p, [{"config": WS, "error": "x"}], INFO, tools) is None
+
+
+def test_report_prints_the_logged_buckets(logs, capsys, monkeypatch):
+    (p,) = tune.plan(TARGET, ["dequant_gather"], buckets=["rows1_16k"])
+    entry = tune.make_entry(TARGET, p, _fake_results(p, 2.0), INFO, {"tilelang": TILELANG})
+    tuning_log.append_entry(tuning_log.log_path(logs, SM90A, "dequant_gather"), entry)
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    assert tune.main(["--kernel", "dequant_gather", "--report", "--out", str(logs),
+                      "--png", str(logs / "t.png")]) == 0
+    text = capsys.readouterr().out
+    assert "rows1_16k" in text and "98.00" in text and "2.04x" in text
+    assert "rows16k_256k" in text and "not tuned" in text
+    assert "matplotlib is not installed" in text and not (logs / "t.png").exists()
+
+
+def test_a_crashed_candidate_is_pruned_on_the_next_run(tmp_path):
+    (p,) = tune.plan(TARGET, ["sparse_decode"], buckets=["h64_c4a_ctas1_16"])
+    victim = p.kept[2].config
+    tune._write_state(tmp_path, TARGET, "sparse_decode",
+                      inflight={"bucket": p.name, "config": victim})
+    crashed = tune.load_crashed(tmp_path, TARGET, ["sparse_decode"], say=lambda s: None)
+    assert crashed == {("sparse_decode", p.name): [victim]}
+    state = json.loads(tune._state_path(tmp_path, TARGET, "sparse_decode").read_text())
+    assert "inflight" not in state and state["crashed"][0]["config"] == victim
+    (again,) = tune.plan(TARGET, ["sparse_decode"], buckets=[p.name], crashed=crashed)
+    assert victim not in [c.config for c in again.kept]
+    assert any(c == victim and "crashed" in r for c, r in again.pruned)
