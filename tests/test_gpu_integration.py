@@ -110,7 +110,9 @@ def _raw_prefill(seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     q, kv, idx, scale, sink, lens = _prefill_args(gen, h=64)
     expected = dsv4_tl.ops.sparse_prefill(q, kv, idx, scale, sink, lens)
-    kernel = dsv4_tl.raw_kernel("sparse_prefill", torch.device(DEV), dict(num_heads=64, ragged=False))
+    # The same variant the front end picks: same static parameters and bucket features.
+    kernel = dsv4_tl.raw_kernel("sparse_prefill", torch.device(DEV),
+                                dict(num_heads=64, ragged=False), h=64, topk=idx.shape[-1])
     inputs = (q, kv.view(-1, 512), idx.view(q.shape[0], -1), lens, sink)
     return kernel, inputs, expected, scale
 
