@@ -47,7 +47,8 @@ def main() -> None:
         ("dsv4_tl.ops.sparse_prefill (plain)",
          lambda: dsv4_tl.ops.sparse_prefill(qp, kv, pidx, 0.04, sink, None)),
     ]
-    raw = dsv4_tl.raw_kernel("sparse_prefill", torch.device(DEV), dict(num_heads=64, ragged=False))
+    raw = dsv4_tl.raw_kernel("sparse_prefill", torch.device(DEV), dict(num_heads=64, ragged=False),
+                             h=64, topk=128)
     outs = (torch.empty((8, 64, 512), dtype=torch.bfloat16, device=DEV),
             torch.empty((8, 64), device=DEV), torch.empty((8, 64), device=DEV))
     lens_p = torch.full((8,), 128, dtype=torch.int32, device=DEV)

@@ -163,7 +163,7 @@ def test_gather_fnuz_bytes(seed, gen):
 def test_gather_bad_block_ids_and_clamps(seed, gen):
     # Out-of-range / negative block ids and columns past the table -> zero rows; gather_lens
     # larger than seq_len / the room in out, and negative values, are clamped.
-    bs, nb, max_blocks = 64, 5, 4
+    bs, nb = 64, 5
     cache = random_paged_cache(nb, bs, gen, DEV)
     bt = torch.tensor([
         [0, -1, nb, 3],

@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import math
 import os
 import statistics
 import sys

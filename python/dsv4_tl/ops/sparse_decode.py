@@ -7,7 +7,6 @@ import torch
 
 from ..cache_format import HEAD_DIM, cache_geometry
 from ..validation import (
-    check_dim_match,
     check_float,
     check_fp8_format,
     check_optional_tensor,
