@@ -76,6 +76,16 @@ _no_log_warned: set = set()
 _lock = threading.Lock()
 
 
+def _warn_once(key: tuple, message: str) -> None:
+    """One warning per key per process (cleared by clear_caches)."""
+    with _lock:
+        fresh = key not in _no_log_warned
+        _no_log_warned.add(key)
+    if fresh:
+        # stacklevel: the caller of schedule_for / schedules_of, as before this helper existed
+        warnings.warn(message, stacklevel=5)
+
+
 def _logged_config(target_dir: str, op: str, spec: dict, bucket: dict, index: int,
                    warn: bool = True) -> Tuple[dict, str]:
     """``(config, source)`` of one bucket: the logged best (source ``"log"``) or the
@@ -88,23 +98,15 @@ def _logged_config(target_dir: str, op: str, spec: dict, bucket: dict, index: in
         best = entry["best"]
         if set(best) == set(spec["default"]):
             return dict(best), "log"
-        key = ("knobs", target_dir, op, name)
-        with _lock:
-            fresh = key not in _no_log_warned
-            _no_log_warned.add(key)
-        if fresh:
-            warnings.warn(f"schedule: the tuning log entry of {target_dir}/{op} bucket {name!r} "
-                          f"has knobs {sorted(best)}, the schedule file {sorted(spec['default'])}: "
-                          "ignored (re-run dsv4-tl tune)", stacklevel=4)
+        _warn_once(("knobs", target_dir, op, name),
+                   f"schedule: the tuning log entry of {target_dir}/{op} bucket {name!r} "
+                   f"has knobs {sorted(best)}, the schedule file {sorted(spec['default'])}: "
+                   "ignored (re-run dsv4-tl tune)")
     elif warn:
-        key = ("nolog", target_dir, op, name)
-        with _lock:
-            fresh = key not in _no_log_warned
-            _no_log_warned.add(key)
-        if fresh:
-            warnings.warn(f"schedule: no tuning log entry for {target_dir}/{op} bucket {name!r} "
-                          f"(TileLang {tuning_log.current_tilelang()}): using the schedule "
-                          "file's config; run dsv4-tl tune to measure it", stacklevel=4)
+        _warn_once(("nolog", target_dir, op, name),
+                   f"schedule: no tuning log entry for {target_dir}/{op} bucket {name!r} "
+                   f"(TileLang {tuning_log.current_tilelang()}): using the schedule "
+                   "file's config; run dsv4-tl tune to measure it")
     return {**spec["default"], **bucket["config"]}, "file"
 
 

@@ -90,6 +90,12 @@ def check_tensor(
     return t
 
 
+def check_cuda(name: str, t: torch.Tensor) -> None:
+    """The kernels run on CUDA/ROCm devices only (torch names both "cuda")."""
+    if t.device.type != "cuda":
+        raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
+
+
 def check_optional_tensor(name: str, t: object, **kwargs) -> Optional[torch.Tensor]:
     """``check_tensor`` that lets ``None`` through."""
     if t is None:

@@ -9,6 +9,7 @@ import torch
 
 from ..cache_format import HEAD_DIM, TOKEN_DATA_BYTES, block_bytes, cache_geometry
 from ..validation import (
+    check_cuda,
     check_block_size,
     check_dim_match,
     check_fp8_format,
@@ -24,11 +25,6 @@ _VEC_ELEMS = 8  # bf16 elements in one 16-byte vector store
 _VEC_BYTES = 16
 
 
-def _check_cuda(name: str, t: torch.Tensor) -> None:
-    if t.device.type != "cuda":
-        raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
-
-
 def _out_flat_view(out: torch.Tensor) -> torch.Tensor:
     """1-D bf16 view of every element the kernel may address, starting at ``out[0, 0, 0]``."""
     r, mt, d = out.shape
@@ -39,7 +35,7 @@ def _out_flat_view(out: torch.Tensor) -> torch.Tensor:
 def _check_out(out: torch.Tensor) -> None:
     check_tensor("out", out, dtype=torch.bfloat16, shape=(None, None, HEAD_DIM),
                  last_dim_contiguous=True)
-    _check_cuda("out", out)
+    check_cuda("out", out)
     r, mt, _ = out.shape
     s0, s1 = out.stride(0), out.stride(1)
     if s0 % _VEC_ELEMS or s1 % _VEC_ELEMS:

@@ -7,6 +7,7 @@ import torch
 
 from ..cache_format import HEAD_DIM, cache_geometry
 from ..validation import (
+    check_cuda,
     check_float,
     check_fp8_format,
     check_optional_tensor,
@@ -14,11 +15,6 @@ from ..validation import (
     check_tensor,
 )
 from ._dispatch import placeholder, kernel_for, no_sink, output_tensor, schedule_of
-
-
-def _check_cuda(name: str, t: torch.Tensor) -> None:
-    if t.device.type != "cuda":
-        raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
 
 
 def _scope_args(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
@@ -84,7 +80,7 @@ def sparse_decode(
             with no valid token (whose out is 0).
     """
     check_tensor("q", q, dtype=torch.bfloat16, ndim=4, last_dim_contiguous=True)
-    _check_cuda("q", q)
+    check_cuda("q", q)
     b, s_q, h, d = q.shape
     if d != HEAD_DIM:
         raise ValueError(f"q: expected head dim {HEAD_DIM}, got shape {list(q.shape)}")
