@@ -13,11 +13,22 @@ a large negative sentinel rather than -inf so that a tile with no valid token gi
 
 import tilelang.language as T
 
+from .tile_math import alloc_accumulator, gemm_ab, gemm_abt, row_max, row_sum
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # Raw-score sentinel for "no valid score yet": far below any finite q·k of bf16 inputs seen
 # in practice (|q·k| <= 512 · 65504² would overflow fp32 long before), yet finite.
 M_SENTINEL = -(2.0**30)
+
+
+def alloc_softmax_state(heads: int, block_tokens: int, dim: int, tile_math: str) -> tuple:
+    """``acc_s [heads, block_tokens]``, ``acc_o [heads, dim]`` and the per-head ``m_i, m_prev,
+    l_i, l_tile, alpha`` (fp32), where ``tile_math`` wants its accumulators."""
+    def acc(shape):
+        return alloc_accumulator(shape, T.float32, tile_math)
+    return (acc([heads, block_tokens]), acc([heads, dim]),
+            *(acc([heads]) for _ in range(5)))
 
 
 @T.macro
@@ -37,25 +48,25 @@ def masked_gather_rows(src, rows, valid, dst, block_tokens: int, dim: int):
 @T.macro
 def attend_tile(
     Q_shared, K_shared, P_shared, valid, acc_s, acc_o, m_i, m_prev, l_i, l_tile, alpha,
-    scale_log2, heads: int, block_tokens: int, dim: int,
+    scale_log2, heads: int, block_tokens: int, dim: int, tile_math: str,
 ):
     """One online-softmax step over a [block_tokens, dim] K tile (V = K)."""
     for i, j in T.Parallel(heads, block_tokens):
         acc_s[i, j] = T.if_then_else(valid[j], 0, -T.infinity(T.float32))
-    T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+    gemm_abt(Q_shared, K_shared, acc_s, heads, block_tokens, dim, tile_math)
     T.copy(m_i, m_prev)
-    T.reduce_max(acc_s, m_i, dim=1, clear=False)
+    row_max(acc_s, m_i, heads, block_tokens, tile_math)
     for i in T.Parallel(heads):
         alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
     for i, j in T.Parallel(heads, block_tokens):
         acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - m_i[i] * scale_log2)
-    T.reduce_sum(acc_s, l_tile, dim=1)
+    row_sum(acc_s, l_tile, heads, block_tokens, tile_math)
     for i in T.Parallel(heads):
         l_i[i] = l_i[i] * alpha[i] + l_tile[i]
     for i, d in T.Parallel(heads, dim):
         acc_o[i, d] *= alpha[i]
     T.copy(acc_s, P_shared)
-    T.gemm(P_shared, K_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+    gemm_ab(P_shared, K_shared, acc_o, heads, dim, block_tokens, tile_math)
 
 
 # --- Warp-specialised Hopper schedule (384 threads) --------------------------------------

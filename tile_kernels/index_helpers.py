@@ -20,9 +20,9 @@ Grid: ``(ceil(T / tokens_per_block),)``. Definitions: ``dsv4_tl/reference/indice
 import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
+from .tile_math import alloc_accumulator, row_sum
 
 INT32_MAX = 2**31 - 1
-
 
 
 def _ragged_window(Indptr, t, nnz):
@@ -38,6 +38,7 @@ def build_global_topk(
     tokens_per_block: int = 4,
     cols_per_block: int = 512,
     threads: int = 256,
+    tile_math: str = "tensor_core",
 ):
     """Return the prim_func of ``compute_global_topk_indices_and_lens`` (dense or ragged).
 
@@ -82,9 +83,9 @@ def build_global_topk(
             req_ok = T.alloc_shared([TB], T.bool)
             start_s = T.alloc_shared([TB], T.int32)  # ragged: first flat position of the row
             len_s = T.alloc_shared([TB], T.int32)  # ragged: row length (clamped into flat)
-            flag = T.alloc_fragment([TB, CB], T.int32)
-            part = T.alloc_fragment([TB], T.int32)
-            count = T.alloc_fragment([TB], T.int32)
+            flag = alloc_accumulator([TB, CB], T.int32, tile_math)
+            part = alloc_accumulator([TB], T.int32, tile_math)
+            count = alloc_accumulator([TB], T.int32, tile_math)
 
             t0 = bx * TB
             write_rows = (not ragged) or phase == 1
@@ -124,7 +125,7 @@ def build_global_topk(
                             if col < k and t < num_tokens:
                                 Out[t, col] = value
                 if write_lens:
-                    T.reduce_sum(flag, part, dim=1)
+                    row_sum(flag, part, TB, CB, tile_math)
                     for j in T.Parallel(TB):
                         count[j] = count[j] + part[j]
 

@@ -28,12 +28,14 @@ import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
 from .fp8 import FP8_FORMATS, fp8_byte_to_float
+from .tile_math import check_tile_math
 
 from .attention_tile import (
     LN2,
     LOG2E,
     WS_THREADS,
     WarpSpecializedState,
+    alloc_softmax_state,
     attend_tile,
     init_softmax_state,
     ws_consumer_pv,
@@ -59,6 +61,7 @@ def build_sparse_decode(
     threads: int = 256,
     warp_specialized: bool = False,
     fp8_decode: str = "native",
+    tile_math: str = "tensor_core",
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -69,6 +72,7 @@ def build_sparse_decode(
         fp8_format: "e4m3fn" (OCP) or "e4m3fnuz" (FNUZ) bytes in the cache.
         num_splits, block_tokens, heads_per_block, threads: the schedule.
         fp8_decode: schedule knob, "native" or "bits" (``fp8_byte_to_float``; "bits" on gfx942).
+        tile_math: "tensor_core" or "simt" (``tile_math.py``; "simt" for SYCL).
         warp_specialized: the Hopper schedule (384 threads, 64 heads per CTA): a producer
             warpgroup dequantises tiles into two buffers while two consumer warpgroups run
             the attention math (attention_tile.WarpSpecializedState). sm_90a only.
@@ -108,7 +112,10 @@ def build_sparse_decode(
     pb = T.dynamic("pb")
     ps = T.dynamic("ps")
 
+    check_tile_math(tile_math)
     if warp_specialized:
+        if tile_math != "tensor_core":
+            raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
         if HB != 64 or threads != WS_THREADS or BI % 32:
             raise ValueError("warp_specialized: needs heads_per_block 64, threads 384 and "
                              f"block_tokens % 32 == 0, got {HB}, {threads}, {BI}")
@@ -189,13 +196,7 @@ def build_sparse_decode(
             row16 = T.alloc_shared([BI], T.int64)
             scale = T.alloc_shared([BI, NUM_SCALES], T.float32)
             valid = T.alloc_shared([BI], T.bool)
-            acc_s = T.alloc_fragment([HB, BI], T.float32)
-            acc_o = T.alloc_fragment([HB, D], T.float32)
-            m_i = T.alloc_fragment([HB], T.float32)
-            m_prev = T.alloc_fragment([HB], T.float32)
-            l_i = T.alloc_fragment([HB], T.float32)
-            l_tile = T.alloc_fragment([HB], T.float32)
-            alpha = T.alloc_fragment([HB], T.float32)
+            acc_s, acc_o, m_i, m_prev, l_i, l_tile, alpha = alloc_softmax_state(HB, BI, D, tile_math)
 
             r_b = row // s_q
             r_s = row % s_q
@@ -230,7 +231,7 @@ def build_sparse_decode(
                     )
                 attend_tile(
                     Q_shared, K_shared, P_shared, valid, acc_s, acc_o,
-                    m_i, m_prev, l_i, l_tile, alpha, scale_log2, HB, BI, D,
+                    m_i, m_prev, l_i, l_tile, alpha, scale_log2, HB, BI, D, tile_math,
                 )
 
             if S == 1:

@@ -17,11 +17,13 @@ Grid: ``(s_q, ceil(h / heads_per_block))``.
 import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
+from .tile_math import check_tile_math
 
 from .attention_tile import (
     LOG2E,
     WS_THREADS,
     WarpSpecializedState,
+    alloc_softmax_state,
     attend_tile,
     init_softmax_state,
     masked_gather_rows,
@@ -41,6 +43,7 @@ def build_sparse_prefill(
     threads: int = 256,
     num_stages: int = 2,
     warp_specialized: bool = False,
+    tile_math: str = "tensor_core",
 ):
     """Return the prim_func of sparse prefill.
 
@@ -54,6 +57,7 @@ def build_sparse_prefill(
             producer warpgroup gathers KV tiles into two buffers guarded by mbarriers while
             two consumer warpgroups run QKᵀ/softmax/PV (split along the 512 output dims).
             Same math and index rules; sm_90a only.
+        tile_math: "tensor_core" or "simt" (``tile_math.py``; "simt" for SYCL).
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
     ``indices``, ``lengths`` (dense: ``topk_length [s_q] int32``; ragged: ``indptr [s_q+1]
@@ -91,7 +95,10 @@ def build_sparse_prefill(
         def index_at(indices, lengths, row, col):
             return indices[row, col]
 
+    check_tile_math(tile_math)
     if warp_specialized:
+        if tile_math != "tensor_core":
+            raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
         if HB != 64 or threads != 384:
             raise ValueError("warp_specialized: needs heads_per_block 64 and threads 384, got "
                              f"{HB} and {threads}")
@@ -116,13 +123,7 @@ def build_sparse_prefill(
             P_shared = T.alloc_shared([HB, BI], T.bfloat16)
             rows_shared = T.alloc_shared([BI], T.int32)
             valid_shared = T.alloc_shared([BI], T.bool)
-            acc_s = T.alloc_fragment([HB, BI], T.float32)
-            acc_o = T.alloc_fragment([HB, D], T.float32)
-            m_i = T.alloc_fragment([HB], T.float32)
-            m_prev = T.alloc_fragment([HB], T.float32)
-            l_i = T.alloc_fragment([HB], T.float32)
-            l_tile = T.alloc_fragment([HB], T.float32)
-            alpha = T.alloc_fragment([HB], T.float32)
+            acc_s, acc_o, m_i, m_prev, l_i, l_tile, alpha = alloc_softmax_state(HB, BI, D, tile_math)
 
             h0 = hg * HB
             scale_log2 = sm_scale * LOG2E
@@ -145,7 +146,7 @@ def build_sparse_prefill(
                 masked_gather_rows(KV, rows_shared, valid_shared, K_shared, BI, D)
                 attend_tile(
                     Q_shared, K_shared, P_shared, valid_shared, acc_s, acc_o,
-                    m_i, m_prev, l_i, l_tile, alpha, scale_log2, HB, BI, D,
+                    m_i, m_prev, l_i, l_tile, alpha, scale_log2, HB, BI, D, tile_math,
                 )
 
             # Epilogue. max_logits/lse exclude the sink; out divides by (Σe^s + e^sink).

@@ -5,9 +5,11 @@ Every implementation is first checked against the float32 reference on the very 
 is timed on; a mismatch is reported in the table (and the run exits non-zero). Times are
 medians over repeated replays of a CUDA graph that holds several calls cycling through
 distinct input sets, so launch gaps and host overhead stay out of kernel times and the L2
-cache does not serve one input set repeatedly. Peers: FlashMLA as shipped in vLLM's wheel
-(``torch.ops._flashmla_C``, loaded from ``--peers-dir``); a peer that fails to load or run is
-reported, never silently dropped.
+cache does not serve one input set repeatedly. Peers (``--peers``, default all; see
+``bench_peers``): FlashMLA as shipped in vLLM's wheel (``torch.ops._flashmla_C``) and vLLM's
+DSv4 Triton kernels, all loaded from the peer bundle at ``--peers-dir``; a peer that fails to
+load or run is reported in the table, never silently dropped. Peers that produce no LSE
+are checked on their outputs only (the check column says so).
 
 FLOPs = 2·h·attended·(512 + 512) (FlashMLA's count). Bytes: decode = attended·584 (FP8
 cache) + q + out + indices; prefill = q + out + indices + the BF16 workspace; gather =
@@ -21,10 +23,11 @@ import json
 import os
 import statistics
 import sys
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
+from .bench_peers import PEER_NAMES, load_peers, parse_peer_names, peer_suites
 from .cache_format import TOKEN_BYTES
 from .testing import check_close, out_abs_tol, random_k, random_paged_cache, scatter_slots
 
@@ -175,60 +178,49 @@ def ours_prefill(x: dict):
                                   x["topk_length"])
 
 
-class FlashMLAPeer:
-    """FlashMLA's sparse kernels through ``torch.ops._flashmla_C`` (vLLM 0.26 build)."""
-
-    name = "flashmla"
-
-    def __init__(self, peers_dir: str):
-        torch.cuda.init()
-        torch.ops.load_library(os.path.join(peers_dir, "flashmla", "_flashmla_C.abi3.so"))
-        self.ops = torch.ops._flashmla_C
-
-    def decode(self, x: dict):
-        q = x["q"]
-        out = torch.empty_like(q)
-        state = {"meta": None, "splits": None}
-        extra = x["extra_k_cache"]
-
-        def run():
-            o, lse, state["meta"], state["splits"] = self.ops.sparse_decode_fwd(
-                q, x["k_cache"].unsqueeze(-2), x["indices"], x["topk_length"], x["attn_sink"],
-                state["meta"], state["splits"],
-                None if extra is None else extra.unsqueeze(-2), x["extra_indices"],
-                x["extra_topk_length"], 512, SCALE, out)
-            return o, lse
-        return run
-
-    def prefill(self, x: dict):
-        return lambda: tuple(self.ops.sparse_prefill_fwd(
-            x["q"], x["kv"], x["indices"], SCALE, 512, x["attn_sink"], x["topk_length"], None))
-
-
 # ----------------------------------------------------------------------------- driver
-def _check_decode(x: dict, result) -> str:
+def _reference(x: dict, compute: Callable[[], tuple]) -> tuple:
+    """The float32 reference of input set ``x``, computed once and kept in ``x`` for the
+    other implementations checked on it (several peers per row)."""
+    if "_reference" not in x:
+        x["_reference"] = compute()
+    return x["_reference"]
+
+
+def _decode_reference(x: dict) -> tuple:
     from .reference import sparse_decode_ref
     from .testing import cache_kmax
-    out, lse = result
     ref_out, ref_lse = sparse_decode_ref(x["q"], x["k_cache"], x["indices"], x["topk_length"],
                                          SCALE, x["attn_sink"], x["extra_k_cache"],
                                          x["extra_indices"], x["extra_topk_length"])
     kmax = max(cache_kmax(c) for c in (x["k_cache"], x["extra_k_cache"]) if c is not None)
+    return ref_out, ref_lse, kmax
+
+
+def _check_decode(x: dict, result) -> str:
+    out, lse = result  # lse None: the peer returns none
+    ref_out, ref_lse, kmax = _reference(x, lambda: _decode_reference(x))
     check_close("out", out, ref_out, abs_tol=out_abs_tol(kmax), rel_tol=2 / 128, max_rel_norm=1e-2)
+    if lse is None:
+        return "ok (out only)"
     check_close("lse", lse.reshape(ref_lse.shape), ref_lse, abs_tol=1e-3, rel_tol=2**-13)
     return "ok"
 
 
 def _check_prefill(x: dict, result) -> str:
     from .reference import sparse_prefill_ref
-    out, max_logits, lse = result
-    ref = sparse_prefill_ref(x["q"], x["kv"], x["indices"], SCALE, 512, x["attn_sink"],
-                             x["topk_length"])
+    out, max_logits, lse = result  # None for what a peer does not return
+    ref = _reference(x, lambda: sparse_prefill_ref(x["q"], x["kv"], x["indices"], SCALE, 512,
+                                                   x["attn_sink"], x["topk_length"]))
     check_close("out", out, ref[0], abs_tol=out_abs_tol(float(x["kv"].float().abs().max())),
                 rel_tol=2 / 128, max_rel_norm=1e-2)
-    check_close("max_logits", max_logits, ref[1], abs_tol=1e-3, rel_tol=2**-13)
-    check_close("lse", lse, ref[2], abs_tol=1e-3, rel_tol=2**-13)
-    return "ok"
+    missing = []
+    for name, got, want in (("max_logits", max_logits, ref[1]), ("lse", lse, ref[2])):
+        if got is None:
+            missing.append(name)
+        else:
+            check_close(name, got, want, abs_tol=1e-3, rel_tol=2**-13)
+    return f"ok (no {', '.join(missing)})" if missing else "ok"
 
 
 def _attended(x: dict) -> int:
@@ -239,11 +231,15 @@ def _attended(x: dict) -> int:
 
 
 def _measure(row: dict, impls: dict, inputs: list, check: Callable, flops: float, nbytes: float,
-             ceilings: dict) -> None:
+             ceilings: dict, poison: Optional[Callable[[dict], None]] = None) -> None:
+    """Check then time each implementation; ``poison(x)`` runs before each checked call so
+    that an output buffer shared by the implementations cannot pass on a previous one's data."""
     for name, make in impls.items():
         entry = {"impl": name}
         try:
             calls = [make(x) for x in inputs]
+            if poison is not None:
+                poison(inputs[0])
             result = calls[0]()
             torch.cuda.synchronize()
             entry["check"] = check(inputs[0], result)
@@ -256,7 +252,20 @@ def _measure(row: dict, impls: dict, inputs: list, check: Callable, flops: float
         row["results"].append(entry)
 
 
-def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda") -> dict:
+def _failed_peer_entries(errors: dict, suite: str) -> list:
+    """Per-row entries for the peers that failed to load and would have run in ``suite``."""
+    return [{"impl": name, "error": f"not loaded: {err}"}
+            for name, err in errors.items() if suite in peer_suites(name)]
+
+
+def _peer_impls(peers: list, suite: str) -> dict:
+    """{name: make-call} of the loaded peers that implement ``suite``."""
+    return {p.name: getattr(p, suite) for p in peers if suite in p.suites}
+
+
+def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda",
+              peer_names: Optional[Sequence[str]] = None) -> dict:
+    """Run the suites; ``peer_names`` None = every peer in ``bench_peers.PEER_NAMES``."""
     gen = torch.Generator(device).manual_seed(0)
     props = torch.cuda.get_device_properties(device)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -268,12 +277,10 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
     except ImportError:
         pass
     report["ceilings"] = ceilings = measure_ceilings(device)
-    peers = []
-    if peers_dir:
-        try:
-            peers.append(FlashMLAPeer(peers_dir))
-        except Exception as exc:
-            report["peer_errors"]["flashmla"] = f"{type(exc).__name__}: {exc}"[:300]
+    names = parse_peer_names(None) if peer_names is None else list(peer_names)
+    report["peers"] = names
+    peers, report["peer_errors"] = load_peers(names, peers_dir)
+    failed = report["peer_errors"]
     sets = 3
     if "decode" in suites:
         batches = (1, 8, 64, 128) if quick else (1, 8, 32, 64, 128, 256)
@@ -287,9 +294,9 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
                     flops = 2 * h * att * 1024
                     nbytes = att * TOKEN_BYTES + 2 * b * h * 512 * 2 + 4 * att
                     row = {"suite": "decode", "shape": shape.name, "attended": att, "results": []}
-                    impls = {"dsv4_tl": ours_decode}
-                    impls.update({p.name: p.decode for p in peers})
+                    impls = {"dsv4_tl": ours_decode, **_peer_impls(peers, "decode")}
                     _measure(row, impls, inputs, _check_decode, flops, nbytes, ceilings)
+                    row["results"] += _failed_peer_entries(failed, "decode")
                     report["rows"].append(row)
                     del inputs
                     torch.cuda.empty_cache()
@@ -301,9 +308,9 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
             flops = 2 * h * att * 1024
             nbytes = 2 * 4096 * h * 512 * 2 + 4 * att + shape.s_kv * 1024
             row = {"suite": "prefill", "shape": shape.name, "attended": att, "results": []}
-            impls = {"dsv4_tl": ours_prefill}
-            impls.update({p.name: p.prefill for p in peers})
+            impls = {"dsv4_tl": ours_prefill, **_peer_impls(peers, "prefill")}
             _measure(row, impls, inputs, _check_prefill, flops, nbytes, ceilings)
+            row["results"] += _failed_peer_entries(failed, "prefill")
             report["rows"].append(row)
             del inputs
             torch.cuda.empty_cache()
@@ -313,7 +320,9 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
             nbytes = 4 * rows * (TOKEN_BYTES + 512 * 2)
             row = {"suite": "gather", "shape": f"gather 4 x {rows} rows (bs {bs})",
                    "attended": 0, "results": []}
-            _measure(row, {"dsv4_tl": ours_gather}, inputs, check, 0.0, nbytes, ceilings)
+            impls = {"dsv4_tl": ours_gather, **_peer_impls(peers, "gather")}
+            _measure(row, impls, inputs, check, 0.0, nbytes, ceilings, poison=poison_gather_out)
+            row["results"] += _failed_peer_entries(failed, "gather")
             report["rows"].append(row)
             del inputs
             torch.cuda.empty_cache()
@@ -335,13 +344,21 @@ def gather_inputs(rows: int, block_size: int, gen: torch.Generator, sets: int, d
     def check(x: dict, _result) -> str:
         from .reference import dequantize_and_gather_k_cache_ref
 
-        expected = torch.full_like(x["out"], float("nan"))
-        dequantize_and_gather_k_cache_ref(expected, x["k_cache"], x["seq_lens"], None,
-                                          x["block_table"], x["block_size"], 0)
+        def compute():
+            expected = torch.full_like(x["out"], float("nan"))
+            dequantize_and_gather_k_cache_ref(expected, x["k_cache"], x["seq_lens"], None,
+                                              x["block_table"], x["block_size"], 0)
+            return (expected,)
+        expected, = _reference(x, compute)
         if not torch.equal(expected.view(torch.int16), x["out"].view(torch.int16)):
             raise AssertionError("gather: not bit-exact against the reference")
         return "ok (bit-exact)"
     return out, check
+
+
+def poison_gather_out(x: dict) -> None:
+    """NaN-fill the workspace that every gather implementation writes (it is shared)."""
+    x["out"].fill_(float("nan"))
 
 
 def ours_gather(x: dict):
@@ -382,19 +399,19 @@ def format_table(report: dict) -> str:
              f"ceilings: bf16 GEMM {c['bf16_gemm_tflops']:.0f} TFLOP/s, copy {c['copy_gbps']:.0f} GB/s"]
     for name, err in report["peer_errors"].items():
         lines.append(f"peer {name} failed to load: {err}")
-    head = f"{'shape':52s} {'impl':9s} {'us':>9s} {'TFLOP/s':>8s} {'%gemm':>6s} {'GB/s':>7s} {'%copy':>6s} {'vs flashmla':>11s}  check"
+    head = f"{'shape':52s} {'impl':15s} {'us':>9s} {'TFLOP/s':>8s} {'%gemm':>6s} {'GB/s':>7s} {'%copy':>6s} {'vs flashmla':>11s}  check"
     lines += [head, "-" * len(head)]
     for row in report["rows"]:
         by = {e["impl"]: e for e in row["results"]}
         for e in row["results"]:
             if "error" in e:
-                lines.append(f"{row['shape'][:52]:52s} {e['impl']:9s} ERROR {e['error']}")
+                lines.append(f"{row['shape'][:52]:52s} {e['impl']:15s} ERROR {e['error']}")
                 continue
             fm = by.get("flashmla", {})
             ratio = f"{fm['us'] / e['us']:.2f}x" if "us" in fm and e["impl"] != "flashmla" else ""
-            lines.append(f"{row['shape'][:52]:52s} {e['impl']:9s} {e['us']:9.1f} {e['tflops']:8.1f} "
+            lines.append(f"{row['shape'][:52]:52s} {e['impl']:15s} {e['us']:9.1f} {e['tflops']:8.1f} "
                          f"{e['pct_gemm']:6.1f} {e['gbps']:7.0f} {e['pct_copy']:6.1f} {ratio:>11s}  {e['check']}")
-    lines.append("ratio = FlashMLA time / dsv4_tl time (> 1: dsv4_tl faster)")
+    lines.append("vs flashmla = FlashMLA time / this row's time (> 1: faster than FlashMLA)")
     return "\n".join(lines)
 
 
@@ -403,15 +420,22 @@ def main(argv=None) -> int:
     parser.add_argument("--suite", choices=["decode", "prefill", "gather", "all"], default="all")
     parser.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR"),
                         help="unpacked peer bundle (…/dsv4_peers); default $PEERS_DIR")
+    parser.add_argument("--peers", default="all",
+                        help="comma list of peers to time beside dsv4_tl, 'all' (default) or "
+                             "'none'; known: " + ",".join(PEER_NAMES))
     parser.add_argument("--quick", action="store_true", help="a subset of the decode shapes")
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--plot", help="write a PNG chart here (needs matplotlib)")
     args = parser.parse_args(argv)
+    try:
+        peer_names = parse_peer_names(args.peers)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not torch.cuda.is_available():
         print("dsv4-tl bench: needs a CUDA device", file=sys.stderr)
         return 2
     suites = ["decode", "prefill", "gather"] if args.suite == "all" else [args.suite]
-    report = run_bench(suites, args.peers_dir, args.quick)
+    report = run_bench(suites, args.peers_dir, args.quick, peer_names=peer_names)
     table = format_table(report)
     report["table"] = table
     if args.json:

@@ -1,6 +1,7 @@
 """Find, verify and load compiled kernels (and compile them just in time where allowed).
 
-Artifacts are tvm-ffi shared libraries, one per :class:`~dsv4_tl.kernels.Variant`:
+Artifacts are tvm-ffi shared libraries (CUDA, HIP) or SPIR-V modules with a launch
+description (SYCL, :mod:`dsv4_tl.sycl.artifacts`), one per :class:`~dsv4_tl.kernels.Variant`:
 
 * **Ahead-of-time builds** (``dsv4-tl build``) live in ``<kernel_dir>/<target>/`` next to a
   ``manifest.json``. ``kernel_dir`` is, in order: the ``kernel_dir`` argument, the
@@ -47,8 +48,14 @@ def default_kernel_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "dsv4_tl" / "kernels"
 
 
+def artifact_suffix(target: Target) -> str:
+    """tvm-ffi shared libraries for CUDA/HIP; a launch description beside its SPIR-V for SYCL
+    (:mod:`dsv4_tl.sycl.artifacts`)."""
+    return ".sycl.json" if target.kind == "sycl" else ".so"
+
+
 def artifact_path(kernel_dir: Path, target: Target, variant: Variant) -> Path:
-    return Path(kernel_dir) / target.dirname / f"{variant.key}.so"
+    return Path(kernel_dir) / target.dirname / f"{variant.key}{artifact_suffix(target)}"
 
 
 def sha256_file(path: Path) -> str:
@@ -67,10 +74,16 @@ def build_command(target: Target, kernel_dir: Path, heads: Optional[int] = None)
 
 
 def compile_variant(variant: Variant, target: Target, path: Path) -> Path:
-    """Lower and compile ``variant`` for ``target`` with TileLang and export it to ``path``."""
+    """Lower and compile ``variant`` for ``target`` and write its artifact to ``path``: TileLang
+    compiles and exports CUDA/HIP; SYCL goes through :mod:`dsv4_tl.sycl` (TileLang's generic
+    SIMT lowering, our SYCL printer, Intel's sycl-jit)."""
     import tilelang
 
     try:
+        if target.kind == "sycl":
+            from .sycl.artifacts import write_artifact
+
+            return write_artifact(variant.build(), variant.key, path)
         kernel = tilelang.compile(
             variant.build(),
             target=target.tilelang_target(),
@@ -100,6 +113,10 @@ def can_compile(target: Target) -> bool:
     if target.kind == "hip":
         rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"
         return os.path.exists(os.path.join(rocm, "bin", "hipcc"))
+    if target.kind == "sycl":
+        from .sycl.runtime import sycl_prefix
+
+        return bool(shutil.which("g++")) and (sycl_prefix() / "include" / "sycl" / "sycl.hpp").is_file()
     return False
 
 
@@ -172,7 +189,8 @@ class KernelLoader:
         if entry is not None:
             path = self._verified_aot_path(variant, entry)
         else:
-            path = self.kernel_dir / self.target.dirname / "jit" / f"{variant.key}.so"
+            path = (self.kernel_dir / self.target.dirname / "jit"
+                    / f"{variant.key}{artifact_suffix(self.target)}")
             if not path.is_file():
                 fix = build_command(self.target, self.kernel_dir,
                                     dict(variant.static).get("num_heads"))
@@ -185,6 +203,10 @@ class KernelLoader:
                         f"kernel {variant.key} for {self.target.name} is not in the build at "
                         f"{self.kernel_dir} and TileLang cannot compile it here; run: {fix}")
                 compile_variant(variant, self.target, path)
+        if self.target.kind == "sycl":
+            from .sycl.artifacts import load_artifact
+
+            return load_artifact(path)
         return tvm_ffi.load_module(str(path))[variant.spec.entry]
 
 

@@ -36,7 +36,8 @@ class Target:
             return {"kind": "cuda", "arch": self.arch}
         if self.kind == "hip":
             return {"kind": "hip", "mcpu": self.arch}
-        raise ValueError(f"target: {self.name} is not compiled through TileLang's own backends")
+        raise ValueError(f"target: {self.name} is not compiled through TileLang's own backends "
+                         "(dsv4_tl.sycl lowers it)")
 
 
 def parse_target(spec: "str | Target") -> Target:
@@ -52,13 +53,29 @@ def parse_target(spec: "str | Target") -> Target:
     return Target(kind, arch)
 
 
+ENV_SYCL_DEVICE = "DSV4_TL_SYCL_DEVICE"
+
+
+def sycl_runs_cpu_tensors() -> bool:
+    """Whether torch CPU tensors go to the SYCL kernels: only when ``$DSV4_TL_SYCL_DEVICE``
+    names the SYCL device to run them on (``dsv4_tl.sycl.runtime`` stages them into USM)."""
+    import os
+
+    return bool(os.environ.get(ENV_SYCL_DEVICE))
+
+
 def target_for_device(device) -> Target:
-    """The target whose artifacts run on a torch CUDA/ROCm ``device``."""
+    """The target whose artifacts run on a torch ``device``: CUDA/ROCm -> the GPU's arch;
+    ``xpu`` (Intel GPUs) -> ``sycl``; ``cpu`` -> ``sycl`` when ``$DSV4_TL_SYCL_DEVICE`` is set."""
     import torch
 
     device = torch.device(device)
+    if device.type == "xpu" or (device.type == "cpu" and sycl_runs_cpu_tensors()):
+        return parse_target("sycl")
     if device.type != "cuda":
-        raise ValueError(f"device: expected a CUDA or ROCm device, got {device}")
+        hint = (f" (CPU tensors run on a SYCL device when {ENV_SYCL_DEVICE} names one, e.g. "
+                "opencl:cpu)") if device.type == "cpu" else ""
+        raise ValueError(f"device: expected a CUDA, ROCm or XPU device, got {device}{hint}")
     props = torch.cuda.get_device_properties(device)
     if getattr(torch.version, "hip", None):
         arch = props.gcnArchName.split(":")[0]

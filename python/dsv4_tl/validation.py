@@ -90,10 +90,17 @@ def check_tensor(
     return t
 
 
-def check_cuda(name: str, t: torch.Tensor) -> None:
-    """The kernels run on CUDA/ROCm devices only (torch names both "cuda")."""
-    if t.device.type != "cuda":
-        raise ValueError(f"{name}: expected a CUDA tensor, got device {t.device}")
+def check_kernel_device(name: str, t: torch.Tensor) -> None:
+    """The kernels run on CUDA/ROCm devices (torch names both "cuda"), on Intel GPUs
+    (``xpu``, the sycl target) and, when ``$DSV4_TL_SYCL_DEVICE`` is set, on CPU tensors
+    through a SYCL device (:func:`dsv4_tl.targets.target_for_device`)."""
+    from .targets import target_for_device
+
+    if t.device.type not in ("cuda", "xpu"):
+        try:
+            target_for_device(t.device)
+        except ValueError as exc:  # name the argument, keep the hint
+            raise ValueError(f"{name}: {str(exc).removeprefix('device: ')}") from None
 
 
 def check_optional_tensor(name: str, t: object, **kwargs) -> Optional[torch.Tensor]:

@@ -20,8 +20,10 @@ def _target_of(device_type: str, index: int) -> Target:
 
 def _target(device: torch.device) -> Target:
     device = torch.device(device)
-    return _target_of(device.type, device.index if device.index is not None
-                      else torch.cuda.current_device())
+    index = device.index
+    if index is None:
+        index = torch.cuda.current_device() if device.type == "cuda" else 0
+    return _target_of(device.type, index)
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,7 @@ import torch
 
 from ..cache_format import HEAD_DIM, TOKEN_DATA_BYTES, block_bytes, cache_geometry
 from ..validation import (
-    check_cuda,
+    check_kernel_device,
     check_block_size,
     check_dim_match,
     check_fp8_format,
@@ -35,7 +35,7 @@ def _out_flat_view(out: torch.Tensor) -> torch.Tensor:
 def _check_out(out: torch.Tensor) -> None:
     check_tensor("out", out, dtype=torch.bfloat16, shape=(None, None, HEAD_DIM),
                  last_dim_contiguous=True)
-    check_cuda("out", out)
+    check_kernel_device("out", out)
     r, mt, _ = out.shape
     s0, s1 = out.stride(0), out.stride(1)
     if s0 % _VEC_ELEMS or s1 % _VEC_ELEMS:

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..validation import (
-    check_cuda,
+    check_kernel_device,
     check_block_size,
     check_int,
     check_same_device,
@@ -56,7 +56,7 @@ def _indptr_of(lens: torch.Tensor) -> Tuple[torch.Tensor, int]:
 # ---------------------------------------------------------------------------------------
 def _check_global_topk(topk_indices, token_to_req, block_table, block_size, is_valid_token):
     check_tensor("topk_indices", topk_indices, dtype=torch.int32, ndim=2)
-    check_cuda("topk_indices", topk_indices)
+    check_kernel_device("topk_indices", topk_indices)
     num_tokens = topk_indices.shape[0]
     check_tensor("token_to_req", token_to_req, dtype=torch.int32, shape=(num_tokens,))
     check_tensor("block_table", block_table, dtype=torch.int32, ndim=2)
@@ -157,7 +157,7 @@ def compute_global_topk_ragged_indices_and_indptr(
 def _check_combine(topk_indices, query_start_loc, seq_lens, gather_lens, window,
                    compress_ratio, topk, M, N):
     check_tensor("topk_indices", topk_indices, dtype=torch.int32, ndim=2)
-    check_cuda("topk_indices", topk_indices)
+    check_kernel_device("topk_indices", topk_indices)
     k = topk_indices.shape[1]
     check_tensor("query_start_loc", query_start_loc, dtype=torch.int32, ndim=1)
     if query_start_loc.shape[0] < 1:

@@ -7,7 +7,7 @@ import torch
 
 from ..cache_format import HEAD_DIM, cache_geometry
 from ..validation import (
-    check_cuda,
+    check_kernel_device,
     check_float,
     check_fp8_format,
     check_optional_tensor,
@@ -80,7 +80,7 @@ def sparse_decode(
             with no valid token (whose out is 0).
     """
     check_tensor("q", q, dtype=torch.bfloat16, ndim=4, last_dim_contiguous=True)
-    check_cuda("q", q)
+    check_kernel_device("q", q)
     b, s_q, h, d = q.shape
     if d != HEAD_DIM:
         raise ValueError(f"q: expected head dim {HEAD_DIM}, got shape {list(q.shape)}")

@@ -7,7 +7,7 @@ import torch
 
 from ..cache_format import HEAD_DIM
 from ..validation import (
-    check_cuda,
+    check_kernel_device,
     check_float,
     check_optional_tensor,
     check_same_device,
@@ -19,7 +19,7 @@ from ._dispatch import kernel_for, no_sink, output_tensor
 def _check_q_kv(q: torch.Tensor, kv: torch.Tensor) -> Tuple[int, int, int]:
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3, last_dim_contiguous=True)
     check_tensor("kv", kv, dtype=torch.bfloat16, ndim=3, last_dim_contiguous=True)
-    check_cuda("q", q)
+    check_kernel_device("q", q)
     s_q, h, d = q.shape
     if d != HEAD_DIM:
         raise ValueError(f"q: expected head dim {HEAD_DIM}, got shape {list(q.shape)}")

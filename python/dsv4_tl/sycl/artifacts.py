@@ -1,0 +1,60 @@
+"""SYCL artifacts of one kernel variant, and loading them.
+
+``<key>.sycl.json`` (the artifact the build manifest hashes) holds the launch description
+(:meth:`dsv4_tl.sycl.lower.SyclProgram.to_json`) plus the name and sha256 of the SPIR-V
+module ``<key>.spv`` it belongs to; ``<key>.cpp`` is the SYCL source it was compiled from
+(kept for reading and for rebuilding with another SYCL compiler). Loading needs dpctl and a
+SYCL device, not TileLang's lowering or the compiler.
+"""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+ARTIFACT_SUFFIX = ".sycl.json"
+
+
+def kernel_symbol(key: str) -> str:
+    """A C identifier unique to the variant (keys hold dots)."""
+    op = key.split(".", 1)[0]
+    return f"dsv4_{op}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _siblings(path: Path) -> tuple:
+    stem = path.name[: -len(ARTIFACT_SUFFIX)]
+    return path.with_name(stem + ".spv"), path.with_name(stem + ".cpp")
+
+
+def write_artifact(func, key: str, path: Path) -> Path:
+    """Lower ``func``, compile it to SPIR-V and write the three files (atomically each)."""
+    from .jit import compile_to_spirv
+    from .lower import lower_to_sycl
+
+    path = Path(path)
+    program = lower_to_sycl(func, kernel_symbol(key))
+    spirv = compile_to_spirv(program.kernel.source)
+    spv_path, cpp_path = _siblings(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"format": 1, **program.to_json(), "spirv": spv_path.name,
+            "spirv_sha256": hashlib.sha256(spirv).hexdigest(), "source": cpp_path.name}
+    for target, data in ((spv_path, spirv), (cpp_path, program.kernel.source.encode()),
+                         (path, (json.dumps(meta, indent=1) + "\n").encode())):
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    return path
+
+
+def load_artifact(path: Path):
+    """The :class:`~dsv4_tl.sycl.runtime.SyclKernel` of an artifact; raises RuntimeError when
+    its SPIR-V does not match the hash the artifact records."""
+    from .runtime import SyclKernel
+
+    path = Path(path)
+    meta = json.loads(path.read_text())
+    spirv = path.with_name(meta["spirv"]).read_bytes()
+    if hashlib.sha256(spirv).hexdigest() != meta["spirv_sha256"]:
+        raise RuntimeError(f"{path.with_name(meta['spirv'])} does not match the sha256 recorded "
+                           f"in {path.name} (modified or partial)")
+    return SyclKernel(meta, spirv)

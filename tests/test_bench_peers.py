@@ -1,0 +1,287 @@
+"""dsv4_tl.bench_peers without a GPU: peer selection, load failures reported, the index and
+layout conversions each Triton peer relies on (checked against the float32 references with
+the reference standing in for the peer's kernels), and the bench's gather poisoning.
+
+The peers' kernels themselves run only on the GPU (``dsv4-tl bench``), where every peer
+result is checked against the same references."""
+
+import sys
+import types
+
+import pytest
+import torch
+
+from dsv4_tl import bench, bench_peers
+from dsv4_tl.bench_peers import (
+    PEER_NAMES,
+    VllmTritonSources,
+    apply_sink,
+    csr_from_dense,
+    gather_slot_list,
+    load_peers,
+    parse_peer_names,
+    xpu_combined_indices,
+)
+from dsv4_tl.cache_format import cache_geometry, dequantize_slots
+from dsv4_tl.reference import (
+    dequantize_and_gather_k_cache_ref,
+    sparse_decode_ref,
+    sparse_prefill_ragged_ref,
+    sparse_prefill_ref,
+)
+from dsv4_tl.testing import punch_holes, random_k, random_paged_cache
+
+# Same fp32 sums evaluated in another order / blocking: ~100 ulps of O(1) values, far below
+# any masking, ordering or sink bug (>= 1e-3 here).
+SAME_SUM_TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+# ----------------------------------------------------------------------------- selection
+def test_parse_peer_names():
+    assert parse_peer_names(None) == list(PEER_NAMES)
+    assert parse_peer_names("all") == list(PEER_NAMES)
+    assert parse_peer_names("none") == [] and parse_peer_names("") == []
+    assert parse_peer_names("tri_xpu, flashmla,tri_xpu") == ["tri_xpu", "flashmla"]
+    with pytest.raises(ValueError, match="tri_cuda"):
+        parse_peer_names("flashmla,tri_cuda")
+
+
+def test_bench_cli_rejects_unknown_peer(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--peers", "nope"])
+    assert exc.value.code == 2
+    assert "unknown peer(s) nope" in capsys.readouterr().err
+
+
+def test_every_peer_declares_its_suites_and_methods():
+    for name in PEER_NAMES:
+        cls = bench_peers.PEER_CLASSES[name]
+        assert cls.name == name and cls.suites
+        for suite in cls.suites:
+            assert callable(getattr(cls, suite)), (name, suite)
+
+
+# ----------------------------------------------------------------------------- load failures
+def test_no_bundle_reports_every_requested_peer():
+    peers, errors = load_peers(["flashmla", "tri_vllm"], None)
+    assert peers == []
+    assert set(errors) == {"flashmla", "tri_vllm"}
+    assert all("PEERS_DIR" in e for e in errors.values())
+    assert load_peers([], None) == ([], {})
+
+
+def test_empty_bundle_dir_reports_each_peer(tmp_path):
+    peers, errors = load_peers(list(PEER_NAMES), str(tmp_path))
+    assert peers == []
+    assert set(errors) == set(PEER_NAMES)
+    # Whatever the first obstacle is on this machine (no CUDA, no Triton, missing file),
+    # each message names an exception.
+    assert all(":" in e and e.split(":")[0].endswith(("Error", "Exception")) for e in errors.values())
+
+
+def test_missing_bundle_dir_is_named(tmp_path):
+    _, errors = load_peers(["tri_rocm"], str(tmp_path / "absent"))
+    assert "absent" in errors["tri_rocm"]
+
+
+def test_failed_peers_become_row_entries_only_in_their_suites():
+    errors = {"tri_vllm": "ImportError: x", "tri_rocm_splitk": "ImportError: y"}
+    assert [e["impl"] for e in bench._failed_peer_entries(errors, "gather")] == ["tri_vllm"]
+    assert [e["impl"] for e in bench._failed_peer_entries(errors, "decode")] == ["tri_rocm_splitk"]
+    assert bench._failed_peer_entries(errors, "prefill") == []
+    assert "not loaded: ImportError: x" in bench._failed_peer_entries(errors, "gather")[0]["error"]
+
+
+def test_table_prints_load_failures_and_row_errors():
+    report = {"device": "X", "sms": 1, "date": "d", "torch": "t",
+              "ceilings": {"bf16_gemm_tflops": 1.0, "copy_gbps": 1.0},
+              "peer_errors": {"tri_xpu": "ImportError: no triton"},
+              "rows": [{"suite": "decode", "shape": "s", "attended": 1, "results": [
+                  {"impl": "dsv4_tl", "us": 2.0, "tflops": 1.0, "gbps": 1.0, "pct_gemm": 1.0,
+                   "pct_copy": 1.0, "check": "ok"},
+                  {"impl": "tri_rocm_splitk", "us": 1.0, "tflops": 1.0, "gbps": 1.0,
+                   "pct_gemm": 1.0, "pct_copy": 1.0, "check": "ok (out only)"},
+                  {"impl": "tri_xpu", "error": "not loaded: ImportError: no triton"}]}]}
+    table = bench.format_table(report)
+    assert "peer tri_xpu failed to load: ImportError: no triton" in table
+    assert "tri_xpu         ERROR not loaded" in table
+    assert "tri_rocm_splitk" in table and "ok (out only)" in table
+
+
+# ----------------------------------------------------------------------------- vLLM file loader
+def _fake_triton(monkeypatch):
+    """Stand-in `triton` packages (the loader only hands them to the files)."""
+    triton = types.ModuleType("triton")
+    language = types.ModuleType("triton.language")
+    triton.language = language
+    monkeypatch.setitem(sys.modules, "triton", triton)
+    monkeypatch.setitem(sys.modules, "triton.language", language)
+    return triton
+
+
+def test_loader_runs_files_with_stand_ins_and_restores_sys_modules(tmp_path, monkeypatch):
+    triton = _fake_triton(monkeypatch)
+    src = tmp_path / "vllm_src"
+    first = src / "vllm" / "v1" / "attention" / "ops" / "xpu_mla_sparse.py"
+    first.parent.mkdir(parents=True)
+    first.write_text("from vllm.triton_utils import LOG2E, triton\n"
+                     "from vllm.platforms import current_platform\n"
+                     "FNUZ = current_platform.is_fp8_fnuz()\nDTYPE = 'bfloat16'\n")
+    second = src / "vllm" / "models" / "deepseek_v4" / "xpu" / "xpu_sparse_decode_fp8.py"
+    second.parent.mkdir(parents=True)
+    second.write_text("from vllm.v1.attention.ops.xpu_mla_sparse import DTYPE\n"
+                      "from vllm.utils.import_utils import has_cutedsl\nCUTE = has_cutedsl()\n")
+    real_vllm = types.ModuleType("vllm")  # a vLLM already imported must survive untouched
+    monkeypatch.setitem(sys.modules, "vllm", real_vllm)
+
+    sources = VllmTritonSources(str(src), transform=lambda t: t.replace("bfloat16", "float16"))
+    attn = sources.module(bench_peers.XPU_ATTENTION_MODULE)
+    dec = sources.module(bench_peers.XPU_DECODE_MODULE)
+    assert attn.triton is triton and attn.FNUZ is False and attn.LOG2E == pytest.approx(1.4427, 1e-4)
+    assert dec.DTYPE == "float16" and dec.CUTE is False  # transform applied; Triton gather chosen
+    assert sources.module(bench_peers.XPU_ATTENTION_MODULE) is attn  # executed once
+    assert sys.modules["vllm"] is real_vllm and not hasattr(real_vllm, "triton_utils")
+    assert not [k for k in sys.modules if k.startswith("vllm.")]
+
+
+def test_loader_failure_leaves_no_stand_ins(tmp_path, monkeypatch):
+    _fake_triton(monkeypatch)
+    path = tmp_path / "vllm" / "models" / "deepseek_v4" / "common" / "ops" / "cache_utils.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("from vllm.not_stubbed import thing\n")
+    with pytest.raises(ImportError):
+        VllmTritonSources(str(tmp_path)).module(bench_peers.CACHE_UTILS_MODULE)
+    assert not [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]
+
+
+# ----------------------------------------------------------------------------- conversions
+def _ragged_lengths(n, width, gen):
+    lens = torch.randint(0, width + 1, (n,), generator=gen, dtype=torch.int32)
+    lens[0], lens[-1] = width, 0
+    return lens
+
+
+def test_csr_matches_dense_prefill(gen):
+    s_q, h, s_kv, width = 7, 4, 50, 24
+    q = torch.randn(s_q, h, 512, generator=gen).to(torch.bfloat16)
+    kv = random_k(s_kv, gen).view(s_kv, 1, 512)
+    idx = torch.randint(0, s_kv, (s_q, 1, width), generator=gen, dtype=torch.int32)
+    lens = _ragged_lengths(s_q, width, gen)
+    punch_holes(idx, lens, 0.2, gen)
+    sink = torch.randn(h, generator=gen)
+    flat, indptr = csr_from_dense(idx, lens)
+    assert flat.dtype == indptr.dtype == torch.int32 and indptr.tolist()[-1] == flat.numel()
+    dense = sparse_prefill_ref(q, kv, idx, 512**-0.5, 512, sink, lens)
+    ragged = sparse_prefill_ragged_ref(q, kv, flat, indptr, 512**-0.5, 512, sink)
+    for got, want in zip(ragged, dense):
+        torch.testing.assert_close(got, want, **SAME_SUM_TOL)
+    # lengths None = every column; lengths past the width are clamped to it
+    full, ptr = csr_from_dense(idx, None)
+    assert torch.equal(full, idx.reshape(-1)) and ptr.tolist() == list(range(0, s_q * width + 1, width))
+    over, ptr2 = csr_from_dense(idx, torch.full((s_q,), width + 9, dtype=torch.int32))
+    assert torch.equal(over, full) and torch.equal(ptr2, ptr)
+
+
+def _decode_case(gen, with_extra):
+    b, h, swa_w, extra_w = 5, 4, 24, 40
+    swa = random_paged_cache(6, 8, gen)
+    q = torch.randn(b, 1, h, 512, generator=gen).to(torch.bfloat16)
+    idx = torch.randint(0, 48, (b, 1, swa_w), generator=gen, dtype=torch.int32)
+    lens = _ragged_lengths(b, swa_w, gen)
+    lens[-1] = 3  # keep one key: a request with none is not a case the XPU path handles
+    x = {"q": q, "k_cache": swa, "indices": idx, "topk_length": lens,
+         "attn_sink": torch.randn(h, generator=gen),
+         "extra_k_cache": None, "extra_indices": None, "extra_topk_length": None}
+    if with_extra:
+        extra = random_paged_cache(9, 2, gen)
+        e_idx = torch.randint(0, 18, (b, 1, extra_w), generator=gen, dtype=torch.int32)
+        x.update(extra_k_cache=extra, extra_indices=e_idx,
+                 extra_topk_length=_ragged_lengths(b, extra_w, gen))
+    return x
+
+
+@pytest.mark.parametrize("with_extra", [False, True], ids=["swa", "swa+extra"])
+def test_xpu_decode_layout_matches_decode_reference(gen, with_extra):
+    """The tri_xpu decode pipeline with the references in place of its kernels: gather each
+    scope's slots into the [topk | swa] workspace, attend through the index table with no
+    sink, add the sink from the LSE; must equal sparse_decode_ref."""
+    x = _decode_case(gen, with_extra)
+    b, _, h, _ = x["q"].shape
+    scopes = [(x["extra_k_cache"], x["extra_indices"], x["extra_topk_length"])] if with_extra else []
+    scopes.append((x["k_cache"], x["indices"], x["topk_length"]))
+    parts = [dequantize_slots(cache_geometry(c), i.reshape(-1).long(), "e4m3fn").view(b, -1, 512)
+             for c, i, _ in scopes]
+    ws = torch.cat(parts, 1).to(torch.bfloat16)  # exact: dequantised values are bf16-representable
+    table = xpu_combined_indices(x["extra_topk_length"], parts[0].shape[1] if with_extra else 0,
+                                 x["topk_length"], x["indices"].shape[-1])
+    assert table.shape[-1] % bench_peers.XPU_INDEX_ALIGN == 0
+    out, _, lse = sparse_prefill_ref(x["q"].view(b, h, 512), ws.view(-1, 1, 512), table,
+                                     512**-0.5, 512, None, None)
+    ref_out, ref_lse = sparse_decode_ref(x["q"], x["k_cache"], x["indices"], x["topk_length"],
+                                         512**-0.5, x["attn_sink"], x["extra_k_cache"],
+                                         x["extra_indices"], x["extra_topk_length"])
+    torch.testing.assert_close(apply_sink(out, lse, x["attn_sink"]).view(b, 1, h, 512), ref_out,
+                               **SAME_SUM_TOL)
+    torch.testing.assert_close(lse.view(b, h, 1), ref_lse, **SAME_SUM_TOL)
+
+
+def test_xpu_combined_indices_by_hand():
+    table = xpu_combined_indices(torch.tensor([2, 0], dtype=torch.int32), 3,
+                                 torch.tensor([1, 2], dtype=torch.int32), 2)
+    k = 5  # workspace rows per token: 3 top-k + 2 SWA
+    row0 = [0, 1, 3] + [-1] * 13
+    row1 = [k + 3, k + 4] + [-1] * 14
+    assert table.tolist() == [[row0], [row1]]
+    swa_only = xpu_combined_indices(None, 0, torch.tensor([17, 1], dtype=torch.int32), 20)
+    assert swa_only.shape == (2, 1, 32)
+    assert swa_only[1, 0, :2].tolist() == [20, -1] and swa_only[0, 0, 16:18].tolist() == [16, -1]
+
+
+def test_apply_sink_limits():
+    out = torch.ones(1, 3, 4, dtype=torch.bfloat16)
+    lse = torch.zeros(1, 3)
+    got = apply_sink(out, lse, torch.tensor([float("-inf"), 0.0, float("inf")]))
+    assert got.dtype == torch.bfloat16
+    assert got[0, :, 0].tolist() == [1.0, 0.5, 0.0]
+    assert apply_sink(out, lse, None) is out
+
+
+def test_gather_slot_list_matches_gather_reference(gen):
+    reqs, rows, bs = 3, 37, 8
+    per_req = -(-rows // bs)
+    cache = random_paged_cache(reqs * per_req + 2, bs, gen)
+    table = torch.randperm(cache.shape[0], generator=gen)[: reqs * per_req].view(reqs, per_req).int()
+    seq_lens = torch.full((reqs,), rows, dtype=torch.int32)
+    want = torch.full((reqs, rows, 512), float("nan"), dtype=torch.bfloat16)
+    dequantize_and_gather_k_cache_ref(want, cache, seq_lens, None, table, bs, 0)
+    slots = gather_slot_list(seq_lens, table, bs, rows)
+    got = dequantize_slots(cache_geometry(cache), slots.long(), "e4m3fn").to(torch.bfloat16)
+    assert torch.equal(got.view(reqs, rows, 512).view(torch.int16), want.view(torch.int16))
+    with pytest.raises(ValueError, match="exactly 37"):
+        gather_slot_list(torch.tensor([37, 36, 37], dtype=torch.int32), table, bs, rows)
+
+
+# ----------------------------------------------------------------------------- bench driver
+def test_gather_check_cannot_pass_on_a_previous_implementation_s_output(gen, monkeypatch):
+    """Gather implementations share the output buffer: one that writes nothing must fail
+    even after a correct one has filled it."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(bench, "graph_time_us", lambda calls: 1.0)
+    inputs, check = bench.gather_inputs(20, 8, gen, 2, "cpu")
+
+    def correct(x):
+        return lambda: dequantize_and_gather_k_cache_ref(x["out"], x["k_cache"], x["seq_lens"], None,
+                                                         x["block_table"], x["block_size"], 0)
+
+    row = {"results": []}
+    impls = {"correct": correct, "lazy": lambda x: (lambda: None)}
+    bench._measure(row, impls, inputs, check, 0.0, 1.0, {"bf16_gemm_tflops": 1.0, "copy_gbps": 1.0},
+                   poison=bench.poison_gather_out)
+    by = {e["impl"]: e for e in row["results"]}
+    assert by["correct"]["check"] == "ok (bit-exact)"
+    assert "not bit-exact" in by["lazy"]["error"]
