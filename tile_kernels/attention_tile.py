@@ -13,7 +13,7 @@ a large negative sentinel rather than -inf so that a tile with no valid token gi
 
 import tilelang.language as T
 
-from .tile_math import alloc_accumulator, gemm_ab, gemm_abt, row_max, row_sum
+from .tile_math import alloc_accumulator, gemm, row_max, row_sum
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -53,7 +53,7 @@ def attend_tile(
     """One online-softmax step over a [block_tokens, dim] K tile (V = K)."""
     for i, j in T.Parallel(heads, block_tokens):
         acc_s[i, j] = T.if_then_else(valid[j], 0, -T.infinity(T.float32))
-    gemm_abt(Q_shared, K_shared, acc_s, heads, block_tokens, dim, tile_math)
+    gemm(Q_shared, K_shared, acc_s, heads, block_tokens, dim, True, tile_math)
     T.copy(m_i, m_prev)
     row_max(acc_s, m_i, heads, block_tokens, tile_math)
     for i in T.Parallel(heads):
@@ -66,7 +66,7 @@ def attend_tile(
     for i, d in T.Parallel(heads, dim):
         acc_o[i, d] *= alpha[i]
     T.copy(acc_s, P_shared)
-    gemm_ab(P_shared, K_shared, acc_o, heads, dim, block_tokens, tile_math)
+    gemm(P_shared, K_shared, acc_o, heads, dim, block_tokens, False, tile_math)
 
 
 # --- Warp-specialised Hopper schedule (384 threads) --------------------------------------

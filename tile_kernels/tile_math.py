@@ -35,34 +35,26 @@ def alloc_accumulator(shape: list, dtype, tile_math: str):
     return T.alloc_fragment(shape, dtype)
 
 
+def _b_element(B, l, j, transpose_B: bool):
+    """Element (l, j) of the right operand, stored as B [n, k] when ``transpose_B``."""
+    return B[j, l] if transpose_B else B[l, j]
+
+
 @T.macro
-def gemm_abt(A, B, C, m: int, n: int, k: int, tile_math: str):
-    """C[i, j] += Σ_l A[i, l] · B[j, l]  (A [m, k], B [n, k], fp32 accumulation)."""
+def gemm(A, B, C, m: int, n: int, k: int, transpose_B: bool, tile_math: str):
+    """C[i, j] += Σ_l A[i, l] · B'[l, j] with B' = Bᵀ (B [n, k]) when ``transpose_B``, else B
+    (B [k, n]); A [m, k]; fp32 accumulation."""
     if tile_math == "simt":
         acc = T.alloc_local([1], T.float32)
         T.sync_threads()
         for i, j in T.Parallel(m, n):
             acc[0] = C[i, j]
             for l in T.serial(k):
-                acc[0] += T.cast(A[i, l], T.float32) * T.cast(B[j, l], T.float32)
+                acc[0] += T.cast(A[i, l], T.float32) * T.cast(_b_element(B, l, j, transpose_B),
+                                                              T.float32)
             C[i, j] = acc[0]
     else:
-        T.gemm(A, B, C, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-
-
-@T.macro
-def gemm_ab(A, B, C, m: int, n: int, k: int, tile_math: str):
-    """C[i, j] += Σ_l A[i, l] · B[l, j]  (A [m, k], B [k, n], fp32 accumulation)."""
-    if tile_math == "simt":
-        acc = T.alloc_local([1], T.float32)
-        T.sync_threads()
-        for i, j in T.Parallel(m, n):
-            acc[0] = C[i, j]
-            for l in T.serial(k):
-                acc[0] += T.cast(A[i, l], T.float32) * T.cast(B[l, j], T.float32)
-            C[i, j] = acc[0]
-    else:
-        T.gemm(A, B, C, policy=T.GemmWarpPolicy.FullRow)
+        T.gemm(A, B, C, transpose_B=transpose_B, policy=T.GemmWarpPolicy.FullRow)
 
 
 @T.macro
