@@ -29,8 +29,7 @@ from dsv4_tl.reference import (
 )
 from dsv4_tl.testing import (
     cache_kmax,
-    check_close,
-    out_abs_tol,
+    check_attention,
     poison_past_length,
     punch_holes,
     random_k,
@@ -214,9 +213,7 @@ def _check_decode(case, out, lse):
         case["extra_topk_length"])
     caches = [c for c in (case["k_cache"], case["extra_k_cache"]) if c is not None]
     kmax = max(cache_kmax(c.squeeze(2)) for c in caches)
-    check_close("out", out, ref_out, abs_tol=out_abs_tol(kmax), rel_tol=2 / 128,
-                max_rel_norm=1e-2)
-    check_close("lse", lse, ref_lse, abs_tol=1e-3, rel_tol=2**-13)
+    check_attention(kmax, out, ref_out, lse=(lse, ref_lse))
 
 
 @pytest.mark.parametrize("extra", [False, True], ids=["swa_only", "swa+c128a"])
@@ -244,11 +241,9 @@ def test_flash_mla_sparse_fwd_matches_reference(seed, gen):
                                     p["topk_length"])
     ref = sparse_prefill_ref(p["q"], p["kv"], p["indices"], SCALE, 512, p["attn_sink"],
                              p["topk_length"])
-    abs_tol = out_abs_tol(float(p["kv"].float().abs().max()))
+    kmax = float(p["kv"].float().abs().max())
     for res in (got, fresh):
-        check_close("out", res[0], ref[0], abs_tol=abs_tol, rel_tol=2 / 128, max_rel_norm=1e-2)
-        check_close("max_logits", res[1], ref[1], abs_tol=1e-3, rel_tol=2**-13)
-        check_close("lse", res[2], ref[2], abs_tol=1e-3, rel_tol=2**-13)
+        check_attention(kmax, res[0], ref[0], max_logits=(res[1], ref[1]), lse=(res[2], ref[2]))
 
 
 @pytest.mark.parametrize("fp8_format", ["e4m3fn", "e4m3fnuz"])

@@ -44,8 +44,7 @@ from dsv4_tl.reference import (
 )
 from dsv4_tl.testing import (
     cache_kmax,
-    check_close,
-    out_abs_tol,
+    check_attention,
     poison_past_length,
     punch_holes,
     random_k,
@@ -159,9 +158,7 @@ def test_decode_matches_reference(gen, b, extra_kind):
     sparse_decode(q, k_cache, idx, lens, SCALE, sink, *extra, out=out, lse=lse)
     ref_out, ref_lse = sparse_decode_ref(q, k_cache, idx, lens, SCALE, sink, *extra)
     kmax = max(cache_kmax(c) for c in (k_cache, extra[0]) if c is not None)
-    check_close("out", out, ref_out, abs_tol=out_abs_tol(kmax), rel_tol=2 / 128,
-                max_rel_norm=1e-2)
-    check_close("lse", lse, ref_lse, abs_tol=1e-3, rel_tol=2**-13)
+    check_attention(kmax, out, ref_out, lse=(lse, ref_lse))
 
 
 # ---------------------------------------------------------------------------------------
@@ -192,10 +189,8 @@ def _poisoned_prefill(s_q):
 
 def _check_prefill(got, ref, kv):
     (out, ml, lse), (r_out, r_ml, r_lse) = got, ref
-    check_close("out", out, r_out, abs_tol=out_abs_tol(float(kv.float().abs().max())),
-                rel_tol=2 / 128, max_rel_norm=1e-2)
-    check_close("max_logits", ml, r_ml, abs_tol=1e-3, rel_tol=2**-13)
-    check_close("lse", lse, r_lse, abs_tol=1e-3, rel_tol=2**-13)
+    check_attention(float(kv.float().abs().max()), out, r_out, max_logits=(ml, r_ml),
+                    lse=(lse, r_lse))
 
 
 def test_prefill_dense_and_ragged_match_reference(gen):

@@ -51,7 +51,9 @@ def default_kernel_dir() -> Path:
 def artifact_suffix(target: Target) -> str:
     """tvm-ffi shared libraries for CUDA/HIP; a launch description beside its SPIR-V for SYCL
     (:mod:`dsv4_tl.sycl.artifacts`)."""
-    return ".sycl.json" if target.kind == "sycl" else ".so"
+    from .sycl.artifacts import ARTIFACT_SUFFIX
+
+    return ARTIFACT_SUFFIX if target.kind == "sycl" else ".so"
 
 
 def artifact_path(kernel_dir: Path, target: Target, variant: Variant) -> Path:

@@ -135,3 +135,18 @@ def check_close(name: str, got: torch.Tensor, ref: torch.Tensor, *, abs_tol: flo
         rel = float(err.norm()) / denom if denom > 0 else float(err.norm())
         if rel > max_rel_norm:
             raise AssertionError(f"{name}: ||err||/||ref|| = {rel:.3g} > {max_rel_norm}")
+
+
+def check_attention(kmax: float, out: torch.Tensor, ref_out: torch.Tensor, **stats) -> None:
+    """The attention kernels' tolerances, one policy for the tests, the bench and tuning.
+
+    ``out`` (bf16; P rounded to bf16 before PV as in FlashMLA): |err| <= out_abs_tol(kmax) +
+    2/128·|ref| elementwise (two bf16 ulps of the output) and ||err||/||ref|| <= 1e-2, where
+    ``kmax`` bounds |k| of the value rows. Each of ``stats`` (``lse=(got, ref)``,
+    ``max_logits=(got, ref)``; fp32 accumulation of exact bf16 products):
+    |err| <= 1e-3 + 2^-13·|ref|. Checked in that order (see :func:`check_close`).
+    """
+    check_close("out", out, ref_out, abs_tol=out_abs_tol(kmax), rel_tol=2 / 128,
+                max_rel_norm=1e-2)
+    for name, (got, ref) in stats.items():
+        check_close(name, got, ref, abs_tol=1e-3, rel_tol=2**-13)

@@ -10,7 +10,6 @@ defines each shape variable.
 
 from dataclasses import dataclass
 
-import tilelang
 from tilelang import tvm
 from tilelang.backend.module import create_backend_context
 from tilelang.engine.lower import _prepare_device_codegen_mod, lower_to_host_device_ir
@@ -127,7 +126,3 @@ def lower_to_sycl(func: tirx.PrimFunc, name: str) -> SyclProgram:
     known = {a["name"] for a in args} | {d for a in args if a["kind"] == "tensor"
                                          for d in a["shape"] if isinstance(d, str)}
     return SyclProgram(args, print_kernel(device, name, known), written)
-
-
-def tilelang_version() -> str:
-    return tilelang.__version__

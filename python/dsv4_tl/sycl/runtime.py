@@ -76,14 +76,6 @@ def sycl_queue():
             "OpenCL CPU device") from exc
 
 
-def sycl_available() -> bool:
-    try:
-        sycl_queue()
-        return True
-    except SyclUnavailableError:
-        return False
-
-
 # TileLang dtype -> (storage typestr accepted from USM arrays, torch dtype name, ctypes scalar)
 _STORAGE = {
     "bool": ("|b1", "bool"), "int8": ("|i1", "int8"), "uint8": ("|u1", "uint8"),
