@@ -111,6 +111,18 @@ def test_lowering(name, example, fresh_compiles):
         assert "wgmma" in source, f"{example['builder']}: no wgmma in the sm_90a CUDA source"
 
 
+@pytest.mark.parametrize("name,example", _examples())
+def test_parameters_keep_their_names(name, example):
+    """Each tensor parameter's buffer keeps the parameter's name. Binding a buffer to a
+    local name inside a ``T.macro`` renames it; two buffers renamed alike (``cache_u8``,
+    ``cache_u8_1``) made TileLang's generated argument checks compare one argument's shape
+    with the other's (every C4A decode call failed on the H200, run 15)."""
+    func = getattr(_import(name), example["builder"])(**example["kwargs"])
+    renamed = {str(p.name): buf.name for p, buf in func.buffer_map.items()
+               if buf.name + "_handle" != str(p.name)}
+    assert not renamed, f"parameters renamed by the kernel body: {renamed}"
+
+
 def test_export_and_load(tmp_path, fresh_compiles):
     """A compiled kernel exports to a shared library that tvm-ffi loads back without a GPU."""
     import tvm_ffi

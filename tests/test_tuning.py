@@ -14,6 +14,7 @@ from dsv4_tl import schedules, tune, tuning_log
 from dsv4_tl.build import build, build_variants, schedules_of
 from dsv4_tl.kernels import Variant
 from dsv4_tl.targets import parse_target
+from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
 
 TARGET = parse_target("cuda:sm_90a")
 SM90A = TARGET.dirname
@@ -139,22 +140,30 @@ def test_append_refuses_an_invalid_entry(logs):
 
 
 # ------------------------------------------------------------------------------ pruning
-WS = {"block_tokens": 64, "heads_per_block": 64, "threads": 384, "num_splits": 1,
+WS = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 1,
       "warp_specialized": True}
 
 
 def test_a_candidate_over_the_shared_memory_limit_is_pruned_with_the_reason():
     too_big = {**WS, "block_tokens": 128}  # Q 64 KB + 2 x 128-token K buffers = ~342 KB
-    reason = tune.prune(SM90A, "sparse_decode", too_big)
+    reason = tune.prune(SM90A, "sparse_prefill", too_big)
     assert reason is not None and "shared memory" in reason and "227 KB" in reason
     assert tune.prune(SM90A, "sparse_decode", WS) is None
-    # The estimates match the generated CUDA (largest shared-buffer offsets, sm_90a).
-    assert 196 * 1024 < tune.smem_bytes("sparse_decode", WS) < 210 * 1024
-    plain = {**WS, "threads": 256, "warp_specialized": False, "num_stages": 2}
+    # The estimates match the generated CUDA (largest shared-buffer offsets, sm_90a): decode
+    # 64 heads x 32 tokens with its two staging stages ~172 KB, prefill 64 x 64 ~205 KB.
+    assert 168 * 1024 < tune.smem_bytes("sparse_decode", WS) < 182 * 1024
+    assert 196 * 1024 < tune.smem_bytes("sparse_prefill", {**WS, "block_tokens": 64}) < 210 * 1024
+    plain = {**WS, "block_tokens": 64, "threads": 256, "warp_specialized": False, "num_stages": 2}
     assert 139 * 1024 < tune.smem_bytes("sparse_prefill", plain) < 146 * 1024
-    _, pruned = tune.candidates(SM90A, "sparse_decode", _bucket("sparse_decode", "h64_c4a_ctas1_16"))
+    _, pruned = tune.candidates(SM90A, "sparse_prefill", _bucket("sparse_prefill", "h64_topk1_256"))
     assert any(c["block_tokens"] == 128 and c["warp_specialized"] and "shared memory" in r
                for c, r in pruned)
+
+
+def test_decode_warp_specialized_takes_32_token_tiles_only():
+    assert "32-token" in tune.prune(SM90A, "sparse_decode", {**WS, "block_tokens": 64})
+    with pytest.raises(ValueError, match="block_tokens 32"):
+        build_sparse_decode(64, True, warp_specialized=True, threads=384, block_tokens=64)
 
 
 def test_arch_and_layout_rules():
@@ -171,8 +180,8 @@ def test_arch_and_layout_rules():
 def test_split_sanity_uses_the_buckets_representative():
     from dsv4_tl.bench import DecodeShape
 
-    swa = DecodeShape(64, 8, "swa")  # 128 window tokens = 2 tiles of 64
-    assert "2 KV tiles" in tune.prune(SM90A, "sparse_decode", {**WS, "num_splits": 4}, swa)
+    swa = DecodeShape(64, 8, "swa")  # 128 window tokens = 4 tiles of 32
+    assert "4 KV tiles" in tune.prune(SM90A, "sparse_decode", {**WS, "num_splits": 8}, swa)
     big = DecodeShape(128, 128, "c4a")  # 256 CTAs: splitting only adds waves
     assert "two waves" in tune.prune(SM90A, "sparse_decode", {**WS, "num_splits": 2}, big)
     assert tune.prune(SM90A, "sparse_decode", {**WS, "num_splits": 8}, DecodeShape(64, 8, "c4a")) is None
@@ -212,7 +221,8 @@ def test_dry_run_lists_kept_and_pruned_candidates(capsys):
     text = capsys.readouterr().out
     assert "sparse_decode / h128_c4a_ctas1_16: decode h128 b8" in text
     assert "keep   baseline ns8" in text and "keep   default  (default)" in text
-    assert re.search(r"prune +4 x shared memory: ~3\d\d KB per block > 227 KB .*: bt128 ns8", text)
+    assert re.search(r"prune +4 x warp_specialized: decode's staged producer takes 32-token "
+                     r"tiles .*block_tokens 128: bt128 ns8", text)
     assert "1 buckets," in text and "distinct kernel variants" in text
 
 
@@ -315,13 +325,15 @@ def test_build_variants_follow_the_logs_and_the_static_parameters(logs):
         warnings.simplefilter("ignore")
         plain = build_variants(TARGET, heads=(64, 128), ops=["sparse_decode"])
         _write(logs, "sparse_decode",
-               _entry("sparse_decode", "h128_c4a_ctas34_66", {"num_splits": 2, "block_tokens": 32}))
+               _entry("sparse_decode", "h128_c4a_ctas34_66",
+                      {"num_splits": 2, "block_tokens": 64, "threads": 256,
+                       "warp_specialized": False}))
         schedules.clear_caches()
         tuned = build_variants(TARGET, heads=(64, 128), ops=["sparse_decode"])
     new = set(tuned) - set(plain)
     # only the static parameters the bucket can see: 128 heads, with the extra scope
     assert new and all(dict(v.static)["num_heads"] == 128 and dict(v.static)["has_extra"]
-                       and dict(v.schedule)["block_tokens"] == 32 for v in new)
+                       and dict(v.schedule)["block_tokens"] == 64 for v in new)
     assert all(c["num_splits"] in (1, 2, 4, 8) for c in schedules_of(TARGET, "sparse_decode"))
 
 

@@ -82,7 +82,9 @@ WS_THREADS = 384
 class WarpSpecializedState:
     """Shared memory, fragments and barriers of the warp-specialised schedule."""
 
-    def __init__(self, heads: int, block_tokens: int, dim: int):
+    def __init__(self, heads: int, block_tokens: int, dim: int, k_ready_arrivals: int = 128):
+        """``k_ready_arrivals``: the producer's arrivals per filled buffer (128: one plain
+        arrive per producer thread; 256 when each thread also arrives from its cp.async)."""
         HB, BI, DH = heads, block_tokens, dim // 2
         self.Q_l = T.alloc_shared([HB, DH], T.bfloat16)
         self.Q_r = T.alloc_shared([HB, DH], T.bfloat16)
@@ -101,13 +103,36 @@ class WarpSpecializedState:
         self.alpha = T.alloc_fragment([HB], T.float32)
         self.m_i = T.alloc_fragment([HB], T.float32)
         self.m_prev = T.alloc_fragment([HB], T.float32)
-        self.bar_start = T.alloc_barrier(arrive_count=WS_THREADS)
-        self.k_ready = (T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=128))
+        # Q is in shared memory once every thread has arrived (and, when it comes by TMA, the
+        # bytes have landed); only warpgroup 0 waits for it, so the producer starts at once.
+        self.bar_q = T.alloc_barrier(arrive_count=WS_THREADS)
+        self.k_ready = (T.alloc_barrier(arrive_count=k_ready_arrivals),
+                        T.alloc_barrier(arrive_count=k_ready_arrivals))
         self.k_free = (T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=256))
         self.bar_p_ready = T.alloc_barrier(arrive_count=256)
         self.bar_p_free = T.alloc_barrier(arrive_count=256)
         self.bar_done = T.alloc_barrier(arrive_count=256)
         self.heads, self.block_tokens, self.half_dim = HB, BI, DH
+
+
+@T.macro
+def ws_load_q(st, q_rows, q_row_index, h0, num_heads: int):
+    """Start loading the CTA's query rows into ``st.Q_l`` / ``st.Q_r`` and arrive on
+    ``st.bar_q`` (every thread calls this once). ``q_rows(h, d)`` reads element ``(h, d)`` of
+    this row's ``[num_heads, 512]`` queries and ``q_row_index`` is the same row as a
+    ``(..., h-slice, d-slice)`` index prefix for TMA. Whole head groups go by TMA, whose
+    copies overlap the producer's first tiles; a padded last group is copied by the threads,
+    zero-filling the missing heads."""
+    HB, DH = st.heads, st.half_dim
+    if num_heads % HB == 0:
+        T.tma_copy(q_row_index(h0, 0, DH), st.Q_l, barrier=st.bar_q)
+        T.tma_copy(q_row_index(h0, DH, 2 * DH), st.Q_r, barrier=st.bar_q)
+    else:
+        for i, d in T.Parallel(HB, DH):
+            hh = T.min(h0 + i, num_heads - 1)
+            st.Q_l[i, d] = T.if_then_else(h0 + i < num_heads, q_rows(hh, d), 0)
+            st.Q_r[i, d] = T.if_then_else(h0 + i < num_heads, q_rows(hh, DH + d), 0)
+    T.barrier_arrive(st.bar_q)
 
 
 @T.macro
@@ -117,9 +142,13 @@ def ws_consumer_softmax(st, pairs, scale_log2):
     T.fill(st.l_i, 0)
     T.fill(st.m_i, M_SENTINEL)
     T.fill(st.acc_o_l, 0)
+    T.barrier_wait(st.bar_q, 0)
     for pair in T.serial(pairs):
         for buf in (0, 1):
             T.barrier_wait(st.k_ready[buf], pair & 1)
+            # The tile may have been written by cp.async (generic proxy); wgmma reads it
+            # through the async proxy.
+            T.fence_proxy_async()
             for i, j in T.Parallel(HB, BI):
                 st.acc_s[i, j] = T.if_then_else(st.valid[buf][j], 0, -T.infinity(T.float32))
             T.wgmma_gemm(st.Q_l, st.K_l[buf], st.acc_s, transpose_B=True)
@@ -155,6 +184,7 @@ def ws_consumer_pv(st, pairs):
         for buf in (0, 1):
             T.barrier_arrive(st.bar_p_ready)
             T.barrier_wait(st.bar_p_ready, buf)
+            T.fence_proxy_async()
             for i, d in T.Parallel(HB, DH):
                 st.acc_o_r[i, d] *= st.alpha_shared[i]
             T.gemm(st.P_shared, st.K_r[buf], st.acc_o_r)

@@ -24,6 +24,8 @@ Grid: ``(b * s_q, ceil(h / heads_per_block), num_splits)``.
 Definition of the math: ``dsv4_tl/reference/sparse_decode.py``.
 """
 
+from typing import NamedTuple
+
 import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
@@ -40,6 +42,7 @@ from .attention_tile import (
     init_softmax_state,
     ws_consumer_pv,
     ws_consumer_softmax,
+    ws_load_q,
 )
 
 HEAD_DIM = 512
@@ -49,6 +52,15 @@ QUANT_TILE = 64
 TOKEN_DATA_BYTES = 576
 TOKEN_SCALE_BYTES = 8
 NUM_SCALES = NOPE_DIM // QUANT_TILE
+# Registers per thread of the warp-specialised schedule's warpgroups (softmax consumer, PV
+# consumer, producer), set with setmaxnreg. ptxas allocates each role's code within its
+# count, so the staged producer (addresses of 13 copies, the prefetched index) gets 96
+# rather than prefill's 80. The sum must stay within the launch's 168 per thread:
+# 128 * (240 + 160 + 96) = 63,488 <= 64,512 (a larger ask hangs the increase), and a count
+# below the launch's is a decrease (setmaxnreg.inc to fewer registers is an illegal
+# instruction).
+DECODE_WS_REGS = (240, 160, 96)
+LAUNCH_REGS = 168  # 64K registers / 384 threads, rounded down to a multiple of 8
 
 def build_sparse_decode(
     num_heads: int,
@@ -116,9 +128,11 @@ def build_sparse_decode(
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
-        if HB != 64 or threads != WS_THREADS or BI % 32:
+        # One token per producer lane; two staged tiles plus two BF16 tiles of 64 tokens
+        # would pass the 227 KB of shared memory.
+        if HB != 64 or threads != WS_THREADS or BI != 32:
             raise ValueError("warp_specialized: needs heads_per_block 64, threads 384 and "
-                             f"block_tokens % 32 == 0, got {HB}, {threads}, {BI}")
+                             f"block_tokens 32, got {HB}, {threads}, {BI}")
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, fp8_decode)
 
     @T.macro
@@ -271,16 +285,33 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                             fp8_decode: str = "native"):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
-    Producer warpgroup (4 warps): warp w dequantises 64-column chunks 2w and 2w + 1 of every
-    token of the tile (chunks 0-6 are the FP8 NoPE quantisation tiles, chunk 7 the BF16
-    RoPE dims), one token per lane, so every branch is warp-uniform and each lane moves
-    16-byte vectors. Invalid tokens are written as zero rows. Tiles past the split's range
+    Producer warpgroup (4 warps), one token per lane, warp w owning 64-column chunks 2w and
+    2w + 1 of every token (chunks 0-6: the FP8 NoPE quantisation tiles, chunk 7: the BF16
+    RoPE dims), so every branch is warp-uniform. It works in two steps per tile:
+
+    1. *issue*: resolve the token's index and copy the raw bytes it owns (its NoPE chunks,
+       its 8 scale bytes, warp 3 also the RoPE dims) into a staging ring with 16-byte
+       ``cp.async`` copies, predicated on validity (an invalid token is zero-filled without
+       being read), one commit group per tile;
+    2. *dequantise*: once the tile's group has landed, convert the staged bytes to BF16 in the
+       K buffer (shared -> shared) and hand the buffer to the consumers.
+
+    Tile k+2's copies are issued as soon as tile k is dequantised, so two tiles of loads
+    are in flight while the producer waits for a free K buffer (the synchronous loads of
+    the earlier producer left it latency-bound: bench/PERF_NOTES.md). Each thread reads
+    back only what it copied itself, so ``cp.async.wait_group`` is the only wait the
+    staging ring needs. Staged zeros dequantise to zero rows. Tiles past the split's range
     are produced all-invalid so the consumers always take buffers in pairs.
     """
     D = HEAD_DIM
     DH = D // 2
     HB = 64
     head_groups = (num_heads + HB - 1) // HB
+    # Staging rows padded so that the 8 lanes of a 16-byte shared access hit distinct banks
+    # (row strides of 116 and 36 words; 116 = 36 = 20 / 4 mod 32).
+    NOPE_ROW = NOPE_DIM + 16
+    ROPE_ROW = ROPE_DIM + 8
+    raw_dtype = T.float8_e4m3fn if (fp8_format == "e4m3fn" and fp8_decode == "native") else T.uint8
     b = T.dynamic("b")
     s_q = T.dynamic("s_q")
     topk = T.dynamic("topk")
@@ -297,57 +328,135 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     pb = T.dynamic("pb")
     ps = T.dynamic("ps")
 
+    class CacheScope(NamedTuple):
+        """One scope's cache views, indices and geometry, as the producer reads them."""
+        bf16: object
+        u8: object
+        indices: object
+        width: object
+        length: object
+        block_size: object
+        block_stride: object
+        num_blocks: object
+
+    class Staging:
+        """Per stage: NoPE bytes [BI, NOPE_ROW], RoPE [BI, ROPE_ROW] bf16, each warp's copy
+        of the scale bytes [4, BI, 8] and the validity flags."""
+
+        def __init__(self):
+            self.nope = tuple(T.alloc_shared([BI * NOPE_ROW], raw_dtype) for _ in range(2))
+            self.rope = tuple(T.alloc_shared([BI, ROPE_ROW], T.bfloat16) for _ in range(2))
+            self.scales = tuple(T.alloc_shared([4, BI, TOKEN_SCALE_BYTES], T.uint8)
+                                for _ in range(2))
+            self.valid = tuple(T.alloc_shared([BI], T.bool, scope="shared") for _ in range(2))
+
     @T.macro
-    def dequant_chunk(dst, j, c, col_offset, tok, cache_fp8, cache_u8):
+    def issue_tile(stg, stage, p, tok, raw, scope, length, col0):
+        """Staged copies of the tile at column ``col0`` of ``scope`` (a CacheScope);
+        ``length``: the scope's valid width for this row (0: an all-invalid tile); ``raw``:
+        this lane's index entry, fetched one tile earlier (``tile_index``)."""
+        # The scope's fields are used in place: binding a buffer to a local name inside a
+        # macro renames the kernel parameter, and two parameters renamed alike confuse the
+        # argument checks TileLang generates.
+        # tok (a local int64[4]) holds this lane's token: index, valid, 16-byte data row and
+        # scale byte offset; in registers so the index arithmetic is not re-expanded.
+        w = p // 32
+        j = p % 32
+        col = col0 + j
+        tok[0] = T.cast(raw, T.int64)
+        tok[1] = T.if_then_else(
+            (col >= 0) and (col < length) and (tok[0] >= 0)
+            and (tok[0] // T.cast(scope.block_size, T.int64)
+                 < T.cast(scope.num_blocks, T.int64)), 1, 0)
+        tok[0] = T.if_then_else(tok[1] == 1, tok[0], 0)
+        tok[2] = ((tok[0] // T.cast(scope.block_size, T.int64)) * (scope.block_stride // 16)
+                  + (tok[0] % T.cast(scope.block_size, T.int64)) * (TOKEN_DATA_BYTES // 16))
+        tok[3] = ((tok[0] // T.cast(scope.block_size, T.int64)) * scope.block_stride
+                  + T.cast(scope.block_size, T.int64) * TOKEN_DATA_BYTES
+                  + (tok[0] % T.cast(scope.block_size, T.int64)) * TOKEN_SCALE_BYTES)
+        if w == 0:
+            stg.valid[stage][j] = tok[1] == 1
+        if w < 3:  # NoPE bytes [128w, 128w + 128)
+            for u in T.serial(8):
+                T.ptx_cp_async(
+                    T.access_ptr(stg.nope[stage][j * NOPE_ROW + 128 * w + 16 * u], "w", 16),
+                    T.access_ptr(scope.u8[tok[2] * 16 + 128 * w + 16 * u], "r", 16), 16,
+                    tok[1] == 1)
+        else:  # NoPE bytes [384, 448) and the 64 RoPE dims
+            for u in T.serial(4):
+                T.ptx_cp_async(
+                    T.access_ptr(stg.nope[stage][j * NOPE_ROW + 384 + 16 * u], "w", 16),
+                    T.access_ptr(scope.u8[tok[2] * 16 + 384 + 16 * u], "r", 16), 16,
+                    tok[1] == 1)
+            for u in T.serial(ROPE_DIM // 8):
+                T.ptx_cp_async(
+                    T.access_ptr(stg.rope[stage][j, 8 * u], "w", 8),
+                    T.access_ptr(scope.bf16[tok[2] * 8 + NOPE_DIM // 2 + 8 * u], "r", 8), 8,
+                    tok[1] == 1)
+        T.ptx_cp_async(T.access_ptr(stg.scales[stage][w, j, 0], "w", TOKEN_SCALE_BYTES),
+                       T.access_ptr(scope.u8[tok[3]], "r", TOKEN_SCALE_BYTES),
+                       TOKEN_SCALE_BYTES, tok[1] == 1)
+        T.ptx_commit_group()
+
+    def tile_index(p, main, extra, r_b, r_s, t_begin, t_end, main_tiles, k):
+        """This lane's index entry of tile ``t_begin + k`` (an expression; reads clamped into
+        the row, so any ``k`` is safe; past the split's range the value is never used)."""
+        t = t_begin + k
+        j = p % 32
+        in_main = main.indices[r_b, r_s, T.max(T.min(t * BI + j, main.width - 1), 0)]
+        if not has_extra:
+            return in_main
+        in_extra = extra.indices[r_b, r_s,
+                                 T.max(T.min((t - main_tiles) * BI + j, extra.width - 1), 0)]
+        return T.if_then_else(t < T.min(main_tiles, t_end), in_main, in_extra)
+
+    @T.macro
+    def issue(stg, stage, k, p, tok, nxt, main, extra, r_b, r_s, t_begin, t_end, main_tiles):
+        """Copies of tile ``t_begin + k`` (its scope picked at run time; past the split's
+        range an all-invalid tile) into staging ``stage``, then the fetch of tile k+1's
+        index into ``nxt``: its latency hides behind the next dequantisation instead of
+        stalling the next issue."""
+        t = t_begin + k
+        if t < T.min(main_tiles, t_end):
+            issue_tile(stg, stage, p, tok, nxt[0], main, main.length, t * BI)
+        else:
+            if has_extra:
+                issue_tile(stg, stage, p, tok, nxt[0], extra,
+                           T.if_then_else(t < t_end, extra.length, 0), (t - main_tiles) * BI)
+            else:
+                issue_tile(stg, stage, p, tok, nxt[0], main, 0, 0)
+        nxt[0] = tile_index(p, main, extra, r_b, r_s, t_begin, t_end, main_tiles, k + 1)
+
+    @T.macro
+    def dequant_chunk(stg, stage, dst, j, w, c, col_offset):
         """NoPE quantisation tile ``c`` of token ``j`` -> dst[j, c*64 - col_offset : +64]."""
-        sc = T.exp2(T.cast(cache_u8[tok[3] + c], T.float32) - 127.0)
+        sc = T.exp2(T.cast(stg.scales[stage][w, j, c], T.float32) - 127.0)
         for v16 in T.serial(QUANT_TILE // 16):
             for v in T.vectorized(16):
                 d = c * QUANT_TILE + v16 * 16 + v
-                dst[j, d - col_offset] = T.if_then_else(
-                    tok[1] == 1,
-                    T.cast(fp8_byte_to_float(cache_fp8, cache_u8, tok[2] * 16 + d, fp8_format,
-                                             fp8_decode) * sc,
-                           T.bfloat16),
-                    T.cast(0, T.bfloat16))
+                dst[j, d - col_offset] = T.cast(
+                    fp8_byte_to_float(stg.nope[stage], stg.nope[stage], j * NOPE_ROW + d,
+                                      fp8_format, fp8_decode) * sc,
+                    T.bfloat16)
 
     @T.macro
-    def produce_tile(st, buf, p, tok, cache_fp8, cache_bf16, cache_u8, Indices, r_b, r_s, width,
-                     length, col0, block_size, block_stride, num_blocks):
-        # tok (a local int64[4]) holds this lane's token: index, valid, 16-byte data row and
-        # scale byte offset. Keeping them in registers stops the index arithmetic from being
-        # re-expanded at every use.
+    def dequant_tile(st, stg, buf, p):
         w = p // 32
-        lane = p % 32
-        for r in T.serial(BI // 32):
-            j = r * 32 + lane
-            col = col0 + j
-            tok[0] = T.cast(Indices[r_b, r_s, T.max(T.min(col, width - 1), 0)], T.int64)
-            tok[1] = T.if_then_else(
-                (col >= 0) and (col < length) and (tok[0] >= 0)
-                and (tok[0] // T.cast(block_size, T.int64) < T.cast(num_blocks, T.int64)), 1, 0)
-            tok[0] = T.if_then_else(tok[1] == 1, tok[0], 0)
-            tok[2] = ((tok[0] // T.cast(block_size, T.int64)) * (block_stride // 16)
-                      + (tok[0] % T.cast(block_size, T.int64)) * (TOKEN_DATA_BYTES // 16))
-            tok[3] = ((tok[0] // T.cast(block_size, T.int64)) * block_stride
-                      + T.cast(block_size, T.int64) * TOKEN_DATA_BYTES
-                      + (tok[0] % T.cast(block_size, T.int64)) * TOKEN_SCALE_BYTES)
-            if w == 0:
-                st.valid[buf][j] = tok[1] == 1
-            for k in (0, 1):
-                c = 2 * w + k
-                # Each branch holds its own store loop: a store under a branch inside a
-                # vectorised loop gets hoisted out of the branch by TileLang's vectoriser.
-                if c < 4:
-                    dequant_chunk(st.K_l[buf], j, c, 0, tok, cache_fp8, cache_u8)
-                elif c < NUM_SCALES:
-                    dequant_chunk(st.K_r[buf], j, c, DH, tok, cache_fp8, cache_u8)
-                else:
-                    for v8 in T.serial(ROPE_DIM // 8):
-                        for v in T.vectorized(8):
-                            st.K_r[buf][j, NOPE_DIM - DH + v8 * 8 + v] = T.if_then_else(
-                                tok[1] == 1, cache_bf16[tok[2] * 8 + NOPE_DIM // 2 + v8 * 8 + v],
-                                T.cast(0, T.bfloat16))
+        j = p % 32
+        if w == 0:
+            st.valid[buf][j] = stg.valid[buf][j]
+        for k in (0, 1):
+            c = 2 * w + k
+            # Each branch holds its own store loop: a store under a branch inside a
+            # vectorised loop gets hoisted out of the branch by TileLang's vectoriser.
+            if c < 4:
+                dequant_chunk(stg, buf, st.K_l[buf], j, w, c, 0)
+            elif c < NUM_SCALES:
+                dequant_chunk(stg, buf, st.K_r[buf], j, w, c, DH)
+            else:
+                for v8 in T.serial(ROPE_DIM // 8):
+                    for v in T.vectorized(8):
+                        st.K_r[buf][j, NOPE_DIM - DH + v8 * 8 + v] = stg.rope[buf][j, v8 * 8 + v]
 
     @T.prim_func
     def sparse_decode(
@@ -377,6 +486,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     ):
         with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS) as (row, hg, split):
             st = WarpSpecializedState(HB, BI, D)
+            stg = Staging()
             tx = T.get_thread_binding()
             r_b = row // s_q
             r_s = row % s_q
@@ -391,15 +501,11 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
             t_end = T.min(t_begin + per_split, total_tiles)
             pairs = T.ceildiv(t_end - t_begin, 2)
 
-            for i, d in T.Parallel(HB, DH):
-                hh = T.min(h0 + i, num_heads - 1)
-                st.Q_l[i, d] = T.if_then_else(h0 + i < num_heads, Q[r_b, r_s, hh, d], 0)
-                st.Q_r[i, d] = T.if_then_else(h0 + i < num_heads, Q[r_b, r_s, hh, DH + d], 0)
-            T.barrier_arrive(st.bar_start)
-            T.barrier_wait(st.bar_start, 0)
+            ws_load_q(st, lambda hh, d: Q[r_b, r_s, hh, d],
+                      lambda h, d0, d1: Q[r_b, r_s, h:h + HB, d0:d1], h0, num_heads)
 
             if tx < 128:
-                T.set_max_nreg(240, 1)
+                T.set_max_nreg(DECODE_WS_REGS[0], int(DECODE_WS_REGS[0] > LAUNCH_REGS))
                 ws_consumer_softmax(st, pairs, scale_log2)
                 for i in T.Parallel(HB):
                     has = st.l_i[i] > 0
@@ -430,7 +536,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                         else:
                             OPartial[r_b, r_s, split, h0 + i, d] = st.acc_o_l[i, d] / st.l_i[i]
             elif tx < 256:
-                T.set_max_nreg(168, 1)
+                T.set_max_nreg(DECODE_WS_REGS[1], int(DECODE_WS_REGS[1] > LAUNCH_REGS))
                 ws_consumer_pv(st, pairs)
                 for i, d in T.Parallel(HB, DH):
                     if h0 + i < num_heads:
@@ -441,31 +547,29 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                             OPartial[r_b, r_s, split, h0 + i, DH + d] = (
                                 st.acc_o_r[i, d] / st.denom_shared[i])
             else:
-                T.set_max_nreg(80, 0)
+                T.set_max_nreg(DECODE_WS_REGS[2], int(DECODE_WS_REGS[2] > LAUNCH_REGS))
                 p = tx - 256
                 tok = T.alloc_local([4], T.int64)
+
+                main = CacheScope(MainBf16, MainU8, MainIndices, topk, main_len, main_block_size,
+                                  main_block_stride, main_num_blocks)
+                extra = CacheScope(ExtraBf16, ExtraU8, ExtraIndices, ew, extra_len,
+                                   extra_block_size, extra_block_stride, extra_num_blocks)
+                nxt = T.alloc_local([1], T.int32)
+                nxt[0] = tile_index(p, main, extra, r_b, r_s, t_begin, t_end, main_tiles, 0)
+                for k in (0, 1):
+                    issue(stg, k, k, p, tok, nxt, main, extra, r_b, r_s, t_begin, t_end,
+                          main_tiles)
                 for pair in T.serial(pairs):
-                    for buf in (0, 1):
+                    for buf in (0, 1):  # staging stage == K buffer == tile parity
+                        T.ptx_wait_group(1)  # this thread's copies of tile 2·pair + buf
                         T.barrier_wait(st.k_free[buf], (pair & 1) ^ 1)
-                        t = t_begin + pair * 2 + buf
-                        if t < T.min(main_tiles, t_end):
-                            produce_tile(st, buf, p, tok, MainFp8, MainBf16, MainU8, MainIndices,
-                                         r_b, r_s, topk, main_len, t * BI, main_block_size,
-                                         main_block_stride, main_num_blocks)
-                        else:
-                            if has_extra:
-                                produce_tile(st, buf, p, tok, ExtraFp8, ExtraBf16, ExtraU8,
-                                             ExtraIndices, r_b, r_s, ew,
-                                             T.if_then_else(t < t_end, extra_len, 0),
-                                             (t - main_tiles) * BI, extra_block_size,
-                                             extra_block_stride, extra_num_blocks)
-                            else:  # past the range: an all-invalid (zero) tile
-                                produce_tile(st, buf, p, tok, MainFp8, MainBf16, MainU8,
-                                             MainIndices, r_b, r_s, topk, 0, 0,
-                                             main_block_size, main_block_stride,
-                                             main_num_blocks)
+                        dequant_tile(st, stg, buf, p)
                         T.fence_proxy_async()
                         T.barrier_arrive(st.k_ready[buf])
+                        issue(stg, buf, pair * 2 + buf + 2, p, tok, nxt, main, extra, r_b,
+                              r_s, t_begin, t_end, main_tiles)
+                T.ptx_wait_group(0)
 
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
@@ -539,7 +643,8 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
 # SWA-only split-KV (h64), an unpadded head count with a C128A-width extra scope, and a combine.
 LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
-     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384}},
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 128, "has_extra": True}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 64, "has_extra": False, "num_splits": 4}},
     {"builder": "build_sparse_decode",

@@ -29,6 +29,7 @@ from .attention_tile import (
     masked_gather_rows,
     ws_consumer_pv,
     ws_consumer_softmax,
+    ws_load_q,
 )
 
 HEAD_DIM = 512
@@ -174,12 +175,12 @@ def build_sparse_prefill(
 
 def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv):
     """The warp-specialised Hopper schedule of the same kernel (attention_tile's
-    WarpSpecializedState and consumer macros). The producer warpgroup resolves 64 indices
-    per tile (clamped reads, validity flags) and copies the valid rows only, in 16-byte
-    vectors; its loads overlap the consumers' math because the roles live in different warps.
-    Invalid rows keep stale data of an earlier valid row (or the initial zeros): their scores
-    are -inf, so p = 0 multiplies a finite value. Tiles past the row's last one are produced
-    all-invalid, so the consumers always process buffers in pairs.
+    WarpSpecializedState and consumer macros). The producer warpgroup resolves the tile's
+    indices (clamped reads, validity flags) and gathers the rows with per-thread cp.async
+    copies of 16 bytes, predicated on validity: an invalid row is zero-filled without being
+    read. Its loads overlap the consumers' math because the roles live in different warps.
+    Tiles past the row's last one are produced all-invalid, so the consumers always process
+    buffers in pairs.
     """
     D = HEAD_DIM
     DH = D // 2
@@ -199,7 +200,7 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
         sm_scale: T.float32,
     ):
         with T.Kernel(s_q, head_groups, threads=WS_THREADS) as (row, hg):
-            st = WarpSpecializedState(HB, BI, D)
+            st = WarpSpecializedState(HB, BI, D, k_ready_arrivals=2 * 128)
             kv_row = T.alloc_local([1], T.int32)
             tx = T.get_thread_binding()
             h0 = hg * HB
@@ -207,18 +208,8 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
             length = row_length(Lengths, row)
             pairs = T.ceildiv(T.ceildiv(length, BI), 2)
 
-            for i, d in T.Parallel(HB, DH):
-                hh = T.min(h0 + i, num_heads - 1)
-                st.Q_l[i, d] = T.if_then_else(h0 + i < num_heads, Q[row, hh, d], 0)
-                st.Q_r[i, d] = T.if_then_else(h0 + i < num_heads, Q[row, hh, DH + d], 0)
-            # Stale rows must be finite: start both K buffers at zero.
-            for j, d in T.Parallel(BI, DH):
-                st.K_l[0][j, d] = 0
-                st.K_r[0][j, d] = 0
-                st.K_l[1][j, d] = 0
-                st.K_r[1][j, d] = 0
-            T.barrier_arrive(st.bar_start)
-            T.barrier_wait(st.bar_start, 0)
+            ws_load_q(st, lambda hh, d: Q[row, hh, d],
+                      lambda h, d0, d1: Q[row, h:h + HB, d0:d1], h0, num_heads)
 
             if tx < 128:
                 T.set_max_nreg(240, 1)
@@ -261,15 +252,23 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                                                  T.max(T.min(col, length - 1), 0))
                             ok = (col < length) and (kv_row[0] >= 0) and (kv_row[0] < s_kv)
                             st.valid[buf][j] = ok
-                            if ok:  # 8 threads per row, 16-byte vectors
-                                for u in T.serial(DH // 64):
-                                    for v in T.vectorized(8):
-                                        c = 64 * u + (p % 8) * 8 + v
-                                        st.K_l[buf][j, c] = KV[kv_row[0], c]
-                                        st.K_r[buf][j, c] = KV[kv_row[0], DH + c]
-                        # Plain stores read next by wgmma (the async proxy): fence, then a
-                        # release-arrive on the buffer's barrier.
-                        T.fence_proxy_async()
+                            # 8 threads per row, 16-byte asynchronous copies (cp.async): all
+                            # of a tile's loads are in flight at once instead of one
+                            # thread's four waiting on each other. An invalid row is
+                            # zero-filled (the predicate form reads nothing) and its address
+                            # clamped to row 0.
+                            kv_row[0] = T.if_then_else(ok, kv_row[0], 0)
+                            for u in T.serial(DH // 64):
+                                c = 64 * u + (p % 8) * 8
+                                T.ptx_cp_async(T.access_ptr(st.K_l[buf][j, c], "w", 8),
+                                               T.access_ptr(KV[kv_row[0], c], "r", 8), 8, ok)
+                                T.ptx_cp_async(T.access_ptr(st.K_r[buf][j, c], "w", 8),
+                                               T.access_ptr(KV[kv_row[0], DH + c], "r", 8), 8,
+                                               ok)
+                        # Two arrivals per producer thread (k_ready counts 256): one when its
+                        # copies have landed (cp.async.mbarrier.arrive.noinc), one releasing
+                        # its plain stores of the validity flags.
+                        T.cp_async_barrier_noinc(st.k_ready[buf])
                         T.barrier_arrive(st.k_ready[buf])
 
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)

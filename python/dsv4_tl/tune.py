@@ -114,6 +114,8 @@ def smem_bytes(op: str, config: dict) -> int:
     if op in ("sparse_decode", "sparse_prefill"):
         hb, bi = c["heads_per_block"], c["block_tokens"]
         if c.get("warp_specialized"):
+            if op == "sparse_decode":  # + two stages of raw FP8 records (sparse_decode.py)
+                return _ws_smem(hb, bi) + 2 * bi * (464 + 72 * 2 + 4 * 8 + 1)
             return _ws_smem(hb, bi)
         common = (hb * HEAD_DIM * 2, bi * HEAD_DIM * 2, hb * bi * 2)  # Q, K, P (bf16)
         if op == "sparse_decode":  # row offsets (int64), 7 scales (fp32), flags
@@ -167,6 +169,9 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
             if hb != 64 or threads != 384 or bi % 32:
                 return ("warp_specialized: needs heads_per_block 64, threads 384, block_tokens % 32 "
                         f"== 0 (got {hb}, {threads}, {bi})")
+            if op == "sparse_decode" and bi != 32:
+                return (f"warp_specialized: decode's staged producer takes 32-token tiles (one "
+                        f"token per lane), got block_tokens {bi}")
             if op == "sparse_prefill" and c.get("num_stages", 0) != 0:
                 return "num_stages: unused by the warp-specialised schedule (same kernel as 0)"
         elif threads == 384:
