@@ -49,7 +49,8 @@ def summarize(kernel: Dict, top: int = 6) -> str:
         lines.append(f"-- SASS {a}-{b} ({label}): {100 * share / total:.1f}% of samples")
         if not share:
             continue
-        by_reason = {c: sum(int(rows[i][header.index(c)] or 0) for i in range(a, b)) for c in reasons}
+        by_reason = {c: sum(int(rows[i][header.index(c)] or 0) for i in range(a, b))
+                     for c in reasons}
         lines.append("   " + ", ".join(f"{c[6:]} {100 * v / share:.0f}%" for c, v in
                                         sorted(by_reason.items(), key=lambda kv: -kv[1])[:5]))
         for i in sorted(sorted(range(a, b), key=lambda i: -samples[i])[:top]):

@@ -77,6 +77,26 @@ def attend_tile(
 # out for buffer 0 then buffer 1. Barrier phases: per-buffer barriers complete once per
 # pair (parity pair & 1); the P barriers once per tile (parity = buffer).
 WS_THREADS = 384
+# Registers per thread at launch (64K / 384, rounded down to a multiple of 8). Each role
+# then sets its own count with setmaxnreg, and ptxas allocates the role's code within it.
+# A schedule's three counts must sum to at most 3 * 168 = 504 (a larger ask hangs the
+# increase), and a count below 168 must be a decrease (setmaxnreg.inc to fewer registers
+# is an illegal instruction).
+WS_LAUNCH_REGS = 168
+
+
+def check_ws_regs(regs: tuple) -> tuple:
+    if len(regs) != 3 or sum(regs) > 3 * WS_LAUNCH_REGS or any(r % 8 or not 24 <= r <= 256
+                                                               for r in regs):
+        raise ValueError(f"warp-specialised registers {regs}: need three multiples of 8 in "
+                         f"[24, 256] summing to at most {3 * WS_LAUNCH_REGS}")
+    return regs
+
+
+@T.macro
+def ws_set_regs(count: int):
+    """This warpgroup's register count (an increase above the launch's, else a decrease)."""
+    T.set_max_nreg(count, int(count > WS_LAUNCH_REGS))
 
 
 class WarpSpecializedState:
@@ -170,8 +190,11 @@ def ws_consumer_softmax(st, pairs, scale_log2):
                 st.acc_o_l[i, d] *= st.alpha[i]
             T.copy(st.alpha, st.alpha_shared)
             T.copy(st.acc_s, st.P_shared)
-            T.gemm(st.P_shared, st.K_l[buf], st.acc_o_l)
+            # Hand P to warpgroup 1 before the left P·V, so that both halves of P·V run
+            # together (arriving after it serialised them). P is read by wgmma (async proxy).
+            T.fence_proxy_async()
             T.barrier_arrive(st.bar_p_ready)
+            T.gemm(st.P_shared, st.K_l[buf], st.acc_o_l)
             T.barrier_arrive(st.k_free[buf])
 
 

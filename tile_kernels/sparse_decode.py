@@ -37,12 +37,14 @@ from .attention_tile import (
     LOG2E,
     WS_THREADS,
     WarpSpecializedState,
+    check_ws_regs,
     alloc_softmax_state,
     attend_tile,
     init_softmax_state,
     ws_consumer_pv,
     ws_consumer_softmax,
     ws_load_q,
+    ws_set_regs,
 )
 
 HEAD_DIM = 512
@@ -52,15 +54,14 @@ QUANT_TILE = 64
 TOKEN_DATA_BYTES = 576
 TOKEN_SCALE_BYTES = 8
 NUM_SCALES = NOPE_DIM // QUANT_TILE
-# Registers per thread of the warp-specialised schedule's warpgroups (softmax consumer, PV
-# consumer, producer), set with setmaxnreg. ptxas allocates each role's code within its
-# count, so the staged producer (addresses of 13 copies, the prefetched index) gets 96
-# rather than prefill's 80. The sum must stay within the launch's 168 per thread:
-# 128 * (240 + 160 + 96) = 63,488 <= 64,512 (a larger ask hangs the increase), and a count
-# below the launch's is a decrease (setmaxnreg.inc to fewer registers is an illegal
-# instruction).
-DECODE_WS_REGS = (240, 160, 96)
-LAUNCH_REGS = 168  # 64K registers / 384 threads, rounded down to a multiple of 8
+# Registers of the warp-specialised roles (softmax consumer, PV consumer, producer; rules in
+# attention_tile.WS_LAUNCH_REGS): the staged producer (13 copy addresses, the prefetched
+# index, stage offsets) spilled at 80-104, and decode's 32-token tiles leave warpgroup 0
+# room to spare (acc_o 128 + scores 16 per thread).
+DECODE_WS_REGS = check_ws_regs((216, 160, 128))
+# Depth of the warp-specialised decode producer's cp.async staging ring (tiles of loads in
+# flight; ~20 KB per 32-token stage). Four stages measured no faster than two (run 21).
+DECODE_STAGES = 2
 
 def build_sparse_decode(
     num_heads: int,
@@ -128,7 +129,7 @@ def build_sparse_decode(
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
-        # One token per producer lane; two staged tiles plus two BF16 tiles of 64 tokens
+        # One token per producer lane; the staging ring plus two BF16 tiles of 64 tokens
         # would pass the 227 KB of shared memory.
         if HB != 64 or threads != WS_THREADS or BI != 32:
             raise ValueError("warp_specialized: needs heads_per_block 64, threads 384 and "
@@ -296,12 +297,12 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     2. *dequantise*: once the tile's group has landed, convert the staged bytes to BF16 in the
        K buffer (shared -> shared) and hand the buffer to the consumers.
 
-    Tile k+2's copies are issued as soon as tile k is dequantised, so two tiles of loads
-    are in flight while the producer waits for a free K buffer (the synchronous loads of
-    the earlier producer left it latency-bound: bench/PERF_NOTES.md). Each thread reads
-    back only what it copied itself, so ``cp.async.wait_group`` is the only wait the
-    staging ring needs. Staged zeros dequantise to zero rows. Tiles past the split's range
-    are produced all-invalid so the consumers always take buffers in pairs.
+    The ring has ``DECODE_STAGES`` stages: tile k+2's copies are issued as soon as tile k is
+    dequantised, so two tiles of loads are in flight while the producer waits for a free K
+    buffer (bench/PERF_NOTES.md). Each thread reads back only what it copied itself, so
+    ``cp.async.wait_group`` is the only wait the ring needs. Staged zeros dequantise to zero
+    rows. Tiles past the split's range are produced all-invalid so the consumers always take
+    buffers in pairs.
     """
     D = HEAD_DIM
     DH = D // 2
@@ -339,16 +340,19 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         block_stride: object
         num_blocks: object
 
+    NS = DECODE_STAGES
+    STAGE_NOPE = BI * NOPE_ROW
+
     class Staging:
-        """Per stage: NoPE bytes [BI, NOPE_ROW], RoPE [BI, ROPE_ROW] bf16, each warp's copy
-        of the scale bytes [4, BI, 8] and the validity flags."""
+        """Per stage (indexed at run time): NoPE bytes (flat, ``STAGE_NOPE`` per stage), RoPE
+        [BI, ROPE_ROW] bf16, each warp's copy of the scale bytes [4, BI, 8] and the
+        validity flags."""
 
         def __init__(self):
-            self.nope = tuple(T.alloc_shared([BI * NOPE_ROW], raw_dtype) for _ in range(2))
-            self.rope = tuple(T.alloc_shared([BI, ROPE_ROW], T.bfloat16) for _ in range(2))
-            self.scales = tuple(T.alloc_shared([4, BI, TOKEN_SCALE_BYTES], T.uint8)
-                                for _ in range(2))
-            self.valid = tuple(T.alloc_shared([BI], T.bool, scope="shared") for _ in range(2))
+            self.nope = T.alloc_shared([NS * STAGE_NOPE], raw_dtype)
+            self.rope = T.alloc_shared([NS, BI, ROPE_ROW], T.bfloat16)
+            self.scales = T.alloc_shared([NS, 4, BI, TOKEN_SCALE_BYTES], T.uint8)
+            self.valid = T.alloc_shared([NS, BI], T.bool, scope="shared")
 
     @T.macro
     def issue_tile(stg, stage, p, tok, raw, scope, length, col0):
@@ -358,42 +362,45 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         # The scope's fields are used in place: binding a buffer to a local name inside a
         # macro renames the kernel parameter, and two parameters renamed alike confuse the
         # argument checks TileLang generates.
-        # tok (a local int64[4]) holds this lane's token: index, valid, 16-byte data row and
+        # tok (a local int64[4]) holds this lane's token: block, valid, 16-byte data row and
         # scale byte offset; in registers so the index arithmetic is not re-expanded.
         w = p // 32
         j = p % 32
         col = col0 + j
-        tok[0] = T.cast(raw, T.int64)
+        # Block and slot by int32 truncating division of the clamped index: int64 division
+        # by a run-time block size is a long instruction sequence, in the producer's loop.
+        tok[0] = T.cast(T.truncdiv(T.max(raw, 0), scope.block_size), T.int64)
         tok[1] = T.if_then_else(
-            (col >= 0) and (col < length) and (tok[0] >= 0)
-            and (tok[0] // T.cast(scope.block_size, T.int64)
-                 < T.cast(scope.num_blocks, T.int64)), 1, 0)
+            (col >= 0) and (col < length) and (raw >= 0)
+            and (tok[0] < T.cast(scope.num_blocks, T.int64)), 1, 0)
         tok[0] = T.if_then_else(tok[1] == 1, tok[0], 0)
-        tok[2] = ((tok[0] // T.cast(scope.block_size, T.int64)) * (scope.block_stride // 16)
-                  + (tok[0] % T.cast(scope.block_size, T.int64)) * (TOKEN_DATA_BYTES // 16))
-        tok[3] = ((tok[0] // T.cast(scope.block_size, T.int64)) * scope.block_stride
-                  + T.cast(scope.block_size, T.int64) * TOKEN_DATA_BYTES
-                  + (tok[0] % T.cast(scope.block_size, T.int64)) * TOKEN_SCALE_BYTES)
+        slot = T.cast(T.if_then_else(tok[1] == 1, T.truncmod(T.max(raw, 0), scope.block_size), 0),
+                      T.int64)
+        tok[2] = tok[0] * (scope.block_stride // 16) + slot * (TOKEN_DATA_BYTES // 16)
+        tok[3] = (tok[0] * scope.block_stride + T.cast(scope.block_size, T.int64) * TOKEN_DATA_BYTES
+                  + slot * TOKEN_SCALE_BYTES)
         if w == 0:
-            stg.valid[stage][j] = tok[1] == 1
+            stg.valid[stage, j] = tok[1] == 1
         if w < 3:  # NoPE bytes [128w, 128w + 128)
             for u in T.serial(8):
                 T.ptx_cp_async(
-                    T.access_ptr(stg.nope[stage][j * NOPE_ROW + 128 * w + 16 * u], "w", 16),
+                    T.access_ptr(stg.nope[stage * STAGE_NOPE + j * NOPE_ROW + 128 * w + 16 * u],
+                                 "w", 16),
                     T.access_ptr(scope.u8[tok[2] * 16 + 128 * w + 16 * u], "r", 16), 16,
                     tok[1] == 1)
         else:  # NoPE bytes [384, 448) and the 64 RoPE dims
             for u in T.serial(4):
                 T.ptx_cp_async(
-                    T.access_ptr(stg.nope[stage][j * NOPE_ROW + 384 + 16 * u], "w", 16),
+                    T.access_ptr(stg.nope[stage * STAGE_NOPE + j * NOPE_ROW + 384 + 16 * u], "w",
+                                 16),
                     T.access_ptr(scope.u8[tok[2] * 16 + 384 + 16 * u], "r", 16), 16,
                     tok[1] == 1)
             for u in T.serial(ROPE_DIM // 8):
                 T.ptx_cp_async(
-                    T.access_ptr(stg.rope[stage][j, 8 * u], "w", 8),
+                    T.access_ptr(stg.rope[stage, j, 8 * u], "w", 8),
                     T.access_ptr(scope.bf16[tok[2] * 8 + NOPE_DIM // 2 + 8 * u], "r", 8), 8,
                     tok[1] == 1)
-        T.ptx_cp_async(T.access_ptr(stg.scales[stage][w, j, 0], "w", TOKEN_SCALE_BYTES),
+        T.ptx_cp_async(T.access_ptr(stg.scales[stage, w, j, 0], "w", TOKEN_SCALE_BYTES),
                        T.access_ptr(scope.u8[tok[3]], "r", TOKEN_SCALE_BYTES),
                        TOKEN_SCALE_BYTES, tok[1] == 1)
         T.ptx_commit_group()
@@ -430,33 +437,33 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     @T.macro
     def dequant_chunk(stg, stage, dst, j, w, c, col_offset):
         """NoPE quantisation tile ``c`` of token ``j`` -> dst[j, c*64 - col_offset : +64]."""
-        sc = T.exp2(T.cast(stg.scales[stage][w, j, c], T.float32) - 127.0)
+        sc = T.exp2(T.cast(stg.scales[stage, w, j, c], T.float32) - 127.0)
         for v16 in T.serial(QUANT_TILE // 16):
             for v in T.vectorized(16):
                 d = c * QUANT_TILE + v16 * 16 + v
                 dst[j, d - col_offset] = T.cast(
-                    fp8_byte_to_float(stg.nope[stage], stg.nope[stage], j * NOPE_ROW + d,
+                    fp8_byte_to_float(stg.nope, stg.nope, stage * STAGE_NOPE + j * NOPE_ROW + d,
                                       fp8_format, fp8_decode) * sc,
                     T.bfloat16)
 
     @T.macro
-    def dequant_tile(st, stg, buf, p):
+    def dequant_tile(st, stg, buf, stage, p):
         w = p // 32
         j = p % 32
         if w == 0:
-            st.valid[buf][j] = stg.valid[buf][j]
+            st.valid[buf][j] = stg.valid[stage, j]
         for k in (0, 1):
             c = 2 * w + k
             # Each branch holds its own store loop: a store under a branch inside a
             # vectorised loop gets hoisted out of the branch by TileLang's vectoriser.
             if c < 4:
-                dequant_chunk(stg, buf, st.K_l[buf], j, w, c, 0)
+                dequant_chunk(stg, stage, st.K_l[buf], j, w, c, 0)
             elif c < NUM_SCALES:
-                dequant_chunk(stg, buf, st.K_r[buf], j, w, c, DH)
+                dequant_chunk(stg, stage, st.K_r[buf], j, w, c, DH)
             else:
                 for v8 in T.serial(ROPE_DIM // 8):
                     for v in T.vectorized(8):
-                        st.K_r[buf][j, NOPE_DIM - DH + v8 * 8 + v] = stg.rope[buf][j, v8 * 8 + v]
+                        st.K_r[buf][j, NOPE_DIM - DH + v8 * 8 + v] = stg.rope[stage, j, v8 * 8 + v]
 
     @T.prim_func
     def sparse_decode(
@@ -505,7 +512,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                       lambda h, d0, d1: Q[r_b, r_s, h:h + HB, d0:d1], h0, num_heads)
 
             if tx < 128:
-                T.set_max_nreg(DECODE_WS_REGS[0], int(DECODE_WS_REGS[0] > LAUNCH_REGS))
+                ws_set_regs(DECODE_WS_REGS[0])
                 ws_consumer_softmax(st, pairs, scale_log2)
                 for i in T.Parallel(HB):
                     has = st.l_i[i] > 0
@@ -536,7 +543,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                         else:
                             OPartial[r_b, r_s, split, h0 + i, d] = st.acc_o_l[i, d] / st.l_i[i]
             elif tx < 256:
-                T.set_max_nreg(DECODE_WS_REGS[1], int(DECODE_WS_REGS[1] > LAUNCH_REGS))
+                ws_set_regs(DECODE_WS_REGS[1])
                 ws_consumer_pv(st, pairs)
                 for i, d in T.Parallel(HB, DH):
                     if h0 + i < num_heads:
@@ -547,7 +554,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                             OPartial[r_b, r_s, split, h0 + i, DH + d] = (
                                 st.acc_o_r[i, d] / st.denom_shared[i])
             else:
-                T.set_max_nreg(DECODE_WS_REGS[2], int(DECODE_WS_REGS[2] > LAUNCH_REGS))
+                ws_set_regs(DECODE_WS_REGS[2])
                 p = tx - 256
                 tok = T.alloc_local([4], T.int64)
 
@@ -557,17 +564,18 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                                    extra_block_size, extra_block_stride, extra_num_blocks)
                 nxt = T.alloc_local([1], T.int32)
                 nxt[0] = tile_index(p, main, extra, r_b, r_s, t_begin, t_end, main_tiles, 0)
-                for k in (0, 1):
+                for k in range(NS):
                     issue(stg, k, k, p, tok, nxt, main, extra, r_b, r_s, t_begin, t_end,
                           main_tiles)
                 for pair in T.serial(pairs):
-                    for buf in (0, 1):  # staging stage == K buffer == tile parity
-                        T.ptx_wait_group(1)  # this thread's copies of tile 2·pair + buf
+                    for buf in (0, 1):  # K buffer == tile parity; stage == tile % NS
+                        stage = (pair * 2 + buf) % NS
+                        T.ptx_wait_group(NS - 1)  # this thread's copies of tile 2·pair + buf
                         T.barrier_wait(st.k_free[buf], (pair & 1) ^ 1)
-                        dequant_tile(st, stg, buf, p)
+                        dequant_tile(st, stg, buf, stage, p)
                         T.fence_proxy_async()
                         T.barrier_arrive(st.k_ready[buf])
-                        issue(stg, buf, pair * 2 + buf + 2, p, tok, nxt, main, extra, r_b,
+                        issue(stg, stage, pair * 2 + buf + NS, p, tok, nxt, main, extra, r_b,
                               r_s, t_begin, t_end, main_tiles)
                 T.ptx_wait_group(0)
 

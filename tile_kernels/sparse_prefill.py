@@ -23,6 +23,7 @@ from .attention_tile import (
     LOG2E,
     WS_THREADS,
     WarpSpecializedState,
+    check_ws_regs,
     alloc_softmax_state,
     attend_tile,
     init_softmax_state,
@@ -30,9 +31,12 @@ from .attention_tile import (
     ws_consumer_pv,
     ws_consumer_softmax,
     ws_load_q,
+    ws_set_regs,
 )
 
 HEAD_DIM = 512
+# Registers of the warp-specialised roles (rules in attention_tile.WS_LAUNCH_REGS).
+PREFILL_WS_REGS = check_ws_regs((240, 168, 80))
 
 
 def build_sparse_prefill(
@@ -212,7 +216,7 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                       lambda h, d0, d1: Q[row, h:h + HB, d0:d1], h0, num_heads)
 
             if tx < 128:
-                T.set_max_nreg(240, 1)
+                ws_set_regs(PREFILL_WS_REGS[0])
                 ws_consumer_softmax(st, pairs, scale_log2)
                 # Epilogue: lse / max_logits exclude the sink; out divides by Σe^s + e^sink.
                 for i in T.Parallel(HB):
@@ -233,14 +237,14 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                     if h0 + i < num_heads:
                         Out[row, h0 + i, d] = T.cast(st.acc_o_l[i, d] / st.l_i[i], T.bfloat16)
             elif tx < 256:
-                T.set_max_nreg(168, 1)
+                ws_set_regs(PREFILL_WS_REGS[1])
                 ws_consumer_pv(st, pairs)
                 for i, d in T.Parallel(HB, DH):
                     if h0 + i < num_heads:
                         Out[row, h0 + i, DH + d] = T.cast(
                             st.acc_o_r[i, d] / st.denom_shared[i], T.bfloat16)
             else:
-                T.set_max_nreg(80, 0)
+                ws_set_regs(PREFILL_WS_REGS[2])
                 p = tx - 256
                 for pair in T.serial(pairs):
                     for buf in (0, 1):

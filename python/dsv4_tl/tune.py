@@ -114,7 +114,8 @@ def smem_bytes(op: str, config: dict) -> int:
     if op in ("sparse_decode", "sparse_prefill"):
         hb, bi = c["heads_per_block"], c["block_tokens"]
         if c.get("warp_specialized"):
-            if op == "sparse_decode":  # + two stages of raw FP8 records (sparse_decode.py)
+            if op == "sparse_decode":  # + the staging ring of raw FP8 records (2 stages,
+                # DECODE_STAGES in sparse_decode.py: NoPE row, RoPE row, 4 scale copies, flag)
                 return _ws_smem(hb, bi) + 2 * bi * (464 + 72 * 2 + 4 * 8 + 1)
             return _ws_smem(hb, bi)
         common = (hb * HEAD_DIM * 2, bi * HEAD_DIM * 2, hb * bi * 2)  # Q, K, P (bf16)
