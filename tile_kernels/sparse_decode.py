@@ -63,6 +63,21 @@ DECODE_WS_REGS = check_ws_regs((216, 160, 128))
 # flight; ~20 KB per 32-token stage). Four stages measured no faster than two (run 21).
 DECODE_STAGES = 2
 
+
+def _shape_vars() -> tuple:
+    """The kernel's symbolic sizes, one set per prim_func: ``b, s_q``, the two index widths,
+    the cache views' sizes and the sizes of the arguments a variant may not use."""
+    # Cache byte sizes are int64: a cache passes 2 GiB at about 57K blocks of 64 tokens.
+    # Arguments a variant does not use (the extra scope of an SWA-only layer, the final
+    # outputs of a split variant, the partials of a single-split one) get their own size
+    # variables so that the caller can pass zero-size placeholders.
+    return (T.dynamic("b"), T.dynamic("s_q"), T.dynamic("topk"), T.dynamic("extra_topk"),
+            T.dynamic("m_bytes", "int64"), T.dynamic("m_half", "int64"),
+            T.dynamic("e_bytes", "int64"), T.dynamic("e_half", "int64"),
+            T.dynamic("eb"), T.dynamic("es"), T.dynamic("ob"), T.dynamic("os"),
+            T.dynamic("pb"), T.dynamic("ps"))
+
+
 def build_sparse_decode(
     num_heads: int,
     has_extra: bool,
@@ -106,24 +121,7 @@ def build_sparse_decode(
     S = num_splits
     head_groups = (num_heads + HB - 1) // HB
 
-    b = T.dynamic("b")
-    s_q = T.dynamic("s_q")
-    topk = T.dynamic("topk")
-    ew = T.dynamic("extra_topk")
-    # Cache byte sizes are int64: a cache passes 2 GiB at about 57K blocks of 64 tokens.
-    m_bytes = T.dynamic("m_bytes", "int64")
-    m_half = T.dynamic("m_half", "int64")
-    e_bytes = T.dynamic("e_bytes", "int64")
-    e_half = T.dynamic("e_half", "int64")
-    # Arguments a variant does not use (the extra scope of an SWA-only layer, the final
-    # outputs of a split variant, the partials of a single-split one) get their own size
-    # variables so that the caller can pass zero-size placeholders.
-    eb = T.dynamic("eb")
-    es = T.dynamic("es")
-    ob = T.dynamic("ob")
-    os_ = T.dynamic("os")
-    pb = T.dynamic("pb")
-    ps = T.dynamic("ps")
+    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps = _shape_vars()
 
     check_tile_math(tile_math)
     if warp_specialized:
@@ -313,21 +311,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     NOPE_ROW = NOPE_DIM + 16
     ROPE_ROW = ROPE_DIM + 8
     raw_dtype = T.float8_e4m3fn if (fp8_format == "e4m3fn" and fp8_decode == "native") else T.uint8
-    b = T.dynamic("b")
-    s_q = T.dynamic("s_q")
-    topk = T.dynamic("topk")
-    ew = T.dynamic("extra_topk")
-    # Cache byte sizes are int64: a cache passes 2 GiB at about 57K blocks of 64 tokens.
-    m_bytes = T.dynamic("m_bytes", "int64")
-    m_half = T.dynamic("m_half", "int64")
-    e_bytes = T.dynamic("e_bytes", "int64")
-    e_half = T.dynamic("e_half", "int64")
-    eb = T.dynamic("eb")
-    es = T.dynamic("es")
-    ob = T.dynamic("ob")
-    os_ = T.dynamic("os")
-    pb = T.dynamic("pb")
-    ps = T.dynamic("ps")
+    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps = _shape_vars()
 
     class CacheScope(NamedTuple):
         """One scope's cache views, indices and geometry, as the producer reads them."""
