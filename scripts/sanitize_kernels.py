@@ -54,9 +54,11 @@ def run_decode(gen, h: int, b: int, splits_hint: str) -> None:
     q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
     idx = garbage_indices((b, 1, 128), 5 * 64, gen)
     e_idx = garbage_indices((b, 1, 256), 7 * 2, gen)
-    lens = torch.tensor([128, 0, -3, INT32_MAX, 77, 1, 128, 5][:b], dtype=torch.int32, device=DEV)
-    e_lens = torch.tensor([256, 1000, 0, -1, INT32_MIN, 255, 3, 256][:b], dtype=torch.int32,
-                          device=DEV)
+    reps = b // 8 + 1
+    lens = torch.tensor(([128, 0, -3, INT32_MAX, 77, 1, 128, 5] * reps)[:b], dtype=torch.int32,
+                        device=DEV)
+    e_lens = torch.tensor(([256, 1000, 0, -1, INT32_MIN, 255, 3, 256] * reps)[:b],
+                          dtype=torch.int32, device=DEV)
     sink = torch.tensor([0.5, -math.inf, math.inf] * (h // 3 + 1), device=DEV)[:h]
     out, lse = sparse_decode(q, main, idx, lens, SCALE, sink, extra, e_idx, e_lens)
     torch.cuda.synchronize()
@@ -134,6 +136,7 @@ def main() -> int:
     run_decode(gen, 64, 8, "8 splits + combine")
     run_decode(gen, 128, 8, "split-KV, two head groups")
     run_decode(gen, 16, 3, "padded heads")
+    run_decode(gen, 128, 72, "one split per row, warp-specialised producer")
     run_prefill(gen)
     run_gather(gen)
     run_indices(gen)

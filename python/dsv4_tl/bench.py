@@ -63,34 +63,76 @@ def graph_time_us(calls: list, reps: int = 20) -> float:
 
 
 def measure_ceilings(device) -> dict:
-    """bf16 GEMM rate (8192³, random data) and device copy rate (1 GiB, read + write)."""
+    """bf16 GEMM rate (8192³, random data) and device copy rate (4 GiB fp32 ``copy_``, read
+    + write; best and median of 10 launches timed with CUDA events outside a graph: replayed
+    in a graph the copy becomes a memcpy node, which runs about a third slower on an H200)."""
     n = 8192
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     gemm_us = graph_time_us([lambda: torch.mm(a, b)] * 3, reps=10)
-    src = torch.randn(1 << 28, device=device)  # 1 GiB fp32
+    src = torch.randn(1 << 30, device=device)  # 4 GiB fp32
     dst = torch.empty_like(src)
-    copy_us = graph_time_us([lambda: dst.copy_(src)] * 3, reps=10)
+    dst.copy_(src)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    moved = 2 * (1 << 30) * 4
     return {"bf16_gemm_tflops": 2 * n**3 / gemm_us / 1e6,
-            "copy_gbps": 2 * src.numel() * 4 / copy_us / 1e3}
+            "copy_gbps": moved / min(times) / 1e3,
+            "copy_gbps_median": moved / statistics.median(times) / 1e3}
 
 
 # ----------------------------------------------------------------------------- shapes
 @dataclasses.dataclass(frozen=True)
 class DecodeShape:
+    """One decode row: ``h`` heads, ``b`` requests of ``s_q`` query tokens (s_q 2: MTP),
+    the 128-token window plus, for C4A / C128A, the compressed scope of ``extra_width``
+    entries (default: 512 at h64 and 1024 at h128 for C4A, 1024 for C128A); ``varying``:
+    per-request compressed lengths drawn from 0..width instead of the full width."""
     h: int
     b: int
     kind: str  # "swa", "c4a", "c128a"
+    s_q: int = 1
+    extra_width: Optional[int] = None
+    varying: bool = False
 
     @property
     def extra_topk(self) -> int:
-        return {"swa": 0, "c4a": 512 if self.h == 64 else 1024, "c128a": 1024}[self.kind]
+        if self.kind == "swa":
+            return 0
+        if self.extra_width is not None:
+            return self.extra_width
+        return 512 if (self.kind == "c4a" and self.h <= 64) else 1024
 
     @property
     def name(self) -> str:
         extra = {"swa": "", "c4a": f" + C4A {self.extra_topk} (bs 64)",
                  "c128a": f" + C128A {self.extra_topk} (bs 2)"}[self.kind]
-        return f"decode h{self.h} b{self.b} window {WINDOW}{extra}"
+        rows = f" s_q {self.s_q}" if self.s_q > 1 else ""
+        lens = ", lengths 0..width" if self.varying else ""
+        return f"decode h{self.h} b{self.b}{rows} window {WINDOW}{extra}{lens}"
+
+
+def decode_shapes(quick: bool) -> list:
+    """The decode suite: the DSv4 layer types at h 64 / 128 over the batch sizes, then the
+    tensor-parallel head counts (V4-Flash TP8/4/2 = 8/16/32 heads; V4-Pro TP8 = 16), MTP
+    (s_q 2) and C128A at 1M context (width 8192, per-request lengths)."""
+    batches = (1, 8, 64, 128) if quick else (1, 8, 32, 64, 128, 256)
+    kinds = ("c4a",) if quick else ("swa", "c4a", "c128a")
+    shapes = [DecodeShape(h, b, kind) for kind in kinds for h in (64, 128) for b in batches]
+    if quick:
+        return shapes
+    shapes += [DecodeShape(h, 128, "c4a", extra_width=512) for h in (8, 16, 32)]
+    shapes += [DecodeShape(128, b, "c4a", s_q=2) for b in (74, 148)]
+    shapes += [DecodeShape(h, 32, "c128a", extra_width=8192, varying=True) for h in (64, 128)]
+    return shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,24 +149,28 @@ class PrefillShape:
 
 def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -> list:
     """``sets`` input sets sharing the caches: SWA cache (bs 64, a 128-token window per
-    request in scattered blocks) and, for C4A/C128A, the compressed cache (bs 64 / 2) of a
-    32K / 128K-token context with random block tables. Full lengths (the steady state)."""
-    b, h = shape.b, shape.h
+    query token in scattered blocks; the s_q tokens of a request are consecutive positions)
+    and, for C4A/C128A, the compressed cache (bs 64 / 2) of a 32K (C4A) or 128K-token
+    (C128A; enough entries for the width) context with random block tables. Full lengths
+    (the steady state) unless ``shape.varying``."""
+    b, h, s_q = shape.b, shape.h, shape.s_q
     swa_blocks = 3
     swa = random_paged_cache(b * swa_blocks * 2, 64, gen, device)
     swa_table = torch.randperm(swa.shape[0], generator=gen, device=device).view(-1, swa_blocks)
     extra = None
     if shape.kind != "swa":
         bs, entries = (64, 32768 // 4) if shape.kind == "c4a" else (2, 131072 // 128)
+        entries = max(entries, shape.extra_topk)
         per_req = entries // bs
         extra = random_paged_cache(b * per_req, bs, gen, device)
         extra_table = torch.randperm(extra.shape[0], generator=gen, device=device).view(b, per_req)
+    window = torch.arange(WINDOW, device=device)
     out = []
     for _ in range(sets):
-        q = torch.randn((b, 1, h, 512), generator=gen, device=device).to(torch.bfloat16)
-        start = torch.randint(0, 64, (b,), generator=gen, device=device)
-        idx = torch.stack([scatter_slots(swa_table[r], start[r] + torch.arange(WINDOW, device=device), 64)
-                           for r in range(b)]).view(b, 1, WINDOW)
+        q = torch.randn((b, s_q, h, 512), generator=gen, device=device).to(torch.bfloat16)
+        start = torch.randint(0, 64 - s_q + 1, (b,), generator=gen, device=device)
+        idx = torch.stack([torch.stack([scatter_slots(swa_table[r], start[r] + s + window, 64)
+                                        for s in range(s_q)]) for r in range(b)])
         lens = torch.full((b,), WINDOW, dtype=torch.int32, device=device)
         item = {"q": q, "k_cache": swa, "indices": idx, "topk_length": lens,
                 "attn_sink": torch.rand(h, generator=gen, device=device) * 4 - 2,
@@ -132,12 +178,17 @@ def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -
         if extra is not None:
             k = shape.extra_topk
             if shape.kind == "c4a":  # indexer picks: distinct random compressed positions
-                pos = torch.rand((b, entries), generator=gen, device=device).topk(k, -1).indices
+                pos = torch.rand((b * s_q, entries), generator=gen, device=device).topk(k, -1).indices
             else:  # C128A: every visible compressed entry, in order
-                pos = torch.arange(k, device=device)[None].expand(b, k)
-            e_idx = torch.stack([scatter_slots(extra_table[r], pos[r], bs) for r in range(b)])
-            item.update(extra_k_cache=extra, extra_indices=e_idx.view(b, 1, k),
-                        extra_topk_length=torch.full((b,), k, dtype=torch.int32, device=device))
+                pos = torch.arange(k, device=device)[None].expand(b * s_q, k)
+            pos = pos.view(b, s_q, k)
+            e_idx = torch.stack([torch.stack([scatter_slots(extra_table[r], pos[r, s], bs)
+                                              for s in range(s_q)]) for r in range(b)])
+            if shape.varying:
+                e_len = torch.randint(0, k + 1, (b,), generator=gen, device=device, dtype=torch.int32)
+            else:
+                e_len = torch.full((b,), k, dtype=torch.int32, device=device)
+            item.update(extra_k_cache=extra, extra_indices=e_idx, extra_topk_length=e_len)
         out.append(item)
     return out
 
@@ -279,23 +330,19 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
     failed = report["peer_errors"]
     sets = 3
     if "decode" in suites:
-        batches = (1, 8, 64, 128) if quick else (1, 8, 32, 64, 128, 256)
-        kinds = ("c4a",) if quick else ("swa", "c4a", "c128a")
-        for kind in kinds:
-            for h in (64, 128):
-                for b in batches:
-                    shape = DecodeShape(h, b, kind)
-                    inputs = decode_inputs(shape, gen, sets, device)
-                    att = _attended(inputs[0])
-                    flops = 2 * h * att * 1024
-                    nbytes = att * TOKEN_BYTES + 2 * b * h * 512 * 2 + 4 * att
-                    row = {"suite": "decode", "shape": shape.name, "attended": att, "results": []}
-                    impls = {"dsv4_tl": ours_decode, **_peer_impls(peers, "decode")}
-                    _measure(row, impls, inputs, _check_decode, flops, nbytes, ceilings)
-                    row["results"] += _failed_peer_entries(failed, "decode")
-                    report["rows"].append(row)
-                    del inputs
-                    torch.cuda.empty_cache()
+        for shape in decode_shapes(quick):
+            h, b = shape.h, shape.b
+            inputs = decode_inputs(shape, gen, sets, device)
+            att = _attended(inputs[0]) * shape.s_q  # lengths are per request, for each row
+            flops = 2 * h * att * 1024
+            nbytes = att * TOKEN_BYTES + 2 * b * shape.s_q * h * 512 * 2 + 4 * att
+            row = {"suite": "decode", "shape": shape.name, "attended": att, "results": []}
+            impls = {"dsv4_tl": ours_decode, **_peer_impls(peers, "decode")}
+            _measure(row, impls, inputs, _check_decode, flops, nbytes, ceilings)
+            row["results"] += _failed_peer_entries(failed, "decode")
+            report["rows"].append(row)
+            del inputs
+            torch.cuda.empty_cache()
     if "prefill" in suites:
         for h, topk in ((64, 640), (128, 1152)):
             shape = PrefillShape(h, 4096, topk, 32768)
@@ -392,20 +439,21 @@ def format_table(report: dict) -> str:
     c = report["ceilings"]
     lines = [f"{report['device']} ({report['sms']} SMs), {report['date']}, torch {report['torch']}, "
              f"tilelang {report.get('tilelang', '?')}",
-             f"ceilings: bf16 GEMM {c['bf16_gemm_tflops']:.0f} TFLOP/s, copy {c['copy_gbps']:.0f} GB/s"]
+             f"ceilings: bf16 GEMM {c['bf16_gemm_tflops']:.0f} TFLOP/s, copy {c['copy_gbps']:.0f} GB/s "
+             f"(best; median {c.get('copy_gbps_median', c['copy_gbps']):.0f})"]
     for name, err in report["peer_errors"].items():
         lines.append(f"peer {name} failed to load: {err}")
-    head = f"{'shape':52s} {'impl':15s} {'us':>9s} {'TFLOP/s':>8s} {'%gemm':>6s} {'GB/s':>7s} {'%copy':>6s} {'vs flashmla':>11s}  check"
+    head = f"{'shape':68s} {'impl':15s} {'us':>9s} {'TFLOP/s':>8s} {'%gemm':>6s} {'GB/s':>7s} {'%copy':>6s} {'vs flashmla':>11s}  check"
     lines += [head, "-" * len(head)]
     for row in report["rows"]:
         by = {e["impl"]: e for e in row["results"]}
         for e in row["results"]:
             if "error" in e:
-                lines.append(f"{row['shape'][:52]:52s} {e['impl']:15s} ERROR {e['error']}")
+                lines.append(f"{row['shape'][:68]:68s} {e['impl']:15s} ERROR {e['error']}")
                 continue
             fm = by.get("flashmla", {})
             ratio = f"{fm['us'] / e['us']:.2f}x" if "us" in fm and e["impl"] != "flashmla" else ""
-            lines.append(f"{row['shape'][:52]:52s} {e['impl']:15s} {e['us']:9.1f} {e['tflops']:8.1f} "
+            lines.append(f"{row['shape'][:68]:68s} {e['impl']:15s} {e['us']:9.1f} {e['tflops']:8.1f} "
                          f"{e['pct_gemm']:6.1f} {e['gbps']:7.0f} {e['pct_copy']:6.1f} {ratio:>11s}  {e['check']}")
     lines.append("vs flashmla = FlashMLA time / this row's time (> 1: faster than FlashMLA)")
     return "\n".join(lines)

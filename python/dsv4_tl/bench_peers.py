@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import linecache
+import math
 import os
 import sys
 import types
@@ -260,6 +261,9 @@ class VllmTritonSources:
 
 
 # ----------------------------------------------------------------------------- peers
+FLASHMLA_DECODE_HEADS = (64, 128)  # the head counts its sparse decode takes
+
+
 class FlashMLAPeer:
     """FlashMLA's sparse kernels through ``torch.ops._flashmla_C`` (vLLM 0.26 build)."""
 
@@ -272,7 +276,14 @@ class FlashMLAPeer:
         self.ops = torch.ops._flashmla_C
 
     def decode(self, x: dict) -> Callable[[], tuple]:
-        q = x["q"]
+        q, sink = x["q"], x["attn_sink"]
+        h = q.shape[2]
+        padded = FLASHMLA_DECODE_HEADS[0] if h < FLASHMLA_DECODE_HEADS[0] else h
+        if padded != h:
+            # FlashMLA takes 64 or 128 heads: pad as vLLM does (zero q heads, -inf sink),
+            # once, outside the timed call; the outputs are views of the real heads.
+            q = torch.cat([q, q.new_zeros(q.shape[:2] + (padded - h, q.shape[3]))], 2)
+            sink = torch.cat([sink, sink.new_full((padded - h,), -math.inf)])
         out = torch.empty_like(q)
         # Scheduler metadata: filled by the first call, reused while shapes and lengths stay.
         state = {"meta": None, "splits": None}
@@ -280,11 +291,11 @@ class FlashMLAPeer:
 
         def run():
             o, lse, state["meta"], state["splits"] = self.ops.sparse_decode_fwd(
-                q, x["k_cache"].unsqueeze(-2), x["indices"], x["topk_length"], x["attn_sink"],
+                q, x["k_cache"].unsqueeze(-2), x["indices"], x["topk_length"], sink,
                 state["meta"], state["splits"],
                 None if extra is None else extra.unsqueeze(-2), x["extra_indices"],
                 x["extra_topk_length"], HEAD_DIM, SCALE, out)
-            return o, lse
+            return o[:, :, :h], lse[:, :h]
         return run
 
     def prefill(self, x: dict) -> Callable[[], tuple]:
