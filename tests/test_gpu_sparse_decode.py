@@ -216,3 +216,32 @@ def test_decode_empty_batch():
     idx = torch.empty((0, 1, 128), dtype=torch.int32, device=DEV)
     out, lse = sparse_decode(q, k_cache, idx, None, SCALE)
     assert out.shape == (0, 1, 64, 512) and lse.shape == (0, 64, 1)
+
+
+# (window length, compressed length) pairs whose tile counts put a split's padding tile (the
+# one that evens out a split of an odd tile count) inside or right after the window range,
+# splits that start on odd window tiles, splits that cross window -> compressed, and empty
+# splits (bisected in bench/PERF_NOTES.md item 14).
+SPLIT_EDGE_LENGTHS = [(128, 512), (128, 480), (96, 512), (64, 512), (32, 512), (128, 64),
+                      (128, 0), (64, 0), (32, 0), (127, 64), (97, 1), (1, 33)]
+
+
+@pytest.mark.parametrize("block_tokens", [32, 64])
+@pytest.mark.parametrize("num_splits", [4, 8])
+def test_decode_warp_specialized_split_edges(block_tokens, num_splits, seed):
+    """The warp-specialised schedule forced, at every split count and tile size, on one
+    request whose lengths sweep the split-boundary cases."""
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    config = {"block_tokens": block_tokens, "heads_per_block": 64, "threads": 384,
+              "warp_specialized": True, "num_splits": num_splits}
+    q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _scope(1, 1, WINDOW, 64, 3, gen)
+    e_cache, e_idx = _scope(1, 1, 544, 64, 544 // 64 + 2, gen)
+    with forcing(parse_target("cuda:sm_90a"), "sparse_decode", config):
+        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
+            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
+            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
+            _run_and_check(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), _sink(64, gen))

@@ -40,3 +40,81 @@ def fp8_byte_to_float(fp8_view, u8_view, offset, fp8_format: str, fp8_decode: st
         T.reinterpret(T.int32(0x7FC00000), T.float32),
         T.if_then_else(byte >= 0x80, -mag, mag),
     )
+
+
+# --- Bit-placement dequantisation (CUDA sm_90a warp-specialised decode) ------------------
+# An e4m3 byte's sign, exponent and mantissa placed into a bf16's bit positions,
+# ``(b & 0x80) << 8 | (b & 0x7f) << 4``, is the byte's value times 2^-120 (e4m3fn, bias 7;
+# 2^-119 for e4m3fnuz, bias 8), subnormals included: the 4 exponent bits land in the low
+# bits of bf16's 8-bit exponent. One bf16x2 multiply by 2^120 (2^119) restores the value
+# (every e4m3 value is a normal bf16) and a second by the UE8M0 scale 2^(e - 127) applies
+# the scale (one multiply by their product while it is a normal bf16); every multiplier is a
+# power of two, so the result is the float32 reference's
+# ``bf16(value * 2^(e-127))`` exactly wherever that is a finite bf16 (the writer's range).
+# Per 4 bytes: 2 byte permutes, 2 shifts, 4 logic ops and 4 bf16x2 multiplies, no
+# conversion instructions (the convert chain fp8 -> f16 -> f32 -> bf16 runs on the slow
+# conversion pipe). NaN encodings (0x7F/0xFF e4m3fn, 0x80 e4m3fnuz; the spec's quantiser
+# clamps to +-448 and never writes them) come out finite (+-480 resp. -0), not NaN.
+#
+# TileLang 0.1.15 has no byte permute and no bf16x2 multiply at the tile level, so these
+# few lines are CUDA, added to the kernel's source through ``T.Kernel(prelude=...)`` and
+# called with ``T.call_extern``; everything else stays TileLang.
+FP8_RESTORE_EXP = {"e4m3fn": 120, "e4m3fnuz": 119}  # placed value * 2^this = the byte's value
+
+FP8_BF16_PRELUDE = r"""
+// dsv4-tl: bit-placement FP8 -> BF16 dequantisation (tile_kernels/fp8.py).
+__device__ __forceinline__ unsigned dsv4_bf16x2_mul(unsigned a, unsigned b) {
+  unsigned d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+// Two e4m3 bytes placed as bf16x2 (value * 2^-120 resp. 2^-119), bytes picked by `sel`.
+__device__ __forceinline__ unsigned dsv4_place2(unsigned x, unsigned sel) {
+  unsigned w = __byte_perm(x, 0u, sel);
+  return (w & 0x80008000u) | ((w >> 4) & 0x07F007F0u);
+}
+// 16 (8) bytes from global memory through the read-only path. The address is always a
+// valid one (an invalid token's is clamped); its bytes are discarded at dequantisation.
+__device__ __forceinline__ void dsv4_ldg16(const unsigned char* src, unsigned* dst) {
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(dst[0]), "=r"(dst[1]), "=r"(dst[2]), "=r"(dst[3]) : "l"(src));
+}
+__device__ __forceinline__ void dsv4_ldg8(const unsigned char* src, unsigned* dst) {
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+               : "=r"(dst[0]), "=r"(dst[1]) : "l"(src));
+}
+// `words` words of e4m3 bytes times 2^(scale_byte - 127) -> 2 * words bf16x2 words in
+// `out`; zeros (+-0) when !ok: the multiplier becomes 0 and placed bytes are always finite.
+// One multiply by 2^(e - 7) (= 2^120 * 2^(e - 127); restore_exp 120, resp. 119 for FNUZ)
+// while that is a normal bf16 (e <= 134, scales up to 2^7: every real K); beyond, two.
+template <int words>
+__device__ __forceinline__ void dsv4_dequant(const unsigned* raw, unsigned scale_byte,
+                                             unsigned restore_exp, int ok, void* out) {
+  unsigned* o = reinterpret_cast<unsigned*>(out);
+  unsigned e = scale_byte + restore_exp;  // biased exponent of 2^(e - 127 + restore)
+  if (e <= 254u) {
+    unsigned m = ok ? (e << 7) * 0x10001u : 0u;
+    #pragma unroll
+    for (int w = 0; w < words; ++w) {
+      o[2 * w] = dsv4_bf16x2_mul(dsv4_place2(raw[w], 0x1404u), m);
+      o[2 * w + 1] = dsv4_bf16x2_mul(dsv4_place2(raw[w], 0x3424u), m);
+    }
+  } else {
+    unsigned r = ((restore_exp + 127u) << 7) * 0x10001u;
+    unsigned m = ok ? (scale_byte << 7) * 0x10001u : 0u;  // scale_byte > 134: normal
+    #pragma unroll
+    for (int w = 0; w < words; ++w) {
+      o[2 * w] = dsv4_bf16x2_mul(dsv4_bf16x2_mul(dsv4_place2(raw[w], 0x1404u), r), m);
+      o[2 * w + 1] = dsv4_bf16x2_mul(dsv4_bf16x2_mul(dsv4_place2(raw[w], 0x3424u), r), m);
+    }
+  }
+}
+// `words` words copied as bf16 (the RoPE dims are bf16 in the cache already); zeros when
+// !ok (an invalid token's bytes may hold anything, NaN included).
+template <int words>
+__device__ __forceinline__ void dsv4_copy(const unsigned* raw, int ok, void* out) {
+  unsigned* o = reinterpret_cast<unsigned*>(out);
+  #pragma unroll
+  for (int w = 0; w < words; ++w) o[w] = ok ? raw[w] : 0u;
+}
+"""

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
-from .fp8 import FP8_FORMATS, fp8_byte_to_float
+from .fp8 import FP8_BF16_PRELUDE, FP8_FORMATS, FP8_RESTORE_EXP, fp8_byte_to_float
 from .tile_math import check_tile_math
 
 from .attention_tile import (
@@ -55,13 +55,14 @@ TOKEN_DATA_BYTES = 576
 TOKEN_SCALE_BYTES = 8
 NUM_SCALES = NOPE_DIM // QUANT_TILE
 # Registers of the warp-specialised roles (softmax consumer, PV consumer, producer; rules in
-# attention_tile.WS_LAUNCH_REGS): the staged producer (13 copy addresses, the prefetched
-# index, stage offsets) spilled at 80-104, and decode's 32-token tiles leave warpgroup 0
-# room to spare (acc_o 128 + scores 16 per thread).
+# attention_tile.WS_LAUNCH_REGS). 216/160/128 measured fastest with 64-token tiles (run 2 of
+# 2026-11-22; 240/160/104 spills the producer's staged bytes, bench/PERF_NOTES.md item 13).
 DECODE_WS_REGS = check_ws_regs((216, 160, 128))
-# Depth of the warp-specialised decode producer's cp.async staging ring (tiles of loads in
-# flight; ~20 KB per 32-token stage). Four stages measured no faster than two (run 21).
-DECODE_STAGES = 2
+# The warp-specialised producer: 4 lanes per token (16 bytes of each FP8 quantisation tile,
+# 32 bytes of RoPE), 32 tokens per round; per round a lane stages 38 words in registers
+# (28 NoPE, 8 RoPE, 2 scale).
+TOKENS_PER_ROUND = 32
+RAW_WORDS = 4 * NUM_SCALES + 8 + 2
 
 
 def _shape_vars() -> tuple:
@@ -127,12 +128,12 @@ def build_sparse_decode(
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
-        # One token per producer lane; the staging ring plus two BF16 tiles of 64 tokens
-        # would pass the 227 KB of shared memory.
-        if HB != 64 or threads != WS_THREADS or BI != 32:
+        # Q (64 KB) and two BF16 K tiles of 64 tokens (128 KB) fit the 227 KB of shared
+        # memory; the producer stages raw bytes in registers, not shared memory.
+        if HB != 64 or threads != WS_THREADS or BI not in (32, 64):
             raise ValueError("warp_specialized: needs heads_per_block 64, threads 384 and "
-                             f"block_tokens 32, got {HB}, {threads}, {BI}")
-        return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, fp8_decode)
+                             f"block_tokens 32 or 64, got {HB}, {threads}, {BI}")
+        return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI)
 
     @T.macro
     def gather_dequant_tile(
@@ -280,42 +281,40 @@ def build_sparse_decode(
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
-def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
-                            fp8_decode: str = "native"):
+def _unrolled(n: int) -> tuple:
+    """``0 .. n-1`` as a tuple: a loop over it is unrolled when the kernel is traced (a
+    ``range`` loop becomes a TIR loop), so register arrays are indexed by constants."""
+    return tuple(range(n))
+
+
+def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
-    Producer warpgroup (4 warps), one token per lane, warp w owning 64-column chunks 2w and
-    2w + 1 of every token (chunks 0-6: the FP8 NoPE quantisation tiles, chunk 7: the BF16
-    RoPE dims), so every branch is warp-uniform. It works in two steps per tile:
-
-    1. *issue*: resolve the token's index and copy the raw bytes it owns (its NoPE chunks,
-       its 8 scale bytes, warp 3 also the RoPE dims) into a staging ring with 16-byte
-       ``cp.async`` copies, predicated on validity (an invalid token is zero-filled without
-       being read), one commit group per tile;
-    2. *dequantise*: once the tile's group has landed, convert the staged bytes to BF16 in the
-       K buffer (shared -> shared) and hand the buffer to the consumers.
-
-    The ring has ``DECODE_STAGES`` stages: tile k+2's copies are issued as soon as tile k is
-    dequantised, so two tiles of loads are in flight while the producer waits for a free K
-    buffer (bench/PERF_NOTES.md). Each thread reads back only what it copied itself, so
-    ``cp.async.wait_group`` is the only wait the ring needs. Staged zeros dequantise to zero
-    rows. Tiles past the split's range are produced all-invalid so the consumers always take
-    buffers in pairs.
+    Producer warpgroup (4 warps): four lanes per token, 32 tokens per round, ``BI / 32``
+    rounds per tile. Lane ``l`` of warp ``w`` owns token ``32·r + 8·w + l % 8`` of round
+    ``r`` and quarter ``q = l // 8`` of it: bytes ``[16q, 16q + 16)`` of each of the 7 FP8
+    quantisation tiles and the RoPE dims ``[16q, 16q + 16)``. So a warp's 16-byte loads
+    read 8 whole 64-byte spans and its 16-byte shared stores of one column chunk hit 8
+    consecutive rows (distinct banks under the 128-byte swizzle). Per round it resolves the
+    token's index (fetched one tile earlier), loads its quarter straight into registers
+    (``ld.global.nc``; an invalid token's address is clamped to a valid one and its bytes
+    are zeroed at dequantisation, so no instruction waits on a load before its data is
+    used) and dequantises it by bit placement (``fp8.FP8_BF16_PRELUDE``) into the K buffer.
+    Round r + 1's loads are issued before round r is dequantised, and tile k + 1's first
+    round before tile k's last, so loads overlap the dequantisation and the wait for a
+    free buffer. Tiles past the split's range are produced all-invalid so the consumers
+    always take buffers in pairs.
     """
     D = HEAD_DIM
     DH = D // 2
     HB = 64
+    R = BI // TOKENS_PER_ROUND  # producer rounds per tile
     head_groups = (num_heads + HB - 1) // HB
-    # Staging rows padded so that the 8 lanes of a 16-byte shared access hit distinct banks
-    # (row strides of 116 and 36 words; 116 = 36 = 20 / 4 mod 32).
-    NOPE_ROW = NOPE_DIM + 16
-    ROPE_ROW = ROPE_DIM + 8
-    raw_dtype = T.float8_e4m3fn if (fp8_format == "e4m3fn" and fp8_decode == "native") else T.uint8
+    restore_exp = FP8_RESTORE_EXP[fp8_format]
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps = _shape_vars()
 
     class CacheScope(NamedTuple):
-        """One scope's cache views, indices and geometry, as the producer reads them."""
-        bf16: object
+        """One scope's cache bytes, indices and geometry, as the producer reads them."""
         u8: object
         indices: object
         width: object
@@ -324,76 +323,10 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         block_stride: object
         num_blocks: object
 
-    NS = DECODE_STAGES
-    STAGE_NOPE = BI * NOPE_ROW
-
-    class Staging:
-        """Per stage (indexed at run time): NoPE bytes (flat, ``STAGE_NOPE`` per stage), RoPE
-        [BI, ROPE_ROW] bf16, each warp's copy of the scale bytes [4, BI, 8] and the
-        validity flags."""
-
-        def __init__(self):
-            self.nope = T.alloc_shared([NS * STAGE_NOPE], raw_dtype)
-            self.rope = T.alloc_shared([NS, BI, ROPE_ROW], T.bfloat16)
-            self.scales = T.alloc_shared([NS, 4, BI, TOKEN_SCALE_BYTES], T.uint8)
-            self.valid = T.alloc_shared([NS, BI], T.bool, scope="shared")
-
-    @T.macro
-    def issue_tile(stg, stage, p, tok, raw, scope, length, col0):
-        """Staged copies of the tile at column ``col0`` of ``scope`` (a CacheScope);
-        ``length``: the scope's valid width for this row (0: an all-invalid tile); ``raw``:
-        this lane's index entry, fetched one tile earlier (``tile_index``)."""
-        # The scope's fields are used in place: binding a buffer to a local name inside a
-        # macro renames the kernel parameter, and two parameters renamed alike confuse the
-        # argument checks TileLang generates.
-        # tok (a local int64[4]) holds this lane's token: block, valid, 16-byte data row and
-        # scale byte offset; in registers so the index arithmetic is not re-expanded.
-        w = p // 32
-        j = p % 32
-        col = col0 + j
-        # Block and slot by int32 truncating division of the clamped index: int64 division
-        # by a run-time block size is a long instruction sequence, in the producer's loop.
-        tok[0] = T.cast(T.truncdiv(T.max(raw, 0), scope.block_size), T.int64)
-        tok[1] = T.if_then_else(
-            (col >= 0) and (col < length) and (raw >= 0)
-            and (tok[0] < T.cast(scope.num_blocks, T.int64)), 1, 0)
-        tok[0] = T.if_then_else(tok[1] == 1, tok[0], 0)
-        slot = T.cast(T.if_then_else(tok[1] == 1, T.truncmod(T.max(raw, 0), scope.block_size), 0),
-                      T.int64)
-        tok[2] = tok[0] * (scope.block_stride // 16) + slot * (TOKEN_DATA_BYTES // 16)
-        tok[3] = (tok[0] * scope.block_stride + T.cast(scope.block_size, T.int64) * TOKEN_DATA_BYTES
-                  + slot * TOKEN_SCALE_BYTES)
-        if w == 0:
-            stg.valid[stage, j] = tok[1] == 1
-        if w < 3:  # NoPE bytes [128w, 128w + 128)
-            for u in T.serial(8):
-                T.ptx_cp_async(
-                    T.access_ptr(stg.nope[stage * STAGE_NOPE + j * NOPE_ROW + 128 * w + 16 * u],
-                                 "w", 16),
-                    T.access_ptr(scope.u8[tok[2] * 16 + 128 * w + 16 * u], "r", 16), 16,
-                    tok[1] == 1)
-        else:  # NoPE bytes [384, 448) and the 64 RoPE dims
-            for u in T.serial(4):
-                T.ptx_cp_async(
-                    T.access_ptr(stg.nope[stage * STAGE_NOPE + j * NOPE_ROW + 384 + 16 * u], "w",
-                                 16),
-                    T.access_ptr(scope.u8[tok[2] * 16 + 384 + 16 * u], "r", 16), 16,
-                    tok[1] == 1)
-            for u in T.serial(ROPE_DIM // 8):
-                T.ptx_cp_async(
-                    T.access_ptr(stg.rope[stage, j, 8 * u], "w", 8),
-                    T.access_ptr(scope.bf16[tok[2] * 8 + NOPE_DIM // 2 + 8 * u], "r", 8), 8,
-                    tok[1] == 1)
-        T.ptx_cp_async(T.access_ptr(stg.scales[stage, w, j, 0], "w", TOKEN_SCALE_BYTES),
-                       T.access_ptr(scope.u8[tok[3]], "r", TOKEN_SCALE_BYTES),
-                       TOKEN_SCALE_BYTES, tok[1] == 1)
-        T.ptx_commit_group()
-
-    def tile_index(p, main, extra, r_b, r_s, t_begin, t_end, main_tiles, k):
-        """This lane's index entry of tile ``t_begin + k`` (an expression; reads clamped into
-        the row, so any ``k`` is safe; past the split's range the value is never used)."""
+    def token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles, k, j):
+        """Index entry of token ``j`` of tile ``t_begin + k`` (an expression; reads clamped
+        into the row, so any ``k`` is safe; past the split's range the value is unused)."""
         t = t_begin + k
-        j = p % 32
         in_main = main.indices[r_b, r_s, T.max(T.min(t * BI + j, main.width - 1), 0)]
         if not has_extra:
             return in_main
@@ -402,52 +335,84 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         return T.if_then_else(t < T.min(main_tiles, t_end), in_main, in_extra)
 
     @T.macro
-    def issue(stg, stage, k, p, tok, nxt, main, extra, r_b, r_s, t_begin, t_end, main_tiles):
-        """Copies of tile ``t_begin + k`` (its scope picked at run time; past the split's
-        range an all-invalid tile) into staging ``stage``, then the fetch of tile k+1's
-        index into ``nxt``: its latency hides behind the next dequantisation instead of
-        stalling the next issue."""
+    def load_quarter(raw, ok, slot, q, idx, scope, length, col):
+        """Registers ``raw[slot]`` <- this lane's quarter of token ``idx`` at column ``col``
+        of ``scope``; ``ok[slot]`` <- its validity."""
+        # Block and slot by int32 truncating division of the clamped index (int64 division
+        # by a run-time block size is a long instruction sequence).
+        blk = T.truncdiv(T.max(idx, 0), scope.block_size)
+        # col >= 0 matters: a padding tile past the split's end (length 0) inside the window
+        # range has a negative extra-scope column (PERF_NOTES item 14).
+        ok[slot] = T.if_then_else((col >= 0) and (col < length) and (idx >= 0)
+                                  and (blk < scope.num_blocks), 1, 0)
+        blk64 = T.cast(T.if_then_else(ok[slot] == 1, blk, 0), T.int64)
+        pos = T.cast(T.if_then_else(ok[slot] == 1, T.truncmod(T.max(idx, 0), scope.block_size), 0),
+                     T.int64)
+        rec = blk64 * scope.block_stride + pos * TOKEN_DATA_BYTES
+        scl = (blk64 * scope.block_stride + T.cast(scope.block_size, T.int64) * TOKEN_DATA_BYTES
+               + pos * TOKEN_SCALE_BYTES)
+        base = RAW_WORDS * slot
+        for g in _unrolled(NUM_SCALES):
+            T.call_extern("handle", "dsv4_ldg16",
+                          T.access_ptr(scope.u8[rec + g * QUANT_TILE + 16 * q], "r", 16),
+                          T.access_ptr(raw[base + 4 * g], "w", 4))
+        for u in _unrolled(2):
+            T.call_extern("handle", "dsv4_ldg16",
+                          T.access_ptr(scope.u8[rec + NOPE_DIM + 32 * q + 16 * u], "r", 16),
+                          T.access_ptr(raw[base + 4 * NUM_SCALES + 4 * u], "w", 4))
+        T.call_extern("handle", "dsv4_ldg8", T.access_ptr(scope.u8[scl], "r", 8),
+                      T.access_ptr(raw[base + 4 * NUM_SCALES + 8], "w", 2))
+
+    @T.macro
+    def load_round(raw, ok, nxt, r, k, p, main, extra, r_b, r_s, t_begin, t_end, main_tiles):
+        """Round ``r`` of tile ``t_begin + k`` into slot ``r % 2`` (its scope picked at run
+        time; past the split's range all-invalid), then the fetch of tile k+1's index for
+        this round into ``nxt[r]``."""
         t = t_begin + k
+        j = TOKENS_PER_ROUND * r + 8 * (p // 32) + p % 8
+        q = (p % 32) // 8
+        slot = r % 2
         if t < T.min(main_tiles, t_end):
-            issue_tile(stg, stage, p, tok, nxt[0], main, main.length, t * BI)
+            load_quarter(raw, ok, slot, q, nxt[r], main, main.length, t * BI + j)
         else:
             if has_extra:
-                issue_tile(stg, stage, p, tok, nxt[0], extra,
-                           T.if_then_else(t < t_end, extra.length, 0), (t - main_tiles) * BI)
+                load_quarter(raw, ok, slot, q, nxt[r], extra,
+                             T.if_then_else(t < t_end, extra.length, 0), (t - main_tiles) * BI + j)
             else:
-                issue_tile(stg, stage, p, tok, nxt[0], main, 0, 0)
-        nxt[0] = tile_index(p, main, extra, r_b, r_s, t_begin, t_end, main_tiles, k + 1)
+                load_quarter(raw, ok, slot, q, nxt[r], main, 0, 0)
+        nxt[r] = token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles, k + 1, j)
 
     @T.macro
-    def dequant_chunk(stg, stage, dst, j, w, c, col_offset):
-        """NoPE quantisation tile ``c`` of token ``j`` -> dst[j, c*64 - col_offset : +64]."""
-        sc = T.exp2(T.cast(stg.scales[stage, w, j, c], T.float32) - 127.0)
-        for v16 in T.serial(QUANT_TILE // 16):
-            for v in T.vectorized(16):
-                d = c * QUANT_TILE + v16 * 16 + v
-                dst[j, d - col_offset] = T.cast(
-                    fp8_byte_to_float(stg.nope, stg.nope, stage * STAGE_NOPE + j * NOPE_ROW + d,
-                                      fp8_format, fp8_decode) * sc,
-                    T.bfloat16)
-
-    @T.macro
-    def dequant_tile(st, stg, buf, stage, p):
-        w = p // 32
-        j = p % 32
-        if w == 0:
-            st.valid[buf][j] = stg.valid[stage, j]
-        for k in (0, 1):
-            c = 2 * w + k
+    def dequant_round(st, buf, raw, ok, deq, r, p):
+        """Round ``r``'s registers (slot ``r % 2``) -> rows of K buffer ``buf`` and the
+        validity flags."""
+        j = TOKENS_PER_ROUND * r + 8 * (p // 32) + p % 8
+        q = (p % 32) // 8
+        slot = r % 2
+        base = RAW_WORDS * slot
+        if q == 0:
+            st.valid[buf][j] = ok[slot] == 1
+        for g in _unrolled(NUM_SCALES):
+            scale_byte = ((raw[base + 4 * NUM_SCALES + 8 + g // 4] >> T.uint32(8 * (g % 4)))
+                          & T.uint32(0xFF))
+            T.call_extern("handle", "dsv4_dequant<4>", T.access_ptr(raw[base + 4 * g], "r", 4),
+                          scale_byte, T.uint32(restore_exp), ok[slot],
+                          T.access_ptr(deq[0], "w", 16))
             # Each branch holds its own store loop: a store under a branch inside a
             # vectorised loop gets hoisted out of the branch by TileLang's vectoriser.
-            if c < 4:
-                dequant_chunk(stg, stage, st.K_l[buf], j, w, c, 0)
-            elif c < NUM_SCALES:
-                dequant_chunk(stg, stage, st.K_r[buf], j, w, c, DH)
-            else:
-                for v8 in T.serial(ROPE_DIM // 8):
+            if g < 4:
+                for h in _unrolled(2):
                     for v in T.vectorized(8):
-                        st.K_r[buf][j, NOPE_DIM - DH + v8 * 8 + v] = stg.rope[stage, j, v8 * 8 + v]
+                        st.K_l[buf][j, g * QUANT_TILE + 16 * q + 8 * h + v] = deq[8 * h + v]
+            else:
+                for h in _unrolled(2):
+                    for v in T.vectorized(8):
+                        st.K_r[buf][j, g * QUANT_TILE - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
+        T.call_extern("handle", "dsv4_copy<8>", T.access_ptr(raw[base + 4 * NUM_SCALES], "r", 8),
+                      ok[slot], T.access_ptr(deq[0], "w", 16))
+        for h in _unrolled(2):
+            for v in T.vectorized(8):
+                st.K_r[buf][j, NOPE_DIM - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
 
     @T.prim_func
     def sparse_decode(
@@ -475,9 +440,9 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         extra_block_stride: T.int64,
         extra_num_blocks: T.int32,
     ):
-        with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS) as (row, hg, split):
+        with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
+                      prelude=FP8_BF16_PRELUDE) as (row, hg, split):
             st = WarpSpecializedState(HB, BI, D)
-            stg = Staging()
             tx = T.get_thread_binding()
             r_b = row // s_q
             r_s = row % s_q
@@ -540,28 +505,33 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
             else:
                 ws_set_regs(DECODE_WS_REGS[2])
                 p = tx - 256
-                tok = T.alloc_local([4], T.int64)
-
-                main = CacheScope(MainBf16, MainU8, MainIndices, topk, main_len, main_block_size,
+                main = CacheScope(MainU8, MainIndices, topk, main_len, main_block_size,
                                   main_block_stride, main_num_blocks)
-                extra = CacheScope(ExtraBf16, ExtraU8, ExtraIndices, ew, extra_len,
-                                   extra_block_size, extra_block_stride, extra_num_blocks)
-                nxt = T.alloc_local([1], T.int32)
-                nxt[0] = tile_index(p, main, extra, r_b, r_s, t_begin, t_end, main_tiles, 0)
-                for k in range(NS):
-                    issue(stg, k, k, p, tok, nxt, main, extra, r_b, r_s, t_begin, t_end,
-                          main_tiles)
+                extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
+                                   extra_block_stride, extra_num_blocks)
+                raw = T.alloc_local([2 * RAW_WORDS], T.uint32)  # two rounds in flight
+                ok = T.alloc_local([2], T.int32)
+                nxt = T.alloc_local([R], T.int32)
+                deq = T.alloc_local([16], T.bfloat16)
+                for r in _unrolled(R):
+                    nxt[r] = token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles, 0,
+                                         TOKENS_PER_ROUND * r + 8 * (p // 32) + p % 8)
+                load_round(raw, ok, nxt, 0, 0, p, main, extra, r_b, r_s, t_begin, t_end,
+                           main_tiles)
                 for pair in T.serial(pairs):
-                    for buf in (0, 1):  # K buffer == tile parity; stage == tile % NS
-                        stage = (pair * 2 + buf) % NS
-                        T.ptx_wait_group(NS - 1)  # this thread's copies of tile 2·pair + buf
+                    for buf in (0, 1):  # K buffer == tile parity
+                        k = pair * 2 + buf
+                        for r in _unrolled(R)[1:]:  # before the wait: in flight during it
+                            load_round(raw, ok, nxt, r, k, p, main, extra, r_b, r_s, t_begin,
+                                       t_end, main_tiles)
                         T.barrier_wait(st.k_free[buf], (pair & 1) ^ 1)
-                        dequant_tile(st, stg, buf, stage, p)
+                        for r in _unrolled(R):
+                            dequant_round(st, buf, raw, ok, deq, r, p)
+                            if r == 0:  # tile k+1's first round loads under this tile's rest
+                                load_round(raw, ok, nxt, 0, k + 1, p, main, extra, r_b, r_s,
+                                           t_begin, t_end, main_tiles)
                         T.fence_proxy_async()
                         T.barrier_arrive(st.k_ready[buf])
-                        issue(stg, stage, pair * 2 + buf + NS, p, tok, nxt, main, extra, r_b,
-                              r_s, t_begin, t_end, main_tiles)
-                T.ptx_wait_group(0)
 
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 

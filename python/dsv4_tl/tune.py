@@ -114,10 +114,7 @@ def smem_bytes(op: str, config: dict) -> int:
     if op in ("sparse_decode", "sparse_prefill"):
         hb, bi = c["heads_per_block"], c["block_tokens"]
         if c.get("warp_specialized"):
-            if op == "sparse_decode":  # + the staging ring of raw FP8 records (2 stages,
-                # DECODE_STAGES in sparse_decode.py: NoPE row, RoPE row, 4 scale copies, flag)
-                return _ws_smem(hb, bi) + 2 * bi * (464 + 72 * 2 + 4 * 8 + 1)
-            return _ws_smem(hb, bi)
+            return _ws_smem(hb, bi)  # decode's producer stages raw bytes in registers
         common = (hb * HEAD_DIM * 2, bi * HEAD_DIM * 2, hb * bi * 2)  # Q, K, P (bf16)
         if op == "sparse_decode":  # row offsets (int64), 7 scales (fp32), flags
             return _buffers(*common, bi * 8, bi * 7 * 4, bi) + _REDUCE_SCRATCH
@@ -170,9 +167,9 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
             if hb != 64 or threads != 384 or bi % 32:
                 return ("warp_specialized: needs heads_per_block 64, threads 384, block_tokens % 32 "
                         f"== 0 (got {hb}, {threads}, {bi})")
-            if op == "sparse_decode" and bi != 32:
-                return (f"warp_specialized: decode's staged producer takes 32-token tiles (one "
-                        f"token per lane), got block_tokens {bi}")
+            if op == "sparse_decode" and bi not in (32, 64):
+                return (f"warp_specialized: decode's producer takes 32- or 64-token tiles (32 "
+                        f"tokens per round), got block_tokens {bi}")
             if op == "sparse_prefill" and c.get("num_stages", 0) != 0:
                 return "num_stages: unused by the warp-specialised schedule (same kernel as 0)"
         elif threads == 384:
