@@ -310,6 +310,18 @@ def _peer_impls(peers: list, suite: str) -> dict:
     return {p.name: getattr(p, suite) for p in peers if suite in p.suites}
 
 
+def _suite_row(suite: str, shape: str, attended: int, ours: Callable, inputs: list,
+               check: Callable, flops: float, nbytes: float, ceilings: dict, peers: list,
+               failed: dict, poison: Optional[Callable[[dict], None]] = None) -> dict:
+    """One table row of ``suite``: dsv4_tl and every loaded peer of the suite checked and
+    timed on ``inputs``, plus the peers that failed to load."""
+    row = {"suite": suite, "shape": shape, "attended": attended, "results": []}
+    impls = {"dsv4_tl": ours, **_peer_impls(peers, suite)}
+    _measure(row, impls, inputs, check, flops, nbytes, ceilings, poison)
+    row["results"] += _failed_peer_entries(failed, suite)
+    return row
+
+
 def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda",
               peer_names: Optional[Sequence[str]] = None) -> dict:
     """Run the suites; ``peer_names`` None = every peer in ``bench_peers.PEER_NAMES``."""
@@ -331,16 +343,13 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
     sets = 3
     if "decode" in suites:
         for shape in decode_shapes(quick):
-            h, b = shape.h, shape.b
             inputs = decode_inputs(shape, gen, sets, device)
             att = _attended(inputs[0]) * shape.s_q  # lengths are per request, for each row
-            flops = 2 * h * att * 1024
-            nbytes = att * TOKEN_BYTES + 2 * b * shape.s_q * h * 512 * 2 + 4 * att
-            row = {"suite": "decode", "shape": shape.name, "attended": att, "results": []}
-            impls = {"dsv4_tl": ours_decode, **_peer_impls(peers, "decode")}
-            _measure(row, impls, inputs, _check_decode, flops, nbytes, ceilings)
-            row["results"] += _failed_peer_entries(failed, "decode")
-            report["rows"].append(row)
+            flops = 2 * shape.h * att * 1024
+            nbytes = att * TOKEN_BYTES + 2 * shape.b * shape.s_q * shape.h * 512 * 2 + 4 * att
+            report["rows"].append(_suite_row("decode", shape.name, att, ours_decode, inputs,
+                                             _check_decode, flops, nbytes, ceilings, peers,
+                                             failed))
             del inputs
             torch.cuda.empty_cache()
     if "prefill" in suites:
@@ -350,23 +359,18 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
             att = _attended(inputs[0])
             flops = 2 * h * att * 1024
             nbytes = 2 * 4096 * h * 512 * 2 + 4 * att + shape.s_kv * 1024
-            row = {"suite": "prefill", "shape": shape.name, "attended": att, "results": []}
-            impls = {"dsv4_tl": ours_prefill, **_peer_impls(peers, "prefill")}
-            _measure(row, impls, inputs, _check_prefill, flops, nbytes, ceilings)
-            row["results"] += _failed_peer_entries(failed, "prefill")
-            report["rows"].append(row)
+            report["rows"].append(_suite_row("prefill", shape.name, att, ours_prefill, inputs,
+                                             _check_prefill, flops, nbytes, ceilings, peers,
+                                             failed))
             del inputs
             torch.cuda.empty_cache()
     if "gather" in suites:
         for rows, bs in ((32768, 64), (8192 + 127, 64)):
             inputs, check = gather_inputs(rows, bs, gen, sets, device)
             nbytes = 4 * rows * (TOKEN_BYTES + 512 * 2)
-            row = {"suite": "gather", "shape": f"gather 4 x {rows} rows (bs {bs})",
-                   "attended": 0, "results": []}
-            impls = {"dsv4_tl": ours_gather, **_peer_impls(peers, "gather")}
-            _measure(row, impls, inputs, check, 0.0, nbytes, ceilings, poison=poison_gather_out)
-            row["results"] += _failed_peer_entries(failed, "gather")
-            report["rows"].append(row)
+            report["rows"].append(_suite_row("gather", f"gather 4 x {rows} rows (bs {bs})", 0,
+                                             ours_gather, inputs, check, 0.0, nbytes, ceilings,
+                                             peers, failed, poison=poison_gather_out))
             del inputs
             torch.cuda.empty_cache()
     return report
