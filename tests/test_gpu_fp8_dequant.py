@@ -2,7 +2,7 @@
 ``FP8_BF16_PRELUDE``) used by the warp-specialised decode producer.
 
 Every byte value (all 256) under every UE8M0 scale byte (all 256), for both FP8 flavours,
-goes through the prelude's ``dsv4_ldg16`` + ``dsv4_dequant16`` exactly as the decode producer
+goes through the prelude's ``dsv4_ldg16`` + ``dsv4_dequant<4>`` exactly as the decode producer
 calls them, and is compared bitwise with the reference dequantisation ``bf16(float(fp8) *
 2^(e - 127))``, wherever that is a finite bf16 (a finite product the writer can produce).
 The NaN encodings, which the spec's quantiser never writes, are checked to come out finite
@@ -15,6 +15,8 @@ import torch
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
+                       reason="the prelude is built for sm_90a (Hopper)"),
 ]
 
 tilelang = pytest.importorskip("tilelang")

@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from dsv4_tl.cache_format import cache_geometry
 from dsv4_tl.ops import sparse_decode
 from dsv4_tl.reference import sparse_decode_ref
 from dsv4_tl.testing import (
@@ -226,6 +227,21 @@ SPLIT_EDGE_LENGTHS = [(128, 512), (128, 480), (96, 512), (64, 512), (32, 512), (
                       (128, 0), (64, 0), (32, 0), (127, 64), (97, 1), (1, 33)]
 
 
+def _poison_block0(cache, idx):
+    """Move block 0's tokens to an unused block, then fill block 0's slot 0 with NaN RoPE
+    and 0xFF bytes (scale byte 255 too). The kernels read that slot in place of every invalid
+    token and must discard it; the reference never reads it, so a kernel that lets those
+    bytes through produces NaN."""
+    bs = cache.shape[1]
+    used = set((idx[idx >= 0] // bs).tolist())
+    spare = next(blk for blk in range(1, cache.shape[0]) if blk not in used)
+    cache[spare] = cache[0]
+    idx = torch.where((idx >= 0) & (idx // bs == 0), idx + spare * bs, idx)
+    cache[0, 0] = 0xFF  # record bytes of token 0 (NoPE 0xFF, RoPE bf16 0xFFFF = NaN)
+    cache_geometry(cache).flat[bs * 576: bs * 576 + 8] = 0xFF  # token 0's scale bytes
+    return cache, idx
+
+
 @pytest.mark.parametrize("block_tokens", [32, 64])
 @pytest.mark.parametrize("num_splits", [4, 8])
 def test_decode_warp_specialized_split_edges(block_tokens, num_splits, seed):
@@ -238,10 +254,22 @@ def test_decode_warp_specialized_split_edges(block_tokens, num_splits, seed):
     config = {"block_tokens": block_tokens, "heads_per_block": 64, "threads": 384,
               "warp_specialized": True, "num_splits": num_splits}
     q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _scope(1, 1, WINDOW, 64, 3, gen)
-    e_cache, e_idx = _scope(1, 1, 544, 64, 544 // 64 + 2, gen)
+    k_cache, idx = _poison_block0(*_scope(1, 1, WINDOW, 64, 3, gen))
+    e_cache, e_idx = _poison_block0(*_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
     with forcing(parse_target("cuda:sm_90a"), "sparse_decode", config):
         for main_len, extra_len in SPLIT_EDGE_LENGTHS:
             lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
             e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
             _run_and_check(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), _sink(64, gen))
+
+
+def test_decode_zero_block_cache_refused():
+    """The kernels read block 0 in place of invalid tokens, so an empty cache is an error."""
+    from dsv4_tl.cache_format import alloc_k_cache
+
+    q = torch.zeros((1, 1, 64, 512), dtype=torch.bfloat16, device=DEV)
+    idx = torch.full((1, 1, 128), -1, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="extra_k_cache: expected at least one block"):
+        sparse_decode(q, alloc_k_cache(1, 64, device=DEV), idx, None, SCALE, None,
+                      alloc_k_cache(0, 64, device=DEV), idx, torch.zeros(1, dtype=torch.int32,
+                                                                         device=DEV))

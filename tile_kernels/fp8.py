@@ -51,8 +51,8 @@ def fp8_byte_to_float(fp8_view, u8_view, offset, fp8_format: str, fp8_decode: st
 # the scale (one multiply by their product while it is a normal bf16); every multiplier is a
 # power of two, so the result is the float32 reference's
 # ``bf16(value * 2^(e-127))`` exactly wherever that is a finite bf16 (the writer's range).
-# Per 4 bytes: 2 byte permutes, 2 shifts, 4 logic ops and 4 bf16x2 multiplies, no
-# conversion instructions (the convert chain fp8 -> f16 -> f32 -> bf16 runs on the slow
+# Per 4 bytes: 2 byte permutes, 2 shifts, 4 logic ops and 2 bf16x2 multiplies (4 in the
+# rare two-multiply case), no conversion instructions (the convert chain fp8 -> f16 -> f32 -> bf16 runs on the slow
 # conversion pipe). NaN encodings (0x7F/0xFF e4m3fn, 0x80 e4m3fnuz; the spec's quantiser
 # clamps to +-448 and never writes them) come out finite (+-480 resp. -0), not NaN.
 #
@@ -85,8 +85,8 @@ __device__ __forceinline__ void dsv4_ldg8(const unsigned char* src, unsigned* ds
 }
 // `words` words of e4m3 bytes times 2^(scale_byte - 127) -> 2 * words bf16x2 words in
 // `out`; zeros (+-0) when !ok: the multiplier becomes 0 and placed bytes are always finite.
-// One multiply by 2^(e - 7) (= 2^120 * 2^(e - 127); restore_exp 120, resp. 119 for FNUZ)
-// while that is a normal bf16 (e <= 134, scales up to 2^7: every real K); beyond, two.
+// One multiply by 2^(e - 127 + restore_exp) (restore_exp 120, resp. 119 for FNUZ) while
+// that is a normal bf16 (e <= 134, resp. 135: scales up to 2^7, every real K); beyond, two.
 template <int words>
 __device__ __forceinline__ void dsv4_dequant(const unsigned* raw, unsigned scale_byte,
                                              unsigned restore_exp, int ok, void* out) {

@@ -11,9 +11,10 @@ cache in global memory. Then the shared tile math (``attention_tile``) runs QKáµ
 the tensor cores with V = K.
 
 Index validity: entry ``c`` of a scope is valid when ``c < topk_length[b]`` (clamped to the
-index width), ``idx >= 0`` and ``idx < num_blocks * block_size``; nothing else is ever
-dereferenced, so ``-1`` holes and garbage past the length (``INT32_MAX``, negatives) are
-safe. Index reads themselves are clamped into the row.
+index width), ``idx >= 0`` and ``idx < num_blocks * block_size``; an invalid entry is never dereferenced (its bytes are
+read from block 0, slot 0 and discarded, so a cache needs one block), so ``-1`` holes and
+garbage past the length (``INT32_MAX``, negatives) are safe. Index reads themselves are
+clamped into the row.
 
 With ``num_splits == 1`` the CTA finishes the row: sink folded into the denominator, natural
 log LSE (sink excluded, ``+inf`` for a row with no valid token). With ``num_splits > 1`` it
@@ -55,8 +56,9 @@ TOKEN_DATA_BYTES = 576
 TOKEN_SCALE_BYTES = 8
 NUM_SCALES = NOPE_DIM // QUANT_TILE
 # Registers of the warp-specialised roles (softmax consumer, PV consumer, producer; rules in
-# attention_tile.WS_LAUNCH_REGS). 216/160/128 measured fastest with 64-token tiles (run 2 of
-# 2026-11-22; 240/160/104 spills the producer's staged bytes, bench/PERF_NOTES.md item 13).
+# attention_tile.WS_LAUNCH_REGS). 216/160/128: no spills with 32-token tiles; with 64-token
+# tiles warpgroup 0 spills a little and still measured fastest (240/160/104 spills the
+# producer's staged bytes instead; bench/PERF_NOTES.md item 15).
 DECODE_WS_REGS = check_ws_regs((216, 160, 128))
 # The warp-specialised producer: 4 lanes per token (16 bytes of each FP8 quantisation tile,
 # 32 bytes of RoPE), 32 tokens per round; per round a lane stages 38 words in registers
@@ -100,7 +102,9 @@ def build_sparse_decode(
             Index widths are run-time values: one variant serves every top-k width.
         fp8_format: "e4m3fn" (OCP) or "e4m3fnuz" (FNUZ) bytes in the cache.
         num_splits, block_tokens, heads_per_block, threads: the schedule.
-        fp8_decode: schedule knob, "native" or "bits" (``fp8_byte_to_float``; "bits" on gfx942).
+        fp8_decode: schedule knob of the plain schedule, "native" or "bits"
+            (``fp8_byte_to_float``; "bits" on gfx942). The warp-specialised schedule always
+            dequantises by bit placement (``fp8.FP8_BF16_PRELUDE``).
         tile_math: "tensor_core" or "simt" (``tile_math.py``; "simt" for SYCL).
         warp_specialized: the Hopper schedule (384 threads, 64 heads per CTA): a producer
             warpgroup dequantises tiles into two buffers while two consumer warpgroups run

@@ -23,6 +23,10 @@ def _scope_args(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: tor
     ``names``: the user-facing argument names of (cache, indices, lengths)."""
     name, idx_name, length_name = names
     geom = cache_geometry(k_cache, name)
+    if geom.num_blocks < 1:
+        # The kernels read block 0 in place of every invalid token (and discard the bytes),
+        # so a cache needs one block even when no index may point into it.
+        raise ValueError(f"{name}: expected at least one block, got shape {list(k_cache.shape)}")
     check_tensor(idx_name, indices, dtype=torch.int32, shape=(b, s_q, None),
                  last_dim_contiguous=True)
     width = indices.shape[-1]
