@@ -327,6 +327,10 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         block_stride: object
         num_blocks: object
 
+    def lane_token(r, p):
+        """(token row ``j`` in the tile, quarter ``q``) of producer lane ``p`` in round ``r``."""
+        return TOKENS_PER_ROUND * r + 8 * (p // 32) + p % 8, (p % 32) // 8
+
     def token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles, k, j):
         """Index entry of token ``j`` of tile ``t_begin + k`` (an expression; reads clamped
         into the row, so any ``k`` is safe; past the split's range the value is unused)."""
@@ -373,8 +377,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         time; past the split's range all-invalid), then the fetch of tile k+1's index for
         this round into ``nxt[r]``."""
         t = t_begin + k
-        j = TOKENS_PER_ROUND * r + 8 * (p // 32) + p % 8
-        q = (p % 32) // 8
+        j, q = lane_token(r, p)
         slot = r % 2
         if t < T.min(main_tiles, t_end):
             load_quarter(raw, ok, slot, q, nxt[r], main, main.length, t * BI + j)
@@ -390,8 +393,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     def dequant_round(st, buf, raw, ok, deq, r, p):
         """Round ``r``'s registers (slot ``r % 2``) -> rows of K buffer ``buf`` and the
         validity flags."""
-        j = TOKENS_PER_ROUND * r + 8 * (p // 32) + p % 8
-        q = (p % 32) // 8
+        j, q = lane_token(r, p)
         slot = r % 2
         base = RAW_WORDS * slot
         if q == 0:
@@ -519,7 +521,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 deq = T.alloc_local([16], T.bfloat16)
                 for r in _unrolled(R):
                     nxt[r] = token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles, 0,
-                                         TOKENS_PER_ROUND * r + 8 * (p // 32) + p % 8)
+                                         lane_token(r, p)[0])
                 load_round(raw, ok, nxt, 0, 0, p, main, extra, r_b, r_s, t_begin, t_end,
                            main_tiles)
                 for pair in T.serial(pairs):
