@@ -96,10 +96,10 @@ _REDUCE_SCRATCH = 2048  # row reductions of the softmax (reduce_max / reduce_sum
 
 
 def _ws_smem(hb: int, bi: int) -> int:
-    # attention_tile.WarpSpecializedState: Q halves, two K buffers of two halves, P tile,
-    # validity flags, alpha/denominator rows (mbarriers are static, a few bytes).
-    return _buffers(hb * 256 * 2, hb * 256 * 2, *(bi * 256 * 2,) * 4, hb * bi * 2,
-                    bi, bi, hb * 4, hb * 4) + _REDUCE_SCRATCH
+    # attention_tile.WarpSpecializedState: Q halves, two K buffers of two halves, two P
+    # tiles, validity flags, two alpha rows and the denominator row (mbarriers are static).
+    return _buffers(hb * 256 * 2, hb * 256 * 2, *(bi * 256 * 2,) * 4, hb * bi * 2, hb * bi * 2,
+                    bi, bi, hb * 4, hb * 4, hb * 4) + _REDUCE_SCRATCH
 
 
 def smem_bytes(op: str, config: dict) -> int:
