@@ -1117,13 +1117,16 @@ def _ops(args) -> List[str]:
 def build_parser() -> argparse.ArgumentParser:
     from .targets import DEFAULT_TARGET, SUPPORTED_TARGETS
 
-    p = argparse.ArgumentParser(prog="dsv4-tl tune", description=__doc__.split("\n\n")[0])
+    from .cli import OneLineParser, positive_int
+
+    p = OneLineParser(prog="dsv4-tl tune", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=DEFAULT_TARGET, choices=SUPPORTED_TARGETS)
     p.add_argument("--kernel", action="append",
                    help=f"op to tune (repeatable; default all): {', '.join(TUNABLE_OPS)}")
     p.add_argument("--suite", default="dsv4", choices=sorted(SUITES))
     p.add_argument("--bucket", action="append", help="only this bucket (repeatable)")
-    p.add_argument("--out", default="tuning_logs", help="log root (default ./tuning_logs)")
+    p.add_argument("--out", help="log root (default: the logs the installed package reads, "
+                   f"${tuning_log.ENV_LOG_DIR} or dsv4_tl/tuning_logs)")
     p.add_argument("--resume", action="store_true",
                    help="skip buckets already logged for this device and TileLang version")
     p.add_argument("--force", action="store_true", help="with --resume: re-tune logged buckets")
@@ -1134,7 +1137,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES,
                    help="per bucket after pruning, nearest to the bucket's config first "
                         f"(default {DEFAULT_MAX_CANDIDATES}; 0 = all)")
-    p.add_argument("--jobs", type=int, help="parallel compiles (default: cores - 1)")
+    p.add_argument("--jobs", type=positive_int, help="parallel compiles (default: cores - 1)")
     p.add_argument("--artifacts", help="compiled candidates (default <kernel dir>/tune)")
     p.add_argument("--time-budget", type=float, default=0,
                    help="seconds after which no new bucket starts (0: none)")
@@ -1151,6 +1154,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.out is None:  # read and extend the logs that schedule_for and builds read
+        args.out = str(tuning_log.log_root())
     target = parse_target(args.target)
     ops = _ops(args)
     if args.report:
