@@ -85,40 +85,6 @@ def worker(kernel_dir: Path, barrier: Path, procs: int) -> dict:
             "errors": errors}
 
 
-def check_directory(kernel_dir: Path) -> list:
-    """Problems left in the directory: temporaries, a bad manifest, unverified artifacts."""
-    from dsv4_tl.kernels import Variant
-    from dsv4_tl.loader import _jit_record_path, _read_record, artifact_path, build_command
-    from dsv4_tl.manifest import MANIFEST_NAME, read_manifest
-    from dsv4_tl.provenance import stale_reason
-    from dsv4_tl.targets import parse_target
-
-    target = parse_target(TARGET)
-    tdir = kernel_dir / target.dirname
-    problems = [f"temporary file left: {p.name}" for p in tdir.rglob("*.tmp*")]
-    try:
-        entries = read_manifest(tdir / MANIFEST_NAME, build_command(target, kernel_dir))["kernels"]
-    except Exception as exc:  # noqa: BLE001
-        return problems + [str(exc)]
-    if not entries:
-        problems.append("manifest lists no kernel")
-    for entry in entries.values():
-        variant = Variant.make(entry["op"], entry["static"], entry["schedule"])
-        reason = stale_reason(entry, variant, target, artifact_path(kernel_dir, target, variant))
-        if reason:
-            problems.append(f"{entry['key']}: {reason}")
-    for path in (tdir / "jit").glob("*.so"):
-        record = _read_record(_jit_record_path(path))
-        if record is None:
-            problems.append(f"jit/{path.name}: no record")
-            continue
-        variant = Variant.make(record["op"], record["static"], record["schedule"])
-        reason = stale_reason(record, variant, target, path)
-        if reason:
-            problems.append(f"jit/{path.name}: {reason}")
-    return problems
-
-
 def run_round(kernel_dir: Path, procs: int, env: dict) -> list:
     barrier = Path(tempfile.mkdtemp(prefix="dsv4tl_stress_barrier_"))
     cmd = [sys.executable, __file__, "--worker", "--dir", str(kernel_dir),
@@ -140,6 +106,8 @@ def run_round(kernel_dir: Path, procs: int, env: dict) -> list:
 
 
 def main(argv=None) -> int:
+    from dsv4_tl.loader import audit_kernel_dir
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--procs", type=int, default=16)
     parser.add_argument("--dir", help="kernel directory (default: a fresh temporary one)")
@@ -164,7 +132,7 @@ def main(argv=None) -> int:
             "results": results,
             "failures": sum(bool(r["errors"]) for r in results),
             "compiled": sum(r.get("compiled", 0) for r in results),
-            "directory_problems": check_directory(kernel_dir),
+            "directory_problems": audit_kernel_dir(kernel_dir, TARGET),
         }
     summary["seconds"] = round(time.time() - start, 1)
     rounds = summary["rounds"].values()

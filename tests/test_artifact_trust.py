@@ -280,3 +280,13 @@ def test_a_failed_compile_is_raised_again_without_recompiling(kdir, monkeypatch)
     with pytest.raises(KernelCompileError, match="boom") as second:
         loader.get(_jit_variant())
     assert second.value is first.value and len(calls) == 1
+
+
+def test_audit_finds_damaged_and_leftover_files(built, kdir):
+    assert L.audit_kernel_dir(kdir, TARGET) == []
+    path = jit_artifact_path(kdir, TARGET, _jit_variant())
+    path.write_bytes(path.read_bytes() + b"x")
+    (kdir / TARGET.dirname / "manifest.json.123.456.tmp").write_text("{")
+    problems = L.audit_kernel_dir(kdir, TARGET)
+    assert any("temporary file" in p for p in problems)
+    assert any(path.name in p and "sha256" in p for p in problems)

@@ -40,7 +40,7 @@ from .targets import Target, parse_target
 
 __all__ = [
     "ENV_JIT", "ENV_KERNEL_DIR", "MANIFEST_NAME", "KernelBuildMismatchError",
-    "KernelCompileError", "KernelLoader", "KernelNotBuiltError", "artifact_path",
+    "KernelCompileError", "KernelLoader", "KernelNotBuiltError", "artifact_path", "audit_kernel_dir",
     "build_command", "can_compile", "compile_jit", "compile_variant", "default_kernel_dir",
     "jit_allowed_by_env", "jit_artifact_path", "loader_for", "sha256_file",
 ]
@@ -291,6 +291,42 @@ class KernelLoader:
         import tvm_ffi
 
         return tvm_ffi.load_module(str(path))[variant.spec.entry]
+
+
+def audit_kernel_dir(kernel_dir: "str | Path", target: "str | Target") -> list:
+    """Every problem of one target's artifacts in ``kernel_dir``: temporary files left
+    behind, an unreadable manifest, built or JIT artifacts that do not match their records
+    in this process. Empty: everything there would load verified."""
+    from .manifest import CorruptManifestError
+
+    target, kernel_dir = parse_target(target), Path(kernel_dir)
+    tdir = kernel_dir / target.dirname
+    problems = [f"temporary file left: {p.relative_to(tdir)}" for p in tdir.rglob("*.tmp*")]
+    try:
+        entries = read_manifest(tdir / MANIFEST_NAME, build_command(target, kernel_dir))["kernels"]
+    except CorruptManifestError as exc:
+        problems.append(str(exc))
+        entries = {}
+    records = [(e, artifact_path(kernel_dir, target, Variant.make(e["op"], e["static"],
+                                                                   e["schedule"])))
+               for e in entries.values()]
+    suffix = artifact_suffix(target)
+    for path in sorted((tdir / "jit").glob(f"*{suffix}")):
+        record = _read_record(_jit_record_path(path))
+        if record is None:
+            problems.append(f"jit/{path.name}: no readable record")
+        else:
+            records.append((record, path))
+    for record, path in records:
+        try:
+            variant = Variant.make(record["op"], record["static"], record["schedule"])
+        except (KeyError, TypeError, ValueError) as exc:
+            problems.append(f"{path.name}: malformed record ({exc})")
+            continue
+        reason = stale_reason(record, variant, target, path)
+        if reason:
+            problems.append(f"{path.relative_to(tdir)}: {reason}")
+    return problems
 
 
 _loaders: dict = {}
