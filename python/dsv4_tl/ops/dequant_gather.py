@@ -49,8 +49,10 @@ def _check_out(out: torch.Tensor) -> None:
                          f"{out.stride()}")
 
 
-def check_dequantize_and_gather_args(out, k_cache, seq_lens, gather_lens, block_table,
-                                     block_size, offset, fp8_format="e4m3fn"):
+def check_dequantize_and_gather_args(out: torch.Tensor, k_cache: torch.Tensor,
+                                     seq_lens: torch.Tensor, gather_lens: Optional[torch.Tensor],
+                                     block_table: torch.Tensor, block_size: int, offset: int,
+                                     fp8_format: str = "e4m3fn") -> tuple:
     """Every check of :func:`dequantize_and_gather_k_cache` that reads no tensor data (so the
     fake implementation runs them too). Returns ``(cache geometry, block size, offset,
     fp8 format)``."""

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..cache_format import HEAD_DIM, cache_geometry
+from ..cache_format import HEAD_DIM, CacheGeometry, cache_geometry
 from ..validation import (
     check_kernel_device,
     check_float,
@@ -52,9 +52,18 @@ def _scope_args(name: str, geom, indices: torch.Tensor, topk_length: Optional[to
     return views, indices.contiguous(), topk_length.contiguous(), geom
 
 
-def check_sparse_decode_args(q, k_cache, indices, topk_length=None, softmax_scale=None,
-                             attn_sink=None, extra_k_cache=None, extra_indices=None,
-                             extra_topk_length=None, fp8_format="e4m3fn"):
+def check_sparse_decode_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    attn_sink: Optional[torch.Tensor] = None,
+    extra_k_cache: Optional[torch.Tensor] = None,
+    extra_indices: Optional[torch.Tensor] = None,
+    extra_topk_length: Optional[torch.Tensor] = None,
+    fp8_format: str = "e4m3fn",
+) -> Tuple[int, int, int, float, CacheGeometry, Optional[CacheGeometry]]:
     """Every check of :func:`sparse_decode` that reads no tensor data (so the fake
     implementation runs it too), both scopes even when the batch is empty; where the
     tensors can run is the front end's check (``check_kernel_device``). Returns

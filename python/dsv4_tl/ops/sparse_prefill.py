@@ -29,7 +29,9 @@ def _check_q_kv(q: torch.Tensor, kv: torch.Tensor) -> Tuple[int, int, int]:
     return s_q, h, kv.shape[0]
 
 
-def check_sparse_prefill_args(q, kv, indices, sm_scale, attn_sink=None, topk_length=None):
+def check_sparse_prefill_args(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
+                              sm_scale: float, attn_sink: Optional[torch.Tensor] = None,
+                              topk_length: Optional[torch.Tensor] = None) -> Tuple[int, float]:
     """Every check of :func:`sparse_prefill` (no tensor data is read, so the fake
     implementation runs them too); returns ``(s_q, sm_scale as a float)``."""
     s_q, h, _ = _check_q_kv(q, kv)
@@ -43,7 +45,9 @@ def check_sparse_prefill_args(q, kv, indices, sm_scale, attn_sink=None, topk_len
     return s_q, check_float("sm_scale", sm_scale)
 
 
-def check_sparse_prefill_ragged_args(q, kv, indices, indptr, sm_scale, attn_sink=None) -> float:
+def check_sparse_prefill_ragged_args(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
+                                     indptr: torch.Tensor, sm_scale: float,
+                                     attn_sink: Optional[torch.Tensor] = None) -> float:
     """Every check of :func:`sparse_prefill_ragged` that reads no tensor data; returns
     ``sm_scale`` as a float."""
     s_q, h, _ = _check_q_kv(q, kv)
