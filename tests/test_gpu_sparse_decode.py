@@ -273,3 +273,52 @@ def test_decode_zero_block_cache_refused():
         sparse_decode(q, alloc_k_cache(1, 64, device=DEV), idx, None, SCALE, None,
                       alloc_k_cache(0, 64, device=DEV), idx, torch.zeros(1, dtype=torch.int32,
                                                                          device=DEV))
+
+
+def _decode_rows(q, main, extra, sink, rows, *, batch_invariant=True):
+    """(out, lse) of ``rows`` of the batch run as a batch of their own, outputs poisoned."""
+    (k_cache, idx, lens), (e_cache, e_idx, e_lens) = main, extra
+    rows = torch.tensor(rows, device=DEV)
+    b, h = len(rows), q.shape[2]
+    out = torch.full((b, 1, h, 512), math.nan, dtype=torch.bfloat16, device=DEV)
+    lse = torch.full((b, h, 1), math.nan, dtype=torch.float32, device=DEV)
+    sparse_decode(q[rows], k_cache, idx[rows], lens[rows], SCALE, sink, e_cache, e_idx[rows],
+                  e_lens[rows], batch_invariant=batch_invariant, out=out, lse=lse)
+    return out, lse
+
+
+@pytest.mark.parametrize("h,extra_kind", [(64, "c4a512"), (128, "c128a1024")])
+def test_decode_batch_invariant(h, extra_kind, seed):
+    """batch_invariant=True: a row's out and lse are bitwise identical alone, in a batch of
+    8 at another position and in a batch of 256 (varying lengths, so the default mode would
+    pick different split counts: 8 splits at b <= 16, 1 at b 256 on sm_90a)."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    b = 256
+    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _scope(b, 1, WINDOW, 64, 3, gen)
+    lens = _lengths(b, WINDOW, gen)
+    width = int(extra_kind[3:] if extra_kind.startswith("c4a") else extra_kind[5:])
+    if extra_kind.startswith("c4a"):
+        e_cache, e_idx = _scope(b, 1, width, 64, width // 64 + 2, gen)
+    else:
+        e_cache, e_idx = _scope(b, 1, width, 2, width // 2, gen, full=True)
+    e_lens = _lengths(b, width, gen, full_rows=4)
+    main, extra, sink = (k_cache, idx, lens), (e_cache, e_idx, e_lens), _sink(h, gen)
+
+    full_out, full_lse = _decode_rows(q, main, extra, sink, list(range(b)))
+    torch.cuda.synchronize()
+    ref_out, ref_lse = sparse_decode_ref(q, k_cache, idx, lens, SCALE, sink, e_cache, e_idx,
+                                         e_lens)
+    check_attention(cache_kmax(k_cache), full_out, ref_out, lse=(full_lse, ref_lse))
+
+    def bits(x):
+        return x.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
+
+    others = torch.randperm(b, generator=gen, device=DEV).tolist()
+    for r in (0, 3, 130, 255):
+        alone = _decode_rows(q, main, extra, sink, [r])
+        mates = [o for o in others if o != r][:7]
+        batch8 = _decode_rows(q, main, extra, sink, mates[:5] + [r] + mates[5:])
+        for got, pos in ((alone, 0), (batch8, 5)):
+            assert torch.equal(bits(got[0][pos]), bits(full_out[r])), f"row {r}: out differs"
+            assert torch.equal(bits(got[1][pos]), bits(full_lse[r])), f"row {r}: lse differs"

@@ -150,10 +150,11 @@ def test_a_candidate_over_the_shared_memory_limit_is_pruned_with_the_reason():
     assert reason is not None and "shared memory" in reason and "227 KB" in reason
     assert tune.prune(SM90A, "sparse_decode", WS) is None
     # The estimates match the generated CUDA (largest shared-buffer offsets, sm_90a): the
-    # warp-specialised decode and prefill share one layout, 64 heads x 64 tokens ~205 KB.
+    # warp-specialised decode and prefill share one layout, 64 heads x 64 tokens ~208 KB
+    # (the last buffer, the second P tile, ends at 212992 bytes).
     assert tune.smem_bytes("sparse_decode", {**WS, "block_tokens": 64}) == tune.smem_bytes(
         "sparse_prefill", {**WS, "block_tokens": 64})
-    assert 196 * 1024 < tune.smem_bytes("sparse_prefill", {**WS, "block_tokens": 64}) < 210 * 1024
+    assert 204 * 1024 < tune.smem_bytes("sparse_prefill", {**WS, "block_tokens": 64}) < 218 * 1024
     plain = {**WS, "block_tokens": 64, "threads": 256, "warp_specialized": False, "num_stages": 2}
     assert 139 * 1024 < tune.smem_bytes("sparse_prefill", plain) < 146 * 1024
     _, pruned = tune.candidates(SM90A, "sparse_prefill", _bucket("sparse_prefill", "h64_topk1_256"))

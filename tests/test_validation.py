@@ -174,6 +174,15 @@ def test_decode_errors(over, exc, name):
     _raises(exc, name, lambda: sparse_decode_ref(**_decode_args(**over)))
 
 
+def test_decode_batch_invariant_must_be_a_bool():
+    from dsv4_tl.ops import sparse_decode
+    a = _decode_args()
+    _raises(TypeError, "batch_invariant", lambda: sparse_decode(
+        a["q"], a["k_cache"], a["indices"], a["topk_length"], a["softmax_scale"],
+        a["attn_sink"], a["extra_k_cache"], a["extra_indices_in_kvcache"],
+        a["extra_topk_length"], batch_invariant="yes"))
+
+
 # ---------------------------------------------------------------------------------------
 # sparse prefill
 # ---------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from .attention_tile import (
     ws_consumer_softmax,
     ws_load_q,
     ws_set_regs,
+    ws_store_rows,
 )
 
 HEAD_DIM = 512
@@ -421,20 +422,11 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
 
     @T.macro
     def write_half(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, split, h0):
-        """Columns ``[d0, d0 + 256)`` of the CTA's output rows: ``acc_o`` times the rows'
-        reciprocal denominators ``inv`` (a multiply, not a division: the division's range
-        check and slow path made this the kernel's largest code). A finished bf16 row group
-        goes out by one TMA store from ``stage``, this warpgroup's Q half, free once the
-        last QKᵀ is done (per-thread stores stalled on the store queue); a padded head
-        group or an fp32 partial is stored per thread."""
+        """Columns ``[d0, d0 + 256)`` of the CTA's output rows, ``acc_o`` times the rows'
+        reciprocal denominators ``inv``: a finished bf16 head group by TMA
+        (``ws_store_rows``), a padded group or an fp32 partial per thread."""
         if S == 1 and num_heads % HB == 0:
-            for i, d in T.Parallel(HB, DH):
-                acc_o[i, d] *= inv[i]
-            T.copy(acc_o, stage)
-            T.fence_proxy_async()  # the TMA engine reads ``stage`` through the async proxy
-            T.sync_threads(bar_id, 128)
-            T.tma_copy(stage, Out[r_b, r_s, h0:h0 + HB, d0:d0 + DH], leader_scope_threads=128)
-            T.tma_store_wait()
+            ws_store_rows(acc_o, inv, stage, bar_id, Out[r_b, r_s, h0:h0 + HB, d0:d0 + DH])
         else:
             for i, d in T.Parallel(HB, DH):
                 if h0 + i < num_heads:

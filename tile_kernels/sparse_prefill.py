@@ -32,6 +32,7 @@ from .attention_tile import (
     ws_consumer_softmax,
     ws_load_q,
     ws_set_regs,
+    ws_store_rows,
 )
 
 HEAD_DIM = 512
@@ -191,6 +192,18 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
     HB = 64
     head_groups = (num_heads + HB - 1) // HB
 
+    @T.macro
+    def write_half(acc_o, inv, d0, stage, bar_id, Out, row, h0):
+        """Columns ``[d0, d0 + 256)`` of the CTA's output rows, ``acc_o`` times the rows'
+        reciprocal denominators ``inv``: a full head group by TMA (``ws_store_rows``), a
+        padded one per thread."""
+        if num_heads % HB == 0:
+            ws_store_rows(acc_o, inv, stage, bar_id, Out[row, h0:h0 + HB, d0:d0 + DH])
+        else:
+            for i, d in T.Parallel(HB, DH):
+                if h0 + i < num_heads:
+                    Out[row, h0 + i, d0 + d] = T.cast(acc_o[i, d] * inv[i], T.bfloat16)
+
     @T.prim_func
     def sparse_prefill(
         Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
@@ -219,6 +232,7 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                 ws_set_regs(PREFILL_WS_REGS[0])
                 ws_consumer_softmax(st, pairs, scale_log2)
                 # Epilogue: lse / max_logits exclude the sink; out divides by Σe^s + e^sink.
+                inv = T.alloc_fragment([HB], T.float32)
                 for i in T.Parallel(HB):
                     has = st.l_i[i] > 0
                     if h0 + i < num_heads:
@@ -226,23 +240,21 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                             has, st.m_i[i] * sm_scale, -T.infinity(T.float32))
                         Lse[row, h0 + i] = T.if_then_else(
                             has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale, T.infinity(T.float32))
-                    st.l_i[i] = T.if_then_else(
+                    # 1 / (Σe^s + e^sink), once per row
+                    inv[i] = T.if_then_else(
                         has,
-                        st.l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
-                                           - st.m_i[i] * scale_log2),
+                        1.0 / (st.l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                                  - st.m_i[i] * scale_log2)),
                         1.0)
-                T.copy(st.l_i, st.denom_shared)
+                T.copy(inv, st.denom_shared)
                 T.barrier_arrive(st.bar_done)
-                for i, d in T.Parallel(HB, DH):
-                    if h0 + i < num_heads:
-                        Out[row, h0 + i, d] = T.cast(st.acc_o_l[i, d] / st.l_i[i], T.bfloat16)
+                write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, row, h0)
             elif tx < 256:
                 ws_set_regs(PREFILL_WS_REGS[1])
                 ws_consumer_pv(st, pairs)
-                for i, d in T.Parallel(HB, DH):
-                    if h0 + i < num_heads:
-                        Out[row, h0 + i, DH + d] = T.cast(
-                            st.acc_o_r[i, d] / st.denom_shared[i], T.bfloat16)
+                inv = T.alloc_fragment([HB], T.float32)
+                T.copy(st.denom_shared, inv)
+                write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, row, h0)
             else:
                 ws_set_regs(PREFILL_WS_REGS[2])
                 p = tx - 256

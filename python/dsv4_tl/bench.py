@@ -102,6 +102,7 @@ class DecodeShape:
     s_q: int = 1
     extra_width: Optional[int] = None
     varying: bool = False
+    batch_invariant: bool = False
 
     @property
     def extra_topk(self) -> int:
@@ -117,7 +118,8 @@ class DecodeShape:
                  "c128a": f" + C128A {self.extra_topk} (bs 2)"}[self.kind]
         rows = f" s_q {self.s_q}" if self.s_q > 1 else ""
         lens = ", lengths 0..width" if self.varying else ""
-        return f"decode h{self.h} b{self.b}{rows} window {WINDOW}{extra}{lens}"
+        mode = ", batch-invariant" if self.batch_invariant else ""
+        return f"decode h{self.h} b{self.b}{rows} window {WINDOW}{extra}{lens}{mode}"
 
 
 def decode_shapes(quick: bool) -> list:
@@ -132,6 +134,10 @@ def decode_shapes(quick: bool) -> list:
     shapes += [DecodeShape(h, 128, "c4a", extra_width=512) for h in (8, 16, 32)]
     shapes += [DecodeShape(128, b, "c4a", s_q=2) for b in (74, 148)]
     shapes += [DecodeShape(h, 32, "c128a", extra_width=8192, varying=True) for h in (64, 128)]
+    # what batch invariance costs (ops.sparse_decode(batch_invariant=True)), vs FlashMLA's
+    # default (not batch-invariant) mode
+    shapes += [DecodeShape(h, b, "c4a", batch_invariant=True) for h, b in ((64, 8), (64, 128),
+                                                                          (128, 128))]
     return shapes
 
 
@@ -174,7 +180,8 @@ def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -
         lens = torch.full((b,), WINDOW, dtype=torch.int32, device=device)
         item = {"q": q, "k_cache": swa, "indices": idx, "topk_length": lens,
                 "attn_sink": torch.rand(h, generator=gen, device=device) * 4 - 2,
-                "extra_k_cache": None, "extra_indices": None, "extra_topk_length": None}
+                "extra_k_cache": None, "extra_indices": None, "extra_topk_length": None,
+                "batch_invariant": shape.batch_invariant}
         if extra is not None:
             k = shape.extra_topk
             if shape.kind == "c4a":  # indexer picks: distinct random compressed positions
@@ -220,7 +227,8 @@ def ours_decode(x: dict):
     from .ops import sparse_decode
     return lambda: sparse_decode(x["q"], x["k_cache"], x["indices"], x["topk_length"], SCALE,
                                  x["attn_sink"], x["extra_k_cache"], x["extra_indices"],
-                                 x["extra_topk_length"])
+                                 x["extra_topk_length"],
+                                 batch_invariant=x.get("batch_invariant", False))
 
 
 def ours_prefill(x: dict):

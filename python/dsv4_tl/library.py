@@ -48,16 +48,18 @@ def sparse_decode(
     extra_indices: Optional[Tensor] = None,
     extra_topk_length: Optional[Tensor] = None,
     fp8_format: str = "e4m3fn",
+    batch_invariant: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """Sparse FP8 decode; arguments, shapes and results as :func:`dsv4_tl.ops.sparse_decode`."""
     return ops.sparse_decode(q, k_cache, indices, topk_length, softmax_scale, attn_sink,
                              extra_k_cache, extra_indices, extra_topk_length,
-                             fp8_format=fp8_format)
+                             fp8_format=fp8_format, batch_invariant=batch_invariant)
 
 
 @sparse_decode.register_fake
 def _(q, k_cache, indices, topk_length=None, softmax_scale=None, attn_sink=None,
-      extra_k_cache=None, extra_indices=None, extra_topk_length=None, fp8_format="e4m3fn"):
+      extra_k_cache=None, extra_indices=None, extra_topk_length=None, fp8_format="e4m3fn",
+      batch_invariant=False):
     b, s_q, h, *_ = check_sparse_decode_args(q, k_cache, indices, topk_length, softmax_scale,
                                              attn_sink, extra_k_cache, extra_indices,
                                              extra_topk_length, fp8_format)

@@ -106,7 +106,7 @@ def smem_bytes(op: str, config: dict) -> int:
     """Estimated shared memory per CTA of ``op`` under ``config`` (bytes).
 
     Checked against the generated CUDA on sm_90a (largest buffer offsets): warp-specialised
-    decode/prefill 64 heads x 64 tokens ~205 KB; plain decode ~144 KB, plain prefill ~141 KB
+    decode/prefill 64 heads x 64 tokens ~208 KB; plain decode ~144 KB, plain prefill ~141 KB
     (one K tile whatever ``num_stages``: the tile is written by a ``T.Parallel`` gather,
     which ``T.Pipelined`` does not multi-buffer; checked for 0 and 2 stages).
     """

@@ -105,6 +105,7 @@ def sparse_decode(
     extra_topk_length: Optional[torch.Tensor] = None,
     *,
     fp8_format: str = "e4m3fn",
+    batch_invariant: bool = False,
     out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -123,6 +124,12 @@ def sparse_decode(
         extra_k_cache, extra_indices [b, s_q, extra_topk] int32, extra_topk_length [b] int32:
             the optional second (compressed) scope; both scopes feed one softmax.
         fp8_format: "e4m3fn" (OCP) or "e4m3fnuz" (FNUZ) bytes in the caches.
+        batch_invariant: a row's ``out`` and ``lse`` are bitwise identical whatever else
+            the batch holds (alone, in a batch of any size, at any position). The default
+            picks the split-KV count from the batch's CTA count, so a row's rounding can
+            change with the batch; this mode always uses the schedule of the smallest-batch
+            bucket, whose splits divide each row by its own lengths only. Costs time at
+            large batches (every row goes through split-KV partials and the combine).
         out, lse: optional preallocated contiguous outputs of the shapes below.
 
     Returns:
@@ -133,6 +140,8 @@ def sparse_decode(
     b, s_q, h, scale, m_geom, e_geom = check_sparse_decode_args(
         q, k_cache, indices, topk_length, softmax_scale, attn_sink, extra_k_cache,
         extra_indices, extra_topk_length, fp8_format)
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
     check_kernel_device("q", q)
     dev = q.device
     out = output_tensor("out", out, (b, s_q, h, HEAD_DIM), torch.bfloat16, dev)
@@ -155,9 +164,12 @@ def sparse_decode(
 
     static = dict(num_heads=h, has_extra=extra_k_cache is not None, fp8_format=fp8_format)
     # Shape-bucket features (schedules/<target>/sparse_decode.json): head count, scope of the
-    # extra cache (none: swa; 2-token blocks, 256 / 128: c128a; else c4a) and CTA count.
+    # extra cache (none: swa; 2-token blocks, 256 / 128: c128a; else c4a) and CTA count
+    # (batch-invariant: 1 whatever the batch, so the split count cannot follow the batch; a
+    # CTA splits its row by the row's own lengths).
     scope = "swa" if extra_k_cache is None else "c128a" if e_geom.block_size <= 2 else "c4a"
-    ctas = b * s_q * math.ceil(h / schedule_of("sparse_decode", dev)["heads_per_block"])
+    ctas = 1 if batch_invariant else (
+        b * s_q * math.ceil(h / schedule_of("sparse_decode", dev)["heads_per_block"]))
     kernel = kernel_for("sparse_decode", dev, static, ctas=ctas, h=h, scope=scope)
     splits = schedule_of("sparse_decode", dev, ctas=ctas, h=h, scope=scope)["num_splits"]
     if splits == 1:
