@@ -90,7 +90,7 @@ def _statics(op: str, target: Target, heads: Iterable[int]) -> list:
         return [dict(num_heads=h, num_splits=s) for h in heads for s in splits]
     if op == "sparse_prefill":
         return [dict(num_heads=h, ragged=r) for h in heads for r in (False, True)]
-    if op == "dequant_gather":
+    if op in ("dequant_gather", "insert_k_cache"):
         return [dict(fp8_format=f) for f in fp8_formats_for(target)]
     if op in ("global_topk", "combine_topk_swa"):
         return [dict(ragged=r) for r in (False, True)]
