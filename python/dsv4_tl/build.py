@@ -152,11 +152,11 @@ def _compile_job(args: tuple) -> tuple:
     return variant.key, time.time() - start
 
 
-def _progress(done: int, total: int, label: str) -> None:
-    width = 30
-    filled = width * done // max(total, 1)
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:60]:60s}")
-    sys.stderr.flush()
+def _progress(total: int, desc: str):
+    """A tqdm bar on stderr (tqdm comes with TileLang) counting compiled variants."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="kernel", file=sys.stderr, dynamic_ncols=True)
 
 
 def build(target: "str | Target", out: "str | Path | None" = None,
@@ -200,21 +200,21 @@ def build(target: "str | Target", out: "str | Path | None" = None,
     if todo:
         jobs = jobs or max(1, min(len(todo), os.cpu_count() or 1))
         args = [((v.op, dict(v.static), dict(v.schedule)), target.name, str(p)) for v, p in todo]
-        done = 0
+        bar = _progress(len(todo), f"build {target.name}") if progress else None
         with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(_compile_job, a): v for a, (v, _) in zip(args, todo)}
             for future in concurrent.futures.as_completed(futures):
                 variant = futures[future]
-                done += 1
                 try:
                     future.result()
                 except Exception as exc:  # name the kernel and variant
                     failures.append(f"{variant.key}: {exc}")
                     entries.pop(variant.key)
-                if progress:
-                    _progress(done, len(todo), variant.key)
-        if progress:
-            sys.stderr.write("\n")
+                if bar is not None:
+                    bar.set_postfix_str(variant.key, refresh=False)
+                    bar.update()
+        if bar is not None:
+            bar.close()
     for variant, path in todo:
         if variant.key in entries:
             entries[variant.key]["sha256"] = sha256_file(path)

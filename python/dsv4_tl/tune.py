@@ -1001,9 +1001,18 @@ def run(args: argparse.Namespace, say=print) -> int:
                                                     target.name, str(path)))
     harness_by_op = {}
     status = 0
+    from tqdm import tqdm
+
+    # Progress over the buckets (tqdm comes with TileLang); printed lines go above the bar.
+    bar = tqdm(total=len(plans), desc=f"tune {target.name}", unit="bucket", file=sys.stderr,
+               dynamic_ncols=True, disable=not sys.stderr.isatty())
+    if say is print and not bar.disable:
+        say = tqdm.write
     try:
         with tuning_loader(target, kdir):
             for i, p in enumerate(plans, 1):
+                bar.n = i - 1
+                bar.set_postfix_str(f"{p.op} / {p.name}")
                 if args.time_budget and time.time() - start > args.time_budget:
                     say(f"time budget of {args.time_budget:.0f} s reached: {len(plans) - i + 1} "
                         "buckets left (re-run with --resume)")
@@ -1057,6 +1066,7 @@ def run(args: argparse.Namespace, say=print) -> int:
                         if entry.get("baseline_us") else "")
                 say(f"  best: {label(entry['best'], default)} {entry['best_us']:.2f} us{gain}")
     finally:
+        bar.close()
         if pool is not None:  # compiles nobody will measure: stop them rather than wait
             workers = list(getattr(pool, "_processes", {}).values())
             pool.shutdown(wait=False, cancel_futures=True)
