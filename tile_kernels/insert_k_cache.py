@@ -25,12 +25,12 @@ target-specific conversions, so every target gives the same bytes):
   Non-finite inputs give unspecified bytes (in bounds).
 
 Memory access: one CTA per ``tokens_per_block`` rows. The K rows are staged in shared
-memory (consecutive threads read consecutive bf16 pairs); the cache is written as 32-bit
+memory (consecutive threads read consecutive elements); the cache is written as 32-bit
 words (a token record is 144 words, its scale record 2; the block stride is a multiple of
 576 bytes), consecutive threads writing consecutive words.
 
-Caller guarantees (the front end checks them): ``n >= 1``; ``num_slots >= 1``; the cache
-word view starts at the cache's first byte, 4-byte aligned.
+Caller guarantees (the front end checks them): ``n >= 1``; ``num_slots >= 1``; K's first
+element and the cache's first byte 16-byte aligned, K's row stride a multiple of 8 elements.
 
 Grid: ``(ceil(n / tokens_per_block),)``. Definition: ``dsv4_tl/cache_format.py`` (``insert_k``).
 """
@@ -84,11 +84,12 @@ def build_insert_k_cache(
         fp8_format: "e4m3fn" (OCP) or "e4m3fnuz" (FNUZ) bytes written to the cache.
         tokens_per_block, threads: the schedule (rows per CTA, threads per CTA).
 
-    Kernel arguments, in order: ``K [n_k] int16`` (bf16 bits; row ``i`` at ``i * k_stride0``),
-    ``slot_mapping [n] int64``, ``cache [n_words] int32`` (the cache's bytes as 32-bit words,
-    from its first byte); scalars ``k_stride0`` (int64, elements), ``block_size`` (int32),
-    ``block_stride4`` (int64, bytes between blocks / 4), ``num_slots`` (int64, num_blocks *
-    block_size).
+    Kernel arguments, in order: ``K [n_k] int16`` (bf16 bits; row ``i`` at ``i * 8 *
+    k_stride8``), ``slot_mapping [n] int64``, ``cache [n_words] int32`` (the cache's bytes as
+    32-bit words, from its first byte); scalars ``k_stride8`` (int64, K's row stride in
+    elements / 8), ``block_size`` (int32), ``block_stride16`` (int64, bytes between blocks /
+    16), ``num_slots`` (int64, num_blocks * block_size). Strides in units of 16 bytes let the
+    vectorizer prove 16-byte alignment of the K loads and the record stores.
     """
     if fp8_format not in FP8_PARAMS:
         raise ValueError(f"fp8_format: expected one of {sorted(FP8_PARAMS)}, got {fp8_format!r}")
@@ -112,9 +113,9 @@ def build_insert_k_cache(
         K: T.Tensor([n_k], T.int16),
         SlotMapping: T.Tensor([n], T.int64),
         Cache: T.Tensor([n_words], T.int32),
-        k_stride0: T.int64,
+        k_stride8: T.int64,
         block_size: T.int32,
-        block_stride4: T.int64,
+        block_stride16: T.int64,
         num_slots: T.int64,
     ):
         with T.Kernel(T.ceildiv(n, TB), threads=threads) as bx:
@@ -122,7 +123,7 @@ def build_insert_k_cache(
             codes = T.alloc_shared([TB, HEAD_DIM], T.uint8)  # FP8 bytes (RoPE columns unused)
             partial = T.alloc_shared([TB, HEAD_DIM // PARTIAL], T.int32)
             scale_e = T.alloc_shared([TB, HEAD_DIM // QUANT_TILE], T.int32)  # e per tile
-            data4 = T.alloc_shared([TB], T.int64)  # token record offset / 4
+            data16 = T.alloc_shared([TB], T.int64)  # token record offset / 16
             scale4 = T.alloc_shared([TB], T.int64)  # token scale record offset / 4
             valid = T.alloc_shared([TB], T.bool)
 
@@ -136,13 +137,13 @@ def build_insert_k_cache(
                 blk = safe // T.cast(block_size, T.int64)
                 p = safe % T.cast(block_size, T.int64)
                 valid[j] = ok
-                data4[j] = blk * block_stride4 + p * TOKEN_DATA_WORDS
-                scale4[j] = (blk * block_stride4 + T.cast(block_size, T.int64) * TOKEN_DATA_WORDS
-                             + p * SCALE_WORDS)
+                data16[j] = blk * block_stride16 + p * (TOKEN_DATA_WORDS // 4)
+                scale4[j] = (blk * block_stride16 * 4
+                             + T.cast(block_size, T.int64) * TOKEN_DATA_WORDS + p * SCALE_WORDS)
             # K rows -> shared (rows past n read the last row; never written out).
             for j, d in T.Parallel(TB, HEAD_DIM):
                 row = T.cast(T.min(t0 + j, n - 1), T.int64)
-                kbits[j, d] = K[row * k_stride0 + d]
+                kbits[j, d] = K[row * k_stride8 * 8 + d]
             # Tile maxima of |x| on the bits (magnitude order = integer order), in two steps:
             # 8 maxima of 8 elements, then their maximum. All 8 tiles of 64 dims of the row
             # (power-of-two extents lay out cleanly); the RoPE tile's result is unused.
@@ -172,7 +173,7 @@ def build_insert_k_cache(
                 codes[j, d] = T.cast(T.if_then_else(neg, code | 0x80, code), T.uint8)
             for j, w in T.Parallel(TB, NOPE_WORDS):
                 if valid[j]:
-                    Cache[data4[j] + w] = T.reinterpret(
+                    Cache[data16[j] * 4 + w] = T.reinterpret(
                         T.cast(codes[j, 4 * w], T.uint32)
                         | (T.cast(codes[j, 4 * w + 1], T.uint32) << T.uint32(8))
                         | (T.cast(codes[j, 4 * w + 2], T.uint32) << T.uint32(16))
@@ -180,7 +181,7 @@ def build_insert_k_cache(
             # RoPE: bf16 bits copied, 2 per word.
             for j, w in T.Parallel(TB, ROPE_WORDS):
                 if valid[j]:
-                    Cache[data4[j] + NOPE_WORDS + w] = T.reinterpret(
+                    Cache[data16[j] * 4 + NOPE_WORDS + w] = T.reinterpret(
                         T.cast(_bits(kbits, j, NOPE_DIM + 2 * w), T.uint32)
                         | (T.cast(_bits(kbits, j, NOPE_DIM + 2 * w + 1), T.uint32) << T.uint32(16)),
                         T.int32)

@@ -21,6 +21,8 @@ from ..validation import (
 from ._dispatch import kernel_for
 
 _WORD = 4  # the kernel writes the cache as 32-bit words
+_VEC_BYTES = 16  # K rows and cache records are addressed in 16-byte units
+_VEC_ELEMS = 8  # bf16 elements in 16 bytes
 
 
 def _k_flat_view(k: torch.Tensor) -> torch.Tensor:
@@ -41,9 +43,11 @@ def insert_k_cache(
     Args:
         k_cache: fp8_ds_mla cache, [num_blocks, block_size, 584] or
             [num_blocks, block_size, 1, 584], uint8 / int8 / float8 bytes (spec §1), written
-            in place; its first byte must be 4-byte aligned (any vLLM allocation is).
-        k: [n, 512], bfloat16, last dim contiguous (any row stride): dims 0..447 NoPE,
-            448..511 RoPE (already rotated: the insert stores what it is given).
+            in place; its first byte must be 16-byte aligned (any vLLM allocation is).
+        k: [n, 512], bfloat16, last dim contiguous: dims 0..447 NoPE, 448..511 RoPE (already
+            rotated: the insert stores what it is given). Read in place when its row stride
+            is a multiple of 8 elements and its first element 16-byte aligned (e.g. the
+            first 512 columns of a contiguous [n, 576] tensor); copied first otherwise.
         slot_mapping: [n], int64 or int32: ``slot = block * block_size + offset``.
         fp8_format: "e4m3fn" (OCP; NVIDIA, gfx950) or "e4m3fnuz" (FNUZ; gfx942).
 
@@ -66,16 +70,19 @@ def insert_k_cache(
     if n > 2**31 - 1:
         raise ValueError(f"k: expected fewer than 2^31 rows, got {n}")
     flat = geom.flat
-    if flat.data_ptr() % _WORD:
-        raise ValueError(f"k_cache: expected a 4-byte aligned first byte, got {flat.data_ptr():#x}")
-    words = flat.as_strided((flat.numel() // _WORD * _WORD,), (1,)).view(torch.int32)
+    if flat.data_ptr() % _VEC_BYTES:
+        raise ValueError(f"k_cache: expected a 16-byte aligned first byte, got {flat.data_ptr():#x}")
+    words = flat.view(torch.int32)  # span = (nb - 1) * stride0 + bs * 584: a multiple of 8 bytes
+    if k.stride(0) % _VEC_ELEMS or k.data_ptr() % _VEC_BYTES:
+        k = k.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
     slots = slot_mapping.to(torch.int64).contiguous()  # no copy when already int64, contiguous
 
     # Shape-bucket feature (schedules/<target>/insert_k_cache.json): rows of this call rounded
     # up to a power of two (bounds the memo of resolved kernels).
     tokens = 1 << (n - 1).bit_length()
     kernel = kernel_for("insert_k_cache", k.device, dict(fp8_format=fmt), tokens=tokens)
-    kernel(_k_flat_view(k), slots, words, k.stride(0), geom.block_size, geom.stride0 // _WORD,
+    stride16 = geom.stride0 // _VEC_BYTES if geom.num_blocks > 1 else 0
+    kernel(_k_flat_view(k), slots, words, k.stride(0) // _VEC_ELEMS, geom.block_size, stride16,
            geom.num_slots)
 
 
