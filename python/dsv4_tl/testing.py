@@ -177,6 +177,8 @@ def random_insert_case(n: int, num_blocks: int, block_size: int, gen: torch.Gene
         k[2, QUANT_TILE:2 * QUANT_TILE] = 240.0 * 2.0 ** 5
         k[3, :QUANT_TILE] = -0.0
     cap = num_blocks * block_size
+    if n > cap:
+        raise ValueError(f"n: expected at most num_blocks * block_size = {cap} rows, got {n}")
     slots = torch.randperm(cap, generator=gen, device=device)[:n].to(torch.int64)
     slots[4::5] = -1
     if n >= 4:
