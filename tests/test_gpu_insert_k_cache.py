@@ -69,9 +69,9 @@ def test_insert_every_bf16_value_strided_k(gen, fp8_format):
     assert torch.equal(_flat(cache), want)
 
 
-def test_insert_custom_op_graph_and_compile(gen):
+def test_insert_custom_op_graph_compile_opcheck(gen):
     """torch.ops.dsv4_tl.insert_k_cache: captured in a CUDA graph and replayed on new
-    inputs, and traced by torch.compile(fullgraph=True); both bit-exact."""
+    inputs, traced by torch.compile(fullgraph=True) (both bit-exact), and opcheck."""
     nb, bs, n = 64, 64, 256
     cache = _poisoned_cache(nb, bs)
     k, slots = random_insert_case(n, nb, bs, gen, device=DEV)
@@ -91,11 +91,16 @@ def test_insert_custom_op_graph_and_compile(gen):
         torch.cuda.synchronize()
         assert torch.equal(_flat(cache), want)
 
+    # torch.compile and opcheck on a contiguous cache ([nb, 64, 584]: block stride 37376 B,
+    # a multiple of 16), as FlashMLA-style allocations have it.
+    flat_cache = torch.full((nb, bs, cf.TOKEN_BYTES), CACHE_POISON, dtype=torch.uint8, device=DEV)
+
     @torch.compile(fullgraph=True)
     def step(cache, k, slots):
         torch.ops.dsv4_tl.insert_k_cache(cache, k * 2, slots)
 
-    _flat(cache).fill_(CACHE_POISON)
-    want = expected_insert(cache, k * 2, slots, "e4m3fn")
-    step(cache, k, slots)
-    assert torch.equal(_flat(cache), want)
+    want = expected_insert(flat_cache, k * 2, slots, "e4m3fn")
+    step(flat_cache, k, slots)
+    assert torch.equal(_flat(flat_cache), want)
+    torch.library.opcheck(torch.ops.dsv4_tl.insert_k_cache, (flat_cache, k, slots))
+    torch.library.opcheck(torch.ops.dsv4_tl.insert_k_cache, (flat_cache, k, slots.int(), "e4m3fnuz"))
