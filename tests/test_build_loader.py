@@ -15,6 +15,7 @@ from dsv4_tl.loader import (
     KernelBuildMismatchError,
     KernelLoader,
     KernelNotBuiltError,
+    jit_artifact_path,
     sha256_file,
 )
 from dsv4_tl.targets import parse_target
@@ -148,7 +149,7 @@ def test_jit_fallback_compiles_into_the_jit_dir(built, tmp_path):
                                                                "threads": 256})
     loader = KernelLoader(TARGET, out, jit=True)
     assert callable(loader.get(variant))
-    assert (out / "cuda_sm90a" / "jit" / f"{variant.key}.so").is_file()
+    assert jit_artifact_path(out, parse_target(TARGET), variant).is_file()
     assert loader.get(variant) is loader.get(variant)  # loaded once
 
 

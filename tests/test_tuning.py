@@ -423,3 +423,69 @@ def test_a_crashed_candidate_is_pruned_on_the_next_run(tmp_path):
     (again,) = tune.plan(TARGET, ["sparse_decode"], buckets=[p.name], crashed=crashed)
     assert victim not in [c.config for c in again.kept]
     assert any(c == victim and "crashed" in r for c, r in again.pruned)
+
+
+# ------------------------------------------------------------------------------ trust
+def test_an_entry_of_another_target_is_ignored_with_a_warning(logs):
+    """A hip:gfx942 entry filed under cuda_sm90a/ never configures a CUDA kernel."""
+    name = "h64_c4a_ctas1_16"
+    _write(logs, "sparse_decode",
+           _entry("sparse_decode", name, {"num_splits": 2}, target="hip:gfx942", device="MI300X"))
+    with pytest.warns(UserWarning) as record:
+        config = schedules.schedule_for(SM90A, "sparse_decode", h=64, scope="c4a", ctas=8)
+    assert config["num_splits"] == 8  # the schedule file's bucket config
+    assert any("hip:gfx942" in str(w.message) and "MI300X" in str(w.message) for w in record)
+
+
+@pytest.mark.parametrize("knobs", [{"threads": 7}, {"tokens_per_block": -3}])
+def test_knob_values_outside_the_schedule_space_are_ignored_with_a_warning(logs, knobs):
+    name = _spec("global_topk")["buckets"][0]["name"]
+    _write(logs, "global_topk", _entry("global_topk", name, knobs))
+    with pytest.warns(UserWarning, match="outside the schedule's space") as record:
+        entry = tuning_log.select_entry(SM90A, "global_topk", name,
+                                        match=_bucket("global_topk", name)["match"])
+    assert entry is None
+    (knob, value), = knobs.items()
+    assert any(f"{knob}={value}" in str(w.message) for w in record)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the bucket falls back to the file: warned above
+        variants = build_variants(TARGET, ops=["global_topk"])
+    bad = tuple(sorted({**_spec("global_topk")["default"], **knobs}.items()))
+    assert not any(v.schedule == bad for v in variants)  # never built, never selected
+
+
+def test_dates_compare_as_datetimes_across_time_zones(logs):
+    """08:00+00:00 is later than 10:00+05:00 (05:00 UTC), though it sorts first as text."""
+    name = "h64_c4a_ctas1_16"
+    _write(logs, "sparse_decode",
+           _entry("sparse_decode", name, {"num_splits": 2}, date="2026-11-21T08:00:00+00:00"),
+           _entry("sparse_decode", name, {"num_splits": 4}, date="2026-11-21T10:00:00+05:00"))
+    entry = tuning_log.select_entry(SM90A, "sparse_decode", name)
+    assert entry["best"]["num_splits"] == 2
+
+
+@pytest.mark.parametrize("date", ["9999-01-01T00:00:00+00:00", "2026-11-21T08:00:00", "yesterday"])
+def test_future_unzoned_or_unparsable_dates_make_a_line_malformed(logs, date):
+    name = "h64_c4a_ctas1_16"
+    _write(logs, "sparse_decode",
+           _entry("sparse_decode", name, {"num_splits": 2}, date="2026-11-21T08:00:00+00:00"),
+           _entry("sparse_decode", name, {"num_splits": 4}, date=date))
+    with pytest.warns(UserWarning, match=":2: date: "):
+        entry = tuning_log.select_entry(SM90A, "sparse_decode", name)
+    assert entry["best"]["num_splits"] == 2  # 9999 does not win forever
+
+
+def test_report_reads_the_logs_the_installed_package_uses(logs, capsys, monkeypatch, tmp_path):
+    """Run from anywhere (no ./tuning_logs), --report reads $DSV4_TL_TUNING_LOGS or the package's."""
+    (p,) = tune.plan(TARGET, ["dequant_gather"], buckets=["rows1_16k"])
+    entry = tune.make_entry(TARGET, p, _fake_results(p, 2.0), INFO, {"tilelang": TILELANG})
+    tuning_log.append_entry(tuning_log.log_path(logs, SM90A, "dequant_gather"), entry)
+    monkeypatch.chdir(tmp_path)
+    assert tune.main(["--kernel", "dequant_gather", "--report"]) == 0
+    text = capsys.readouterr().out
+    assert "no log" not in text and "rows1_16k" in text and str(logs) in text
+    monkeypatch.delenv(tuning_log.ENV_LOG_DIR)
+    schedules.clear_caches()
+    assert tune.main(["--kernel", "sparse_decode", "--report"]) == 0
+    text = capsys.readouterr().out
+    assert "no log" not in text and "h64_c4a_ctas1_16" in text

@@ -323,6 +323,18 @@ def test_index_helper_errors():
     _raises(ValueError, "token_to_req", lambda: b(req, req[:1], bt, 1024))
 
 
+def test_check_float_takes_any_real_number_but_no_bool_or_nan():
+    import numpy as np
+
+    for value in (0.5, 2, np.float32(0.5), np.float64(0.5), np.int32(2)):
+        got = v.check_float("softmax_scale", value)
+        assert type(got) is float and got == float(value)
+    for bad in (True, np.bool_(False), "0.5", None, torch.tensor(0.5)):
+        _raises(TypeError, "softmax_scale", lambda: v.check_float("softmax_scale", bad))
+    for bad in (float("nan"), np.float32("nan"), float("inf"), -np.inf):
+        _raises(ValueError, "softmax_scale", lambda: v.check_float("softmax_scale", bad))
+
+
 # ---------------------------------------------------------------------------------------
 # KV insert (front end: its checks run before any kernel is looked up)
 # ---------------------------------------------------------------------------------------

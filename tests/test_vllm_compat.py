@@ -368,7 +368,9 @@ def test_compile_fullgraph_traces_wrappers():
         gi, gl = vc.compute_global_topk_indices_and_lens(*gl_args, output_buffers=gl_bufs)
         ci, cl = vc.combine_topk_swa_indices(*cb_args, out=cb_bufs)
         flat, indptr = torch.ops.dsv4_tl.combine_topk_swa_ragged_indices(*cb_args)
-        r_out = torch.ops.dsv4_tl.sparse_prefill_ragged(p["q"], p["kv"], flat, indptr, SCALE)[0]
+        # one query row per combined row (Tc = 7): the fake checks indptr against q
+        r_out = torch.ops.dsv4_tl.sparse_prefill_ragged(p["q"][:7], p["kv"], flat, indptr,
+                                                        SCALE)[0]
         gflat, gptr = torch.ops.dsv4_tl.compute_global_topk_ragged_indices_and_indptr(*gl_args)
         return o, lse, po, pml, plse, gi, gl, ci, cl, r_out, gflat, gptr
 
@@ -525,3 +527,81 @@ def test_combine_topk_swa_rejects(fake):
     _raises(ValueError, "out[1]", lambda: call((good[0], _t((7, 1), I32))))
     _raises(TypeError, "out[1]", lambda: call((good[0], None)))
 
+
+
+# ---------------------------------------------------------------------------------------
+# issue 15 item 8: validation before bookkeeping, in the fakes, with b == 0, scales
+# ---------------------------------------------------------------------------------------
+def test_a_failed_call_does_not_pin_the_scheduler_metadata(fake):
+    meta = vc.get_mla_metadata()[0]
+    bad = _decode_inputs(b=4)
+    bad["q"] = _t((4, 1, 64, 512), torch.float16)
+    with pytest.raises(TypeError, match="^q: expected dtype torch.bfloat16"):
+        _fm_decode(bad, meta)
+    assert not meta.have_initialized
+    out, lse = _fm_decode(_decode_inputs(b=2), meta)  # the corrected retry, other shapes
+    _meta(out, (2, 1, 64, 512), BF16)
+    assert meta.config.b == 2
+
+
+@pytest.mark.parametrize("op", ["library", "wrapper"])
+def test_fake_decode_validates_dtype_and_rank(fake, op):
+    d = _decode_inputs()
+    call = ((lambda **kw: torch.ops.dsv4_tl.sparse_decode(
+        kw["q"], d["k_cache"], d["indices"], d["topk_length"], SCALE)) if op == "library"
+        else (lambda **kw: _fm_decode({**d, **kw}, vc.get_mla_metadata()[0])))
+    with pytest.raises(TypeError, match="^q: expected dtype torch.bfloat16, got torch.float16"):
+        call(q=_t((4, 1, 64, 512), torch.float16))
+    with pytest.raises(ValueError, match="^q: expected 4-D tensor"):
+        call(q=_t((4, 64, 512), BF16))
+
+
+def test_fake_ops_validate_like_the_real_ones(fake):
+    p = _prefill_inputs()
+    with pytest.raises(TypeError, match="^indices: expected dtype torch.int32"):
+        torch.ops.dsv4_tl.sparse_prefill(p["q"], p["kv"], _t((16, 1, 640), torch.int64), SCALE)
+    with pytest.raises(ValueError, match="^indptr: expected shape"):
+        torch.ops.dsv4_tl.sparse_prefill_ragged(p["q"], p["kv"], _t((50,), I32), _t((9,), I32),
+                                                SCALE)
+    g = _gather_inputs()
+    with pytest.raises(ValueError, match="^block_size: expected 64"):
+        torch.ops.dsv4_tl.dequantize_and_gather_k_cache(*list(g.values())[:5], 32, 5)
+    topk, t2r, table, bs, valid = _global_inputs()
+    with pytest.raises(TypeError, match="^is_valid_token: expected dtype torch.bool"):
+        torch.ops.dsv4_tl.compute_global_topk_indices_and_lens(topk, t2r, table, bs,
+                                                               _t((37,), I32))
+    args = list(_combine_inputs())
+    args[6] = 600  # topk wider than topk_indices
+    with pytest.raises(ValueError, match="^topk: expected <= topk_indices width"):
+        torch.ops.dsv4_tl.combine_topk_swa_indices(*args)
+
+
+def test_empty_batch_still_checks_the_extra_scope(fake):
+    from dsv4_tl import ops
+
+    d = _decode_inputs(b=0)
+    with pytest.raises(TypeError, match="^extra_indices: expected dtype torch.int32"):
+        ops.sparse_decode(d["q"], d["k_cache"], d["indices"], d["topk_length"], SCALE, None,
+                          d["extra_k_cache"], _t((0, 1, 256), torch.int64))
+    with pytest.raises(ValueError, match="^extra_topk_length: expected shape"):
+        ops.sparse_decode(d["q"], d["k_cache"], d["indices"], d["topk_length"], SCALE, None,
+                          d["extra_k_cache"], d["extra_indices_in_kvcache"], _t((3,), I32))
+    out, lse = ops.sparse_decode(d["q"], d["k_cache"], d["indices"], d["topk_length"], SCALE,
+                                 None, d["extra_k_cache"], d["extra_indices_in_kvcache"],
+                                 d["extra_topk_length"])
+    _meta(out, (0, 1, 64, 512), BF16)
+
+
+def test_numpy_scales_are_real_numbers(fake):
+    import numpy as np
+
+    d = _decode_inputs()
+    for scale in (np.float32(SCALE), np.float64(SCALE), 1):
+        out, _ = _fm_decode(d, vc.get_mla_metadata()[0], softmax_scale=scale)
+        _meta(out, (4, 1, 64, 512), BF16)
+    res = vc.flash_mla_sparse_fwd(**{**_prefill_inputs(), "sm_scale": np.float32(SCALE)})
+    _meta(res[0], (16, 64, 512), BF16)
+    for bad, exc in ((True, TypeError), (np.bool_(True), TypeError), (float("nan"), ValueError),
+                     (np.float32("nan"), ValueError), ("0.1", TypeError)):
+        with pytest.raises(exc, match="^softmax_scale: "):
+            _fm_decode(d, vc.get_mla_metadata()[0], softmax_scale=bad)

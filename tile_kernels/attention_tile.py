@@ -112,8 +112,11 @@ class WarpSpecializedState:
         self.K_r = (T.alloc_shared([BI, DH], T.bfloat16), T.alloc_shared([BI, DH], T.bfloat16))
         self.valid = (T.alloc_shared([BI], T.bool, scope="shared"),
                       T.alloc_shared([BI], T.bool, scope="shared"))
-        self.P_shared = T.alloc_shared([HB, BI], T.bfloat16)
-        self.alpha_shared = T.alloc_shared([HB], T.float32, scope="shared")
+        # Two P tiles (and rescales), one per K buffer: warpgroup 0 writes tile k's while
+        # warpgroup 1 still reads tile k-1's.
+        self.P_shared = (T.alloc_shared([HB, BI], T.bfloat16), T.alloc_shared([HB, BI], T.bfloat16))
+        self.alpha_shared = (T.alloc_shared([HB], T.float32, scope="shared"),
+                             T.alloc_shared([HB], T.float32, scope="shared"))
         self.denom_shared = T.alloc_shared([HB], T.float32, scope="shared")
         self.acc_o_l = T.alloc_fragment([HB, DH], T.float32)
         self.acc_o_r = T.alloc_fragment([HB, DH], T.float32)
@@ -129,8 +132,8 @@ class WarpSpecializedState:
         self.k_ready = (T.alloc_barrier(arrive_count=k_ready_arrivals),
                         T.alloc_barrier(arrive_count=k_ready_arrivals))
         self.k_free = (T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=256))
-        self.bar_p_ready = T.alloc_barrier(arrive_count=256)
-        self.bar_p_free = T.alloc_barrier(arrive_count=256)
+        self.p_ready = (T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=128))
+        self.p_free = (T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=128))
         self.bar_done = T.alloc_barrier(arrive_count=256)
         self.heads, self.block_tokens, self.half_dim = HB, BI, DH
 
@@ -174,9 +177,9 @@ def ws_consumer_softmax(st, pairs, scale_log2):
             T.wgmma_gemm(st.Q_l, st.K_l[buf], st.acc_s, transpose_B=True)
             T.wgmma_gemm(st.Q_r, st.K_r[buf], st.acc_s, transpose_B=True)
             T.wait_wgmma(0)
-            if buf == 1 or pair > 0:  # warpgroup 1 is done with the previous P tile
-                T.barrier_arrive(st.bar_p_free)
-                T.barrier_wait(st.bar_p_free, buf ^ 1)
+            # Warpgroup 1 is done with this buffer's P tile of two tiles ago (parity 1 on
+            # the first pair: a fresh barrier's previous phase counts as complete).
+            T.barrier_wait(st.p_free[buf], (pair & 1) ^ 1)
             T.copy(st.m_i, st.m_prev)
             T.reduce_max(st.acc_s, st.m_i, dim=1, clear=False)
             for i in T.Parallel(HB):
@@ -188,13 +191,13 @@ def ws_consumer_softmax(st, pairs, scale_log2):
                 st.l_i[i] = st.l_i[i] * st.alpha[i] + st.l_tile[i]
             for i, d in T.Parallel(HB, DH):
                 st.acc_o_l[i, d] *= st.alpha[i]
-            T.copy(st.alpha, st.alpha_shared)
-            T.copy(st.acc_s, st.P_shared)
+            T.copy(st.alpha, st.alpha_shared[buf])
+            T.copy(st.acc_s, st.P_shared[buf])
             # Hand P to warpgroup 1 before the left P·V, so that both halves of P·V run
             # together (arriving after it serialised them). P is read by wgmma (async proxy).
             T.fence_proxy_async()
-            T.barrier_arrive(st.bar_p_ready)
-            T.gemm(st.P_shared, st.K_l[buf], st.acc_o_l)
+            T.barrier_arrive(st.p_ready[buf])
+            T.gemm(st.P_shared[buf], st.K_l[buf], st.acc_o_l)
             T.barrier_arrive(st.k_free[buf])
 
 
@@ -202,16 +205,17 @@ def ws_consumer_softmax(st, pairs, scale_log2):
 def ws_consumer_pv(st, pairs):
     """Warpgroup 1's loop: the right half of P·V, then wait for the final denominators."""
     HB, DH = st.heads, st.half_dim
+    alpha = T.alloc_fragment([HB], T.float32)  # the rows' rescales, read once per tile
     T.fill(st.acc_o_r, 0)
     for pair in T.serial(pairs):
         for buf in (0, 1):
-            T.barrier_arrive(st.bar_p_ready)
-            T.barrier_wait(st.bar_p_ready, buf)
+            T.barrier_wait(st.p_ready[buf], pair & 1)
             T.fence_proxy_async()
+            T.copy(st.alpha_shared[buf], alpha)
             for i, d in T.Parallel(HB, DH):
-                st.acc_o_r[i, d] *= st.alpha_shared[i]
-            T.gemm(st.P_shared, st.K_r[buf], st.acc_o_r)
+                st.acc_o_r[i, d] *= alpha[i]
+            T.gemm(st.P_shared[buf], st.K_r[buf], st.acc_o_r)
             T.barrier_arrive(st.k_free[buf])
-            T.barrier_arrive(st.bar_p_free)
+            T.barrier_arrive(st.p_free[buf])
     T.barrier_arrive(st.bar_done)
     T.barrier_wait(st.bar_done, 0)

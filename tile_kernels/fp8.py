@@ -46,14 +46,14 @@ def fp8_byte_to_float(fp8_view, u8_view, offset, fp8_format: str, fp8_decode: st
 # An e4m3 byte's sign, exponent and mantissa placed into a bf16's bit positions,
 # ``(b & 0x80) << 8 | (b & 0x7f) << 4``, is the byte's value times 2^-120 (e4m3fn, bias 7;
 # 2^-119 for e4m3fnuz, bias 8), subnormals included: the 4 exponent bits land in the low
-# bits of bf16's 8-bit exponent. One bf16x2 multiply by 2^120 (2^119) restores the value
-# (every e4m3 value is a normal bf16) and a second by the UE8M0 scale 2^(e - 127) applies
-# the scale (one multiply by their product while it is a normal bf16); every multiplier is a
-# power of two, so the result is the float32 reference's
-# ``bf16(value * 2^(e-127))`` exactly wherever that is a finite bf16 (the writer's range).
-# Per 4 bytes: 2 byte permutes, 2 shifts, 4 logic ops and 2 bf16x2 multiplies (4 in the
-# rare two-multiply case), no conversion instructions (the convert chain fp8 -> f16 -> f32 -> bf16 runs on the slow
-# conversion pipe). NaN encodings (0x7F/0xFF e4m3fn, 0x80 e4m3fnuz; the spec's quantiser
+# bits of bf16's 8-bit exponent. A bf16x2 multiply by 2^120 (2^119) restores the value
+# (every e4m3 value is a normal bf16) and one by the UE8M0 scale 2^(e - 127) applies the
+# scale (the first multiplier is their product and the second 1 while the product is a
+# normal bf16); every multiplier is a power of two, so the result is the float32
+# reference's ``bf16(value * 2^(e-127))`` exactly wherever that is a finite bf16 (the
+# writer's range). Per 4 bytes: 2 byte permutes, 2 shifts, 4 logic ops and 4 bf16x2
+# multiplies, no branch and no conversion instructions (the convert chain fp8 -> f16 ->
+# f32 -> bf16 runs on the slow conversion pipe). NaN encodings (0x7F/0xFF e4m3fn, 0x80 e4m3fnuz; the spec's quantiser
 # clamps to +-448 and never writes them) come out finite (+-480 resp. -0), not NaN.
 #
 # TileLang 0.1.15 has no byte permute and no bf16x2 multiply at the tile level, so these
@@ -84,29 +84,24 @@ __device__ __forceinline__ void dsv4_ldg8(const unsigned char* src, unsigned* ds
                : "=r"(dst[0]), "=r"(dst[1]) : "l"(src));
 }
 // `words` words of e4m3 bytes times 2^(scale_byte - 127) -> 2 * words bf16x2 words in
-// `out`; zeros (+-0) when !ok: the multiplier becomes 0 and placed bytes are always finite.
-// One multiply by 2^(e - 127 + restore_exp) (restore_exp 120, resp. 119 for FNUZ) while
-// that is a normal bf16 (e <= 134, resp. 135: scales up to 2^7, every real K); beyond, two.
+// `out`; zeros (+-0) when !ok: the last multiplier becomes 0 and placed bytes are finite.
+// Two multiplies, chosen without a branch (a branch per call doubled the producer's code
+// and stalled instruction fetch): by 2^(e - 127 + restore_exp) (restore_exp 120, resp. 119
+// for FNUZ) and then by 1 while that is a normal bf16 (e <= 134, resp. 135: scales up to
+// 2^7, every real K); beyond, by 2^restore_exp and then by 2^(e - 127). Every multiplier
+// is a power of two, so each product is the exact value wherever that is a finite bf16.
 template <int words>
 __device__ __forceinline__ void dsv4_dequant(const unsigned* raw, unsigned scale_byte,
                                              unsigned restore_exp, int ok, void* out) {
   unsigned* o = reinterpret_cast<unsigned*>(out);
   unsigned e = scale_byte + restore_exp;  // biased exponent of 2^(e - 127 + restore)
-  if (e <= 254u) {
-    unsigned m = ok ? (e << 7) * 0x10001u : 0u;
-    #pragma unroll
-    for (int w = 0; w < words; ++w) {
-      o[2 * w] = dsv4_bf16x2_mul(dsv4_place2(raw[w], 0x1404u), m);
-      o[2 * w + 1] = dsv4_bf16x2_mul(dsv4_place2(raw[w], 0x3424u), m);
-    }
-  } else {
-    unsigned r = ((restore_exp + 127u) << 7) * 0x10001u;
-    unsigned m = ok ? (scale_byte << 7) * 0x10001u : 0u;  // scale_byte > 134: normal
-    #pragma unroll
-    for (int w = 0; w < words; ++w) {
-      o[2 * w] = dsv4_bf16x2_mul(dsv4_bf16x2_mul(dsv4_place2(raw[w], 0x1404u), r), m);
-      o[2 * w + 1] = dsv4_bf16x2_mul(dsv4_bf16x2_mul(dsv4_place2(raw[w], 0x3424u), r), m);
-    }
+  bool one = e <= 254u;
+  unsigned m1 = ((one ? e : restore_exp + 127u) << 7) * 0x10001u;
+  unsigned m2 = ok ? (one ? 0x3F803F80u : (scale_byte << 7) * 0x10001u) : 0u;
+  #pragma unroll
+  for (int w = 0; w < words; ++w) {
+    o[2 * w] = dsv4_bf16x2_mul(dsv4_bf16x2_mul(dsv4_place2(raw[w], 0x1404u), m1), m2);
+    o[2 * w + 1] = dsv4_bf16x2_mul(dsv4_bf16x2_mul(dsv4_place2(raw[w], 0x3424u), m1), m2);
   }
 }
 // `words` words copied as bf16 (the RoPE dims are bf16 in the cache already); zeros when

@@ -372,13 +372,13 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                       T.access_ptr(raw[base + 4 * NUM_SCALES + 8], "w", 2))
 
     @T.macro
-    def load_round(raw, ok, nxt, r, k, p, main, extra, r_b, r_s, t_begin, t_end, main_tiles):
-        """Round ``r`` of tile ``t_begin + k`` into slot ``r % 2`` (its scope picked at run
-        time; past the split's range all-invalid), then the fetch of tile k+1's index for
-        this round into ``nxt[r]``."""
+    def load_round(raw, ok, nxt, slot, r, k, p, main, extra, r_b, r_s, t_begin, t_end,
+                   main_tiles):
+        """Round ``r`` of tile ``t_begin + k`` into register slot ``slot`` (its scope picked
+        at run time; past the split's range all-invalid), then the fetch of tile k+1's
+        index for this round into ``nxt[r]``."""
         t = t_begin + k
         j, q = lane_token(r, p)
-        slot = r % 2
         if t < T.min(main_tiles, t_end):
             load_quarter(raw, ok, slot, q, nxt[r], main, main.length, t * BI + j)
         else:
@@ -390,11 +390,10 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         nxt[r] = token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles, k + 1, j)
 
     @T.macro
-    def dequant_round(st, buf, raw, ok, deq, r, p):
-        """Round ``r``'s registers (slot ``r % 2``) -> rows of K buffer ``buf`` and the
+    def dequant_round(st, buf, raw, ok, deq, slot, r, p):
+        """Round ``r``'s registers (slot ``slot``) -> rows of K buffer ``buf`` and the
         validity flags."""
         j, q = lane_token(r, p)
-        slot = r % 2
         base = RAW_WORDS * slot
         if q == 0:
             st.valid[buf][j] = ok[slot] == 1
@@ -419,6 +418,30 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         for h in _unrolled(2):
             for v in T.vectorized(8):
                 st.K_r[buf][j, NOPE_DIM - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
+
+    @T.macro
+    def write_half(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, split, h0):
+        """Columns ``[d0, d0 + 256)`` of the CTA's output rows: ``acc_o`` times the rows'
+        reciprocal denominators ``inv`` (a multiply, not a division: the division's range
+        check and slow path made this the kernel's largest code). A finished bf16 row group
+        goes out by one TMA store from ``stage``, this warpgroup's Q half, free once the
+        last QKᵀ is done (per-thread stores stalled on the store queue); a padded head
+        group or an fp32 partial is stored per thread."""
+        if S == 1 and num_heads % HB == 0:
+            for i, d in T.Parallel(HB, DH):
+                acc_o[i, d] *= inv[i]
+            T.copy(acc_o, stage)
+            T.fence_proxy_async()  # the TMA engine reads ``stage`` through the async proxy
+            T.sync_threads(bar_id, 128)
+            T.tma_copy(stage, Out[r_b, r_s, h0:h0 + HB, d0:d0 + DH], leader_scope_threads=128)
+            T.tma_store_wait()
+        else:
+            for i, d in T.Parallel(HB, DH):
+                if h0 + i < num_heads:
+                    if S == 1:
+                        Out[r_b, r_s, h0 + i, d0 + d] = T.cast(acc_o[i, d] * inv[i], T.bfloat16)
+                    else:
+                        OPartial[r_b, r_s, split, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
 
     @T.prim_func
     def sparse_decode(
@@ -450,8 +473,10 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                       prelude=FP8_BF16_PRELUDE) as (row, hg, split):
             st = WarpSpecializedState(HB, BI, D)
             tx = T.get_thread_binding()
-            r_b = row // s_q
-            r_s = row % s_q
+            # Once, as variables: as expressions every output address recomputed them
+            # (64-bit division by s_q).
+            r_b = T.alloc_var(T.int32, init=row // s_q)
+            r_s = T.alloc_var(T.int32, init=row % s_q)
             h0 = hg * HB
             scale_log2 = sm_scale * LOG2E
             main_len = T.min(T.max(MainLength[r_b], 0), topk)
@@ -469,6 +494,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
             if tx < 128:
                 ws_set_regs(DECODE_WS_REGS[0])
                 ws_consumer_softmax(st, pairs, scale_log2)
+                inv = T.alloc_fragment([HB], T.float32)
                 for i in T.Parallel(HB):
                     has = st.l_i[i] > 0
                     if h0 + i < num_heads:
@@ -480,34 +506,25 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                             LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
                                 has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2,
                                 -T.infinity(T.float32))
-                    if S == 1:  # the sink joins the denominator here; else in the combine
-                        st.l_i[i] = T.if_then_else(
+                    # 1 / denominator, once per row: the sink joins it here when the CTA
+                    # finishes the row, else in the combine.
+                    if S == 1:
+                        inv[i] = T.if_then_else(
                             has,
-                            st.l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
-                                               - st.m_i[i] * scale_log2),
+                            1.0 / (st.l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                                      - st.m_i[i] * scale_log2)),
                             1.0)
                     else:
-                        st.l_i[i] = T.if_then_else(has, st.l_i[i], 1.0)
-                T.copy(st.l_i, st.denom_shared)
+                        inv[i] = T.if_then_else(has, 1.0 / st.l_i[i], 1.0)
+                T.copy(inv, st.denom_shared)
                 T.barrier_arrive(st.bar_done)
-                for i, d in T.Parallel(HB, DH):
-                    if h0 + i < num_heads:
-                        if S == 1:
-                            Out[r_b, r_s, h0 + i, d] = T.cast(st.acc_o_l[i, d] / st.l_i[i],
-                                                              T.bfloat16)
-                        else:
-                            OPartial[r_b, r_s, split, h0 + i, d] = st.acc_o_l[i, d] / st.l_i[i]
+                write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, split, h0)
             elif tx < 256:
                 ws_set_regs(DECODE_WS_REGS[1])
                 ws_consumer_pv(st, pairs)
-                for i, d in T.Parallel(HB, DH):
-                    if h0 + i < num_heads:
-                        if S == 1:
-                            Out[r_b, r_s, h0 + i, DH + d] = T.cast(
-                                st.acc_o_r[i, d] / st.denom_shared[i], T.bfloat16)
-                        else:
-                            OPartial[r_b, r_s, split, h0 + i, DH + d] = (
-                                st.acc_o_r[i, d] / st.denom_shared[i])
+                inv = T.alloc_fragment([HB], T.float32)
+                T.copy(st.denom_shared, inv)
+                write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, r_b, r_s, split, h0)
             else:
                 ws_set_regs(DECODE_WS_REGS[2])
                 p = tx - 256
@@ -522,22 +539,35 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 for r in _unrolled(R):
                     nxt[r] = token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles, 0,
                                          lane_token(r, p)[0])
-                load_round(raw, ok, nxt, 0, 0, p, main, extra, r_b, r_s, t_begin, t_end,
-                           main_tiles)
-                for pair in T.serial(pairs):
-                    for buf in (0, 1):  # K buffer == tile parity
-                        k = pair * 2 + buf
-                        for r in _unrolled(R)[1:]:  # before the wait: in flight during it
-                            load_round(raw, ok, nxt, r, k, p, main, extra, r_b, r_s, t_begin,
-                                       t_end, main_tiles)
-                        T.barrier_wait(st.k_free[buf], (pair & 1) ^ 1)
-                        for r in _unrolled(R):
-                            dequant_round(st, buf, raw, ok, deq, r, p)
-                            if r == 0:  # tile k+1's first round loads under this tile's rest
-                                load_round(raw, ok, nxt, 0, k + 1, p, main, extra, r_b, r_s,
-                                           t_begin, t_end, main_tiles)
-                        T.fence_proxy_async()
-                        T.barrier_arrive(st.k_ready[buf])
+                sc = (main, extra, r_b, r_s, t_begin, t_end, main_tiles)
+                if R == 1:
+                    # One round per tile, one register slot per tile parity: tile k+1's
+                    # bytes are requested before the wait for tile k's buffer, so they
+                    # arrive during that wait and tile k's dequantisation.
+                    load_round(raw, ok, nxt, 0, 0, 0, p, *sc)
+                    for pair in T.serial(pairs):
+                        for buf in (0, 1):  # K buffer == register slot == tile parity
+                            k = pair * 2 + buf
+                            load_round(raw, ok, nxt, buf ^ 1, 0, k + 1, p, *sc)
+                            T.barrier_wait(st.k_free[buf], (pair & 1) ^ 1)
+                            dequant_round(st, buf, raw, ok, deq, buf, 0, p)
+                            T.fence_proxy_async()
+                            T.barrier_arrive(st.k_ready[buf])
+                else:
+                    # Two rounds per tile, register slot == round: round r + 1's bytes are
+                    # requested before round r is dequantised.
+                    load_round(raw, ok, nxt, 0, 0, 0, p, *sc)
+                    for pair in T.serial(pairs):
+                        for buf in (0, 1):  # K buffer == tile parity
+                            k = pair * 2 + buf
+                            load_round(raw, ok, nxt, 1, 1, k, p, *sc)  # in flight in the wait
+                            T.barrier_wait(st.k_free[buf], (pair & 1) ^ 1)
+                            dequant_round(st, buf, raw, ok, deq, 0, 0, p)
+                            # tile k+1's first round loads under this tile's second
+                            load_round(raw, ok, nxt, 0, 0, k + 1, p, *sc)
+                            dequant_round(st, buf, raw, ok, deq, 1, 1, p)
+                            T.fence_proxy_async()
+                            T.barrier_arrive(st.k_ready[buf])
 
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 

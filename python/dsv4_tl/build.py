@@ -16,18 +16,24 @@ they add no variants.
 """
 
 import concurrent.futures
-import hashlib
-import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Iterable, Optional
 
+from .file_lock import locked
 from .kernels import KERNELS, Variant
-from .loader import MANIFEST_NAME, artifact_path, compile_variant, default_kernel_dir, sha256_file
+from .loader import (KernelCompileError, artifact_path, build_command, compile_variant,
+                     default_kernel_dir)
+from .manifest import MANIFEST_NAME, CorruptManifestError, read_manifest, write_manifest
+from .provenance import record_for, source_hash, stale_reason, toolchain_versions
 from .schedules import load_schedule_file, resolved_buckets
 from .targets import Target, parse_target
+
+__all__ = ["DEFAULT_HEADS", "build", "build_variants", "schedules_of", "source_hash",
+           "toolchain_versions"]
 
 DEFAULT_HEADS = (64, 128)
 
@@ -114,33 +120,6 @@ def build_variants(target: "str | Target", heads: Iterable[int] = DEFAULT_HEADS,
     return variants
 
 
-def source_hash(variant: Variant) -> str:
-    """sha256 over everything that determines the compiled code of ``variant`` except the
-    toolchain: all kernel definition files (they import each other), the variant identity."""
-    import dsv4_tl.tile_kernels as tk
-
-    digest = hashlib.sha256()
-    for path in sorted(Path(tk.__file__).parent.glob("*.py")):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    digest.update(json.dumps(variant.as_dict(), sort_keys=True).encode())
-    return digest.hexdigest()
-
-
-def toolchain_versions() -> dict:
-    import tilelang
-    import tvm_ffi
-
-    versions = {"tilelang": tilelang.__version__, "apache-tvm-ffi": tvm_ffi.__version__}
-    try:
-        import torch
-
-        versions["torch"] = torch.__version__
-    except ImportError:
-        pass
-    return versions
-
-
 def _compile_job(args: tuple) -> tuple:
     import logging
 
@@ -159,41 +138,78 @@ def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="kernel", file=sys.stderr, dynamic_ncols=True)
 
 
+def _check_heads(heads: Iterable[int]) -> list:
+    heads = list(heads)
+    for h in heads:
+        if isinstance(h, bool) or not isinstance(h, int) or h < 1:
+            raise ValueError(f"heads: expected positive head counts, got {h!r}")
+    return heads
+
+
+def _target_dir(out: Path, target: Target) -> Path:
+    """``out/<target>``, created; ValueError in one line when it cannot be."""
+    tdir = out / target.dirname
+    try:
+        tdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission, read-only file system
+        raise ValueError(f"out: cannot create {tdir}: {exc.strerror or exc}") from None
+    if not os.access(tdir, os.W_OK | os.X_OK):
+        raise ValueError(f"out: {tdir} is not writable")
+    return tdir
+
+
+def _previous_entries(manifest_path: Path, target: Target, out: Path) -> dict:
+    """The entries of the manifest being rebuilt; a corrupt one is rebuilt over (warned)."""
+    try:
+        return read_manifest(manifest_path, build_command(target, out))["kernels"]
+    except CorruptManifestError as exc:
+        warnings.warn(f"dsv4-tl build: {exc}; rebuilding over it", RuntimeWarning, stacklevel=3)
+        return {}
+
+
 def build(target: "str | Target", out: "str | Path | None" = None,
           heads: Iterable[int] = DEFAULT_HEADS, jobs: Optional[int] = None,
           progress: bool = True, ops: Optional[Iterable[str]] = None) -> dict:
     """Build (incrementally) every variant for ``target`` into ``out``; return the manifest.
 
     With ``ops``, only those kernels are (re)built; manifest entries of other ops are kept.
+    Builders of one directory exclude each other (a file lock): eight ranks starting
+    together compile once, the others find the artifacts built. A corrupt manifest is
+    rebuilt over with a warning.
 
-    Raises RuntimeError naming every variant that failed to compile (the others are kept
-    and recorded, so a re-run only retries the failures).
+    Raises ValueError for bad arguments (unknown op, head count < 1, jobs < 1, an ``out``
+    that cannot be created) and KernelCompileError (a RuntimeError) naming every variant
+    that failed to compile (the others are kept and recorded, so a re-run only retries
+    the failures).
     """
     target = parse_target(target)
+    heads = _check_heads(heads)
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs: expected a positive number of parallel compiles, got {jobs!r}")
+    variants = build_variants(target, heads, ops)
     out = Path(out) if out is not None else default_kernel_dir()
-    tdir = out / target.dirname
-    tdir.mkdir(parents=True, exist_ok=True)
+    tdir = _target_dir(out, target)
+    with locked(tdir / ".build.lock"):
+        return _build_locked(target, out, tdir, variants, jobs, progress, ops)
+
+
+def _build_locked(target: Target, out: Path, tdir: Path, variants: list, jobs: Optional[int],
+                  progress: bool, ops: Optional[Iterable[str]]) -> dict:
     manifest_path = tdir / MANIFEST_NAME
-    old = {}
-    if manifest_path.is_file():
-        old = {e["key"]: e for e in json.loads(manifest_path.read_text()).get("kernels", [])}
+    old = _previous_entries(manifest_path, target, out)
     versions = toolchain_versions()
 
     entries, todo = {}, []
     if ops is not None:  # a partial build keeps what it does not touch
         keep = set(ops)
         entries = {k: e for k, e in old.items() if e["op"] not in keep}
-    for variant in build_variants(target, heads, ops):
+    for variant in variants:
         path = artifact_path(out, target, variant)
-        entry = {"key": variant.key, **variant.as_dict(), "target": target.name,
-                 "source_hash": source_hash(variant), "artifact": path.name,
-                 "entry": variant.spec.entry, "toolchain": versions}
         prev = old.get(variant.key)
-        if (prev and path.is_file() and prev.get("source_hash") == entry["source_hash"]
-                and prev.get("toolchain") == versions and prev.get("sha256") == sha256_file(path)):
+        if (prev is not None and prev.get("toolchain") == versions
+                and stale_reason(prev, variant, target, path) is None):
             entries[variant.key] = prev  # unchanged: reuse
         else:
-            entries[variant.key] = entry
             todo.append((variant, path))
 
     failures = []
@@ -202,30 +218,23 @@ def build(target: "str | Target", out: "str | Path | None" = None,
         args = [((v.op, dict(v.static), dict(v.schedule)), target.name, str(p)) for v, p in todo]
         bar = _progress(len(todo), f"build {target.name}") if progress else None
         with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(_compile_job, a): v for a, (v, _) in zip(args, todo)}
+            futures = {pool.submit(_compile_job, a): (v, p) for a, (v, p) in zip(args, todo)}
             for future in concurrent.futures.as_completed(futures):
-                variant = futures[future]
+                variant, path = futures[future]
                 try:
                     future.result()
+                    entries[variant.key] = record_for(variant, target, path)
                 except Exception as exc:  # name the kernel and variant
                     failures.append(f"{variant.key}: {exc}")
-                    entries.pop(variant.key)
                 if bar is not None:
                     bar.set_postfix_str(variant.key, refresh=False)
                     bar.update()
         if bar is not None:
             bar.close()
-    for variant, path in todo:
-        if variant.key in entries:
-            entries[variant.key]["sha256"] = sha256_file(path)
 
-    manifest = {"format": 1, "target": target.name, "toolchain": versions,
-                "kernels": [entries[k] for k in sorted(entries)]}
-    tmp = manifest_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, manifest_path)
+    manifest = write_manifest(manifest_path, target.name, versions, entries)
     if failures:
-        raise RuntimeError(f"{len(failures)} kernel variant(s) failed to compile for "
-                           f"{target.name}:\n  " + "\n  ".join(failures))
+        raise KernelCompileError(f"{len(failures)} kernel variant(s) failed to compile for "
+                                 f"{target.name}:\n  " + "\n  ".join(failures))
     manifest["built"] = [v.key for v, _ in todo]
     return manifest

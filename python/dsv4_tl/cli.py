@@ -1,12 +1,33 @@
-"""The ``dsv4-tl`` command: ``build``, ``info``, ``bench``, ``tune``."""
+"""The ``dsv4-tl`` command: ``build``, ``info``, ``bench``, ``tune``.
+
+Every error a user can cause ends as one line on stderr and a non-zero exit status (2 for
+bad arguments, 1 for a failed build or a corrupt manifest), never a traceback.
+"""
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 from .targets import DEFAULT_TARGET, SUPPORTED_TARGETS
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (``prog: error: message``) without the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -18,7 +39,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         try:
             manifest = build(target, args.out, heads=heads, jobs=args.jobs,
                              progress=sys.stderr.isatty() or args.progress, ops=args.op)
-        except RuntimeError as exc:
+        except (RuntimeError, ValueError, OSError) as exc:
             print(f"dsv4-tl build: {exc}", file=sys.stderr)
             status = 1
             continue
@@ -28,24 +49,30 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from .loader import MANIFEST_NAME, default_kernel_dir
+    from .loader import build_command, default_kernel_dir
+    from .manifest import MANIFEST_NAME, CorruptManifestError, read_manifest
+    from .targets import parse_target
 
     root = Path(args.out) if args.out else default_kernel_dir()
     print(f"kernel dir: {root}")
-    found = False
-    for target in SUPPORTED_TARGETS:
-        from .targets import parse_target
-
-        path = root / parse_target(target).dirname / MANIFEST_NAME
-        if not path.is_file():
+    found, status = False, 0
+    for name in SUPPORTED_TARGETS:
+        target = parse_target(name)
+        path = root / target.dirname / MANIFEST_NAME
+        if not path.exists():
             continue
         found = True
-        data = json.loads(path.read_text())
+        try:
+            data = read_manifest(path, build_command(target, root))
+        except CorruptManifestError as exc:
+            print(f"dsv4-tl info: {exc}", file=sys.stderr)
+            status = 1
+            continue
         ops = {}
-        for entry in data.get("kernels", []):
+        for entry in data["kernels"].values():
             ops[entry["op"]] = ops.get(entry["op"], 0) + 1
-        tools = ", ".join(f"{k} {v}" for k, v in sorted(data.get("toolchain", {}).items()))
-        print(f"  {target}: {len(data.get('kernels', []))} variants ({tools})")
+        tools = ", ".join(f"{k} {v}" for k, v in sorted(data["toolchain"].items()))
+        print(f"  {name}: {len(data['kernels'])} variants ({tools})")
         for op, count in sorted(ops.items()):
             print(f"    {op}: {count}")
     if not found:
@@ -57,31 +84,34 @@ def _cmd_info(args: argparse.Namespace) -> int:
             from .targets import target_for_device
 
             for i in range(torch.cuda.device_count()):
-                name = torch.cuda.get_device_name(i)
+                device_name = torch.cuda.get_device_name(i)
                 try:
-                    target = target_for_device(torch.device("cuda", i)).name
+                    target_name = target_for_device(torch.device("cuda", i)).name
                 except RuntimeError as exc:
-                    target = f"unsupported ({exc})"
-                print(f"device cuda:{i}: {name} -> {target}")
+                    target_name = f"unsupported ({exc})"
+                print(f"device cuda:{i}: {device_name} -> {target_name}")
         else:
             print("devices: no CUDA/ROCm device visible to torch")
     except ImportError:
         print("devices: torch is not installed")
-    return 0
+    return status
 
 
 def main(argv: Optional[list] = None) -> int:
-    parser = argparse.ArgumentParser(prog="dsv4-tl", description="DeepSeek-V4 sparse MLA kernels")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from .kernels import KERNELS
+
+    parser = OneLineParser(prog="dsv4-tl", description="DeepSeek-V4 sparse MLA kernels")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     p = sub.add_parser("build", help="compile every kernel variant for one or more targets")
     p.add_argument("--target", action="append", choices=SUPPORTED_TARGETS,
                    help=f"repeatable; default {DEFAULT_TARGET}")
     p.add_argument("--out", help="artifact root (default $DSV4_TL_KERNEL_DIR or ~/.cache/dsv4_tl/kernels)")
-    p.add_argument("--heads", type=int, action="append",
+    p.add_argument("--heads", type=positive_int, action="append",
                    help="extra head counts to build besides 64 and 128 (repeatable)")
-    p.add_argument("--op", action="append", help="build only this kernel (repeatable)")
-    p.add_argument("--jobs", type=int, help="parallel compiles (default: all cores)")
+    p.add_argument("--op", action="append", choices=sorted(KERNELS),
+                   help="build only this kernel (repeatable)")
+    p.add_argument("--jobs", type=positive_int, help="parallel compiles (default: all cores)")
     p.add_argument("--progress", action="store_true", help="progress bar even when not a tty")
     p.set_defaults(func=_cmd_build)
 

@@ -1,37 +1,54 @@
 """Find, verify and load compiled kernels (and compile them just in time where allowed).
 
 Artifacts are tvm-ffi shared libraries (CUDA, HIP) or SPIR-V modules with a launch
-description (SYCL, :mod:`dsv4_tl.sycl.artifacts`), one per :class:`~dsv4_tl.kernels.Variant`:
+description (SYCL, :mod:`dsv4_tl.sycl.artifacts`), one per :class:`~dsv4_tl.kernels.Variant`.
+Nothing is loaded unless its provenance record (:mod:`dsv4_tl.provenance`) matches this
+process: target, kernel source hash, TileLang and tvm-ffi versions, and the file's sha256.
 
 * **Ahead-of-time builds** (``dsv4-tl build``) live in ``<kernel_dir>/<target>/`` next to a
-  ``manifest.json``. ``kernel_dir`` is, in order: the ``kernel_dir`` argument, the
-  ``DSV4_TL_KERNEL_DIR`` environment variable, ``~/.cache/dsv4_tl/kernels``. Before loading,
-  the loader checks that the manifest lists the variant, that it was built for this target
-  and with the TileLang version of this process, and that the file's sha256 matches.
-* **JIT fallback**: a variant the build does not contain (an unusual head count, say) is
-  compiled on first use into ``<kernel_dir>/<target>/jit/`` when TileLang can compile for the
-  target here (for CUDA: ``nvcc`` is found). ``DSV4_TL_JIT=0`` (or ``jit=False``) turns this
-  off; then a missing kernel raises an error naming the ``dsv4-tl build`` command that fixes
-  it. JIT artifacts are the same files an ahead-of-time build produces.
+  ``manifest.json`` (:mod:`dsv4_tl.manifest`) holding one record per variant. ``kernel_dir``
+  is, in order: the ``kernel_dir`` argument, ``$DSV4_TL_KERNEL_DIR``,
+  ``~/.cache/dsv4_tl/kernels``.
+* **JIT fallback**: a variant the build does not contain (an unusual head count, say), or
+  whose built artifact is stale (another source, TileLang, tvm-ffi or target: one warning
+  line names it), is compiled on first use into
+  ``<kernel_dir>/<target>/jit/<key>.<fingerprint><suffix>`` with its record beside it in
+  ``<key>.<fingerprint>.record.json``; the fingerprint hashes source and toolchain, so an
+  upgrade never finds an old file under the new name. Compiles of one artifact are
+  serialised across processes by a file lock. ``DSV4_TL_JIT=0`` (or ``false``/``off``/
+  ``no``; ``jit=False``) turns compiling off: verified artifacts still load, anything else
+  raises an error naming the ``dsv4-tl build`` command that fixes it.
 
 Loading needs only the TileLang wheel's runtime libraries, not a compiler. Loading is lazy
-(first call of each variant) and thread-safe.
+(first call of each variant) and thread-safe, with one lock per variant (a JIT compile never
+delays loading another kernel); a failed compile is remembered and re-raised, not retried.
 """
 
-import hashlib
 import json
 import os
 import shutil
 import threading
+import warnings
 from pathlib import Path
 from typing import Callable, Optional
 
+from .file_lock import locked, temporary_name, write_atomic
 from .kernels import Variant
+from .manifest import MANIFEST_NAME, read_manifest
+from .provenance import fingerprint, record_for, sha256_file, stale_reason
 from .targets import Target, parse_target
+
+__all__ = [
+    "ENV_JIT", "ENV_KERNEL_DIR", "MANIFEST_NAME", "KernelBuildMismatchError",
+    "KernelCompileError", "KernelLoader", "KernelNotBuiltError", "artifact_path", "audit_kernel_dir",
+    "build_command", "can_compile", "compile_jit", "compile_variant", "default_kernel_dir",
+    "jit_allowed_by_env", "jit_artifact_path", "loader_for", "sha256_file",
+]
 
 ENV_KERNEL_DIR = "DSV4_TL_KERNEL_DIR"
 ENV_JIT = "DSV4_TL_JIT"
-MANIFEST_NAME = "manifest.json"
+_JIT_OFF = ("0", "false", "off", "no")
+_JIT_ON = ("", "1", "true", "on", "yes")
 
 
 class KernelNotBuiltError(FileNotFoundError):
@@ -40,6 +57,22 @@ class KernelNotBuiltError(FileNotFoundError):
 
 class KernelBuildMismatchError(RuntimeError):
     """The build on disk does not match this target, toolchain or its own manifest."""
+
+
+class KernelCompileError(RuntimeError):
+    """TileLang (or the SYCL compiler) failed to compile a variant."""
+
+
+def jit_allowed_by_env() -> bool:
+    """``$DSV4_TL_JIT``: 0/false/off/no turn JIT compiling off, 1/true/on/yes (or unset) leave
+    it on, case-insensitive; anything else is a ValueError naming the variable."""
+    value = os.environ.get(ENV_JIT, "").strip().lower()
+    if value in _JIT_OFF:
+        return False
+    if value in _JIT_ON:
+        return True
+    raise ValueError(f"{ENV_JIT}: expected one of 0/false/off/no or 1/true/on/yes, "
+                     f"got {os.environ[ENV_JIT]!r}")
 
 
 def default_kernel_dir() -> Path:
@@ -57,15 +90,29 @@ def artifact_suffix(target: Target) -> str:
 
 
 def artifact_path(kernel_dir: Path, target: Target, variant: Variant) -> Path:
+    """Where an ahead-of-time build puts ``variant`` (its manifest entry vouches for it)."""
     return Path(kernel_dir) / target.dirname / f"{variant.key}{artifact_suffix(target)}"
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def jit_artifact_path(kernel_dir: Path, target: Target, variant: Variant) -> Path:
+    """Where a JIT compile of ``variant`` by this source and toolchain goes."""
+    name = f"{variant.key}.{fingerprint(variant, target)}{artifact_suffix(target)}"
+    return Path(kernel_dir) / target.dirname / "jit" / name
+
+
+def _jit_record_path(artifact: Path) -> Path:
+    stem = artifact.name[: -len(".sycl.json")] if artifact.name.endswith(".sycl.json") \
+        else artifact.name.rsplit(".", 1)[0]
+    return artifact.with_name(f"{stem}.record.json")
+
+
+def _read_record(path: Path) -> Optional[dict]:
+    """A JIT record, or None when absent or unreadable (then the artifact is unverified)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def build_command(target: Target, kernel_dir: Path, heads: Optional[int] = None) -> str:
@@ -76,9 +123,10 @@ def build_command(target: Target, kernel_dir: Path, heads: Optional[int] = None)
 
 
 def compile_variant(variant: Variant, target: Target, path: Path) -> Path:
-    """Lower and compile ``variant`` for ``target`` and write its artifact to ``path``: TileLang
-    compiles and exports CUDA/HIP; SYCL goes through :mod:`dsv4_tl.sycl` (TileLang's generic
-    SIMT lowering, our SYCL printer, Intel's sycl-jit)."""
+    """Lower and compile ``variant`` for ``target`` and write its artifact to ``path``
+    (atomically): TileLang compiles and exports CUDA/HIP; SYCL goes through
+    :mod:`dsv4_tl.sycl` (TileLang's generic SIMT lowering, our SYCL printer, Intel's
+    sycl-jit). Raises :class:`KernelCompileError` naming the variant."""
     import tilelang
 
     try:
@@ -93,13 +141,35 @@ def compile_variant(variant: Variant, target: Target, path: Path) -> Path:
             out_idx=None,
         )
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp.so")
-        kernel.export_library(str(tmp))
-        os.replace(tmp, path)  # atomic: concurrent builders never see a half-written file
+        tmp = temporary_name(path).with_suffix(".so")  # the exporter wants a .so name
+        try:
+            kernel.export_library(str(tmp))
+            os.replace(tmp, path)  # atomic: concurrent builders never see a half-written file
+        finally:
+            if tmp.exists():
+                tmp.unlink()
     except Exception as exc:  # name the variant: TileLang's errors do not
-        raise RuntimeError(
+        raise KernelCompileError(
             f"compiling {variant.key} for {target.name} failed: {type(exc).__name__}: {exc}"
         ) from exc
+    return path
+
+
+def _verified(variant: Variant, target: Target, path: Path) -> bool:
+    record = _read_record(_jit_record_path(path))
+    return record is not None and stale_reason(record, variant, target, path) is None
+
+
+def compile_jit(variant: Variant, target: Target, kernel_dir: Path) -> Path:
+    """Compile ``variant`` into the JIT directory of ``kernel_dir`` with its provenance record,
+    unless a verified artifact is already there; return the artifact's path. A file lock per
+    artifact lets one of several processes compile while the others wait for its result."""
+    path = jit_artifact_path(kernel_dir, target, variant)
+    with locked(path.with_name(f"{path.name}.lock")):
+        if not _verified(variant, target, path):
+            compile_variant(variant, target, path)
+            record = record_for(variant, target, path)
+            write_atomic(_jit_record_path(path), (json.dumps(record, indent=1) + "\n").encode())
     return path
 
 
@@ -129,25 +199,31 @@ class KernelLoader:
                  jit: Optional[bool] = None):
         self.target = parse_target(target)
         self.kernel_dir = Path(kernel_dir) if kernel_dir is not None else default_kernel_dir()
-        self.jit = os.environ.get(ENV_JIT, "1") != "0" if jit is None else jit
-        self._lock = threading.Lock()
+        self.jit = jit_allowed_by_env() if jit is None else jit
+        self._lock = threading.Lock()  # guards the dictionaries below, never held to load
+        self._variant_locks: dict = {}
         self._functions: dict = {}
+        self._failures: dict = {}  # variant -> the KernelCompileError of its failed compile
         self._manifest: Optional[dict] = None
+        self._warned: set = set()
+
+    def _fix(self, variant: Optional[Variant] = None) -> str:
+        heads = dict(variant.static).get("num_heads") if variant is not None else None
+        return build_command(self.target, self.kernel_dir, heads)
 
     def manifest(self) -> dict:
-        """``{variant key: manifest entry}`` of the ahead-of-time build ({} if none)."""
-        if self._manifest is None:
-            path = self.kernel_dir / self.target.dirname / MANIFEST_NAME
-            if not path.is_file():
-                self._manifest = {}
-            else:
-                data = json.loads(path.read_text())
-                if data.get("target") != self.target.name:
+        """``{variant key: manifest entry}`` of the ahead-of-time build ({} if none); raises
+        :class:`~dsv4_tl.manifest.CorruptManifestError` for a damaged manifest."""
+        with self._lock:
+            if self._manifest is None:
+                path = self.kernel_dir / self.target.dirname / MANIFEST_NAME
+                data = read_manifest(path, self._fix())
+                if data["target"] not in (None, self.target.name):
                     raise KernelBuildMismatchError(
-                        f"{path} was built for {data.get('target')}, not {self.target.name}; "
-                        f"run: {build_command(self.target, self.kernel_dir)}")
-                self._manifest = {e["key"]: e for e in data.get("kernels", [])}
-        return self._manifest
+                        f"{path} was built for {data['target']}, not {self.target.name}; "
+                        f"run: {self._fix()}")
+                self._manifest = data["kernels"]
+            return self._manifest
 
     def get(self, variant: Variant) -> Callable:
         """The callable of ``variant`` (plain tensor/scalar arguments; it launches on the
@@ -156,60 +232,101 @@ class KernelLoader:
         if fn is not None:
             return fn
         with self._lock:
+            variant_lock = self._variant_locks.setdefault(variant, threading.Lock())
+        with variant_lock:
             fn = self._functions.get(variant)
-            if fn is None:
+            if fn is not None:
+                return fn
+            failure = self._failures.get(variant)
+            if failure is not None:
+                raise failure
+            try:
                 fn = self._load(variant)
-                self._functions[variant] = fn
+            except KernelCompileError as exc:
+                self._failures[variant] = exc
+                raise
+            self._functions[variant] = fn
         return fn
 
-    def _verified_aot_path(self, variant: Variant, entry: dict) -> Path:
-        path = artifact_path(self.kernel_dir, self.target, variant)
-        fix = f"run: {build_command(self.target, self.kernel_dir, dict(variant.static).get('num_heads'))}"
-        if entry.get("target") != self.target.name:
-            raise KernelBuildMismatchError(
-                f"{variant.key}: built for {entry.get('target')}, not {self.target.name}; {fix}")
-        import tilelang
+    def _warn_once(self, variant: Variant, message: str) -> None:
+        with self._lock:
+            fresh = variant not in self._warned
+            self._warned.add(variant)
+        if fresh:
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
 
-        built_with = entry.get("toolchain", {}).get("tilelang")
-        if built_with != tilelang.__version__:
-            raise KernelBuildMismatchError(
-                f"{variant.key}: built with TileLang {built_with}, this process has "
-                f"{tilelang.__version__}; {fix}")
-        if not path.is_file():
-            raise KernelBuildMismatchError(f"{variant.key}: the manifest lists {path.name} but "
-                                           f"the file is missing; {fix}")
-        if sha256_file(path) != entry.get("sha256"):
-            raise KernelBuildMismatchError(f"{variant.key}: {path} does not match the sha256 in "
-                                           f"the manifest (modified or partial); {fix}")
-        return path
+    def _path(self, variant: Variant) -> Path:
+        """The verified artifact of ``variant``: the build's, else a JIT one (compiled here
+        when allowed); raises naming the command that fixes a missing or stale build."""
+        entry = self.manifest().get(variant.key)
+        stale = None
+        if entry is not None:
+            path = artifact_path(self.kernel_dir, self.target, variant)
+            stale = stale_reason(entry, variant, self.target, path)
+            if stale is None:
+                return path
+        jit_path = jit_artifact_path(self.kernel_dir, self.target, variant)
+        if _verified(variant, self.target, jit_path):
+            return jit_path
+        fix = self._fix(variant)
+        if stale is not None and not (self.jit and can_compile(self.target)):
+            raise KernelBuildMismatchError(f"{variant.key}: {stale}; run: {fix}")
+        where = f"kernel {variant.key} for {self.target.name} is not in the build at {self.kernel_dir}"
+        if not self.jit:
+            raise KernelNotBuiltError(f"{where} and JIT compilation is off ({ENV_JIT}); run: {fix}")
+        if not can_compile(self.target):
+            raise KernelNotBuiltError(f"{where} and TileLang cannot compile it here; run: {fix}")
+        if stale is not None:
+            self._warn_once(variant, f"dsv4_tl: built kernel {variant.key} is stale ({stale}): "
+                                     f"compiling it just in time; to rebuild run: {fix}")
+        return compile_jit(variant, self.target, self.kernel_dir)
 
     def _load(self, variant: Variant) -> Callable:
-        import tilelang  # noqa: F401  (registers the CUDA/HIP module loaders of tvm-ffi)
-        import tvm_ffi
-
-        entry = self.manifest().get(variant.key)
-        if entry is not None:
-            path = self._verified_aot_path(variant, entry)
-        else:
-            path = (self.kernel_dir / self.target.dirname / "jit"
-                    / f"{variant.key}{artifact_suffix(self.target)}")
-            if not path.is_file():
-                fix = build_command(self.target, self.kernel_dir,
-                                    dict(variant.static).get("num_heads"))
-                if not self.jit:
-                    raise KernelNotBuiltError(
-                        f"kernel {variant.key} for {self.target.name} is not in the build at "
-                        f"{self.kernel_dir} and JIT compilation is off ({ENV_JIT}=0); run: {fix}")
-                if not can_compile(self.target):
-                    raise KernelNotBuiltError(
-                        f"kernel {variant.key} for {self.target.name} is not in the build at "
-                        f"{self.kernel_dir} and TileLang cannot compile it here; run: {fix}")
-                compile_variant(variant, self.target, path)
+        path = self._path(variant)
         if self.target.kind == "sycl":
             from .sycl.artifacts import load_artifact
 
             return load_artifact(path)
+        import tilelang  # noqa: F401  (registers the CUDA/HIP module loaders of tvm-ffi)
+        import tvm_ffi
+
         return tvm_ffi.load_module(str(path))[variant.spec.entry]
+
+
+def audit_kernel_dir(kernel_dir: "str | Path", target: "str | Target") -> list:
+    """Every problem of one target's artifacts in ``kernel_dir``: temporary files left
+    behind, an unreadable manifest, built or JIT artifacts that do not match their records
+    in this process. Empty: everything there would load verified."""
+    from .manifest import CorruptManifestError
+
+    target, kernel_dir = parse_target(target), Path(kernel_dir)
+    tdir = kernel_dir / target.dirname
+    problems = [f"temporary file left: {p.relative_to(tdir)}" for p in tdir.rglob("*.tmp*")]
+    try:
+        entries = read_manifest(tdir / MANIFEST_NAME, build_command(target, kernel_dir))["kernels"]
+    except CorruptManifestError as exc:
+        problems.append(str(exc))
+        entries = {}
+    records = [(e, artifact_path(kernel_dir, target, Variant.make(e["op"], e["static"],
+                                                                   e["schedule"])))
+               for e in entries.values()]
+    suffix = artifact_suffix(target)
+    for path in sorted((tdir / "jit").glob(f"*{suffix}")):
+        record = _read_record(_jit_record_path(path))
+        if record is None:
+            problems.append(f"jit/{path.name}: no readable record")
+        else:
+            records.append((record, path))
+    for record, path in records:
+        try:
+            variant = Variant.make(record["op"], record["static"], record["schedule"])
+        except (KeyError, TypeError, ValueError) as exc:
+            problems.append(f"{path.name}: malformed record ({exc})")
+            continue
+        reason = stale_reason(record, variant, target, path)
+        if reason:
+            problems.append(f"{path.relative_to(tdir)}: {reason}")
+    return problems
 
 
 _loaders: dict = {}

@@ -13,8 +13,8 @@ For each selected bucket of ``schedules/<target>/<op>.json``:
    nearest-first (fewest knobs changed from the baseline, then the space's value order) up
    to ``--max-candidates``. ``--dry-run`` prints all this on any machine.
 2. **Compile** every kept (static, schedule) variant in a process pool with
-   :func:`dsv4_tl.loader.compile_variant` into ``<artifacts>/<hash>/<target>/jit/`` (hash of
-   the kernel sources and TileLang version; existing files are reused), while the GPU
+   :func:`dsv4_tl.loader.compile_jit` into ``<artifacts>/<hash>/<target>/jit/`` (hash of
+   the kernel sources and TileLang version; verified existing files are reused), while the GPU
    measures the buckets already compiled.
 3. **Measure** on the bucket's representative input (suite ``dsv4``: spec §8 shapes, made by
    :mod:`dsv4_tl.bench`'s input makers): each candidate runs through the *same front end*
@@ -96,10 +96,10 @@ _REDUCE_SCRATCH = 2048  # row reductions of the softmax (reduce_max / reduce_sum
 
 
 def _ws_smem(hb: int, bi: int) -> int:
-    # attention_tile.WarpSpecializedState: Q halves, two K buffers of two halves, P tile,
-    # validity flags, alpha/denominator rows (mbarriers are static, a few bytes).
-    return _buffers(hb * 256 * 2, hb * 256 * 2, *(bi * 256 * 2,) * 4, hb * bi * 2,
-                    bi, bi, hb * 4, hb * 4) + _REDUCE_SCRATCH
+    # attention_tile.WarpSpecializedState: Q halves, two K buffers of two halves, two P
+    # tiles, validity flags, two alpha rows and the denominator row (mbarriers are static).
+    return _buffers(hb * 256 * 2, hb * 256 * 2, *(bi * 256 * 2,) * 4, hb * bi * 2, hb * bi * 2,
+                    bi, bi, hb * 4, hb * 4, hb * 4) + _REDUCE_SCRATCH
 
 
 def smem_bytes(op: str, config: dict) -> int:
@@ -868,13 +868,9 @@ def make_entry(target: Target, p: BucketPlan, results: List[dict], info: dict, t
 
 
 def kernel_sources_hash() -> str:
-    import dsv4_tl.tile_kernels as tk
+    from .provenance import kernel_sources_digest
 
-    digest = hashlib.sha256()
-    for path in sorted(Path(tk.__file__).parent.glob("*.py")):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    return kernel_sources_digest()[:16]
 
 
 # =============================================================================== state file
@@ -928,6 +924,17 @@ def _hung(p: BucketPlan, config: dict, say) -> None:
     os._exit(5)
 
 
+def _compile_jit_job(variant, target: Target, kernel_dir: Path) -> Path:
+    """Pool job: a candidate compiled as the loader's JIT would (artifact + provenance record),
+    so the tuning loader (JIT off) loads it verified."""
+    import logging
+
+    from .loader import compile_jit
+
+    logging.getLogger("tilelang").setLevel(logging.WARNING)  # one line per kernel is noise here
+    return compile_jit(variant, target, kernel_dir)
+
+
 def _artifact_root(artifacts: Optional[str]) -> Path:
     from .build import toolchain_versions
     from .loader import default_kernel_dir
@@ -941,7 +948,7 @@ def _artifact_root(artifacts: Optional[str]) -> Path:
 def run(args: argparse.Namespace, say=print) -> int:
     import torch
 
-    from .build import _compile_job
+    from .loader import jit_artifact_path
 
     if not torch.cuda.is_available():
         say("dsv4-tl tune: measuring needs a CUDA device (--dry-run and --report work anywhere)")
@@ -987,7 +994,7 @@ def run(args: argparse.Namespace, say=print) -> int:
                 if v.key not in needed:
                     needed[v.key] = v
                     order.append(v)
-    missing = [v for v in order if not (kdir / target.dirname / "jit" / f"{v.key}.so").is_file()]
+    missing = [v for v in order if not jit_artifact_path(kdir, target, v).is_file()]
     say(f"{info['device']} ({info['sms']} SMs), driver {info['driver']}, TileLang {tools['tilelang']}, "
         f"torch {tools.get('torch')}; {len(plans)} buckets, {len(order)} variants "
         f"({len(missing)} to compile) in {kdir}")
@@ -996,9 +1003,7 @@ def run(args: argparse.Namespace, say=print) -> int:
         max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) if missing else None
     futures = {}
     for v in missing:
-        path = kdir / target.dirname / "jit" / f"{v.key}.so"
-        futures[v.key] = pool.submit(_compile_job, ((v.op, dict(v.static), dict(v.schedule)),
-                                                    target.name, str(path)))
+        futures[v.key] = pool.submit(_compile_jit_job, v, target, kdir)
     harness_by_op = {}
     status = 0
     from tqdm import tqdm
@@ -1163,13 +1168,16 @@ def _ops(args) -> List[str]:
 def build_parser() -> argparse.ArgumentParser:
     from .targets import DEFAULT_TARGET, SUPPORTED_TARGETS
 
-    p = argparse.ArgumentParser(prog="dsv4-tl tune", description=__doc__.split("\n\n")[0])
+    from .cli import OneLineParser, positive_int
+
+    p = OneLineParser(prog="dsv4-tl tune", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=DEFAULT_TARGET, choices=SUPPORTED_TARGETS)
     p.add_argument("--kernel", action="append",
                    help=f"op to tune (repeatable; default all): {', '.join(TUNABLE_OPS)}")
     p.add_argument("--suite", default="dsv4", choices=sorted(SUITES))
     p.add_argument("--bucket", action="append", help="only this bucket (repeatable)")
-    p.add_argument("--out", default="tuning_logs", help="log root (default ./tuning_logs)")
+    p.add_argument("--out", help="log root (default: the logs the installed package reads, "
+                   f"${tuning_log.ENV_LOG_DIR} or dsv4_tl/tuning_logs)")
     p.add_argument("--resume", action="store_true",
                    help="skip buckets already logged for this device and TileLang version")
     p.add_argument("--force", action="store_true", help="with --resume: re-tune logged buckets")
@@ -1180,7 +1188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES,
                    help="per bucket after pruning, nearest to the bucket's config first "
                         f"(default {DEFAULT_MAX_CANDIDATES}; 0 = all)")
-    p.add_argument("--jobs", type=int, help="parallel compiles (default: cores - 1)")
+    p.add_argument("--jobs", type=positive_int, help="parallel compiles (default: cores - 1)")
     p.add_argument("--artifacts", help="compiled candidates (default <kernel dir>/tune)")
     p.add_argument("--time-budget", type=float, default=0,
                    help="seconds after which no new bucket starts (0: none)")
@@ -1197,6 +1205,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.out is None:  # read and extend the logs that schedule_for and builds read
+        args.out = str(tuning_log.log_root())
     target = parse_target(args.target)
     ops = _ops(args)
     if args.report:

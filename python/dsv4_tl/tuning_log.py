@@ -21,9 +21,13 @@ that failed to compile, to run or the reference check (``error``). Times are mic
 per call: medians over CUDA-graph replays with rotated inputs.
 
 Selection (:func:`select_entry`): the entries of ``(target, op, bucket)`` whose TileLang
-version is this process's; the newest (``date``, then line order) wins. Entries of another
-TileLang version are ignored with a warning, as are entries whose bucket ranges differ from
-the schedule file's (the bucket was redefined after tuning). Malformed lines are skipped
+version is this process's; the newest (``date`` as a time-zone-aware datetime, then line
+order) wins. Ignored with a warning: entries of another TileLang version, entries whose
+``target`` is not the directory's (a ``hip:gfx942`` entry in ``cuda_sm90a/``), entries whose
+bucket ranges differ from the schedule file's (the bucket was redefined after tuning) and
+entries whose best config sets a knob to a value outside the schedule's ``space`` (it could
+never have been a candidate, and would fail every build of the bucket). A ``date`` without a
+time zone or in the future makes a line malformed (it would win every later comparison). Malformed lines are skipped
 with a warning naming the file and line. The log root is ``$DSV4_TL_TUNING_LOGS`` when set,
 else the installed ``dsv4_tl.tuning_logs`` package (the repository's ``tuning_logs/``).
 
@@ -68,6 +72,25 @@ _FIELDS = {
     "notes": ((str,), False),
 }
 _KNOB_TYPES = (bool, int, float, str)
+
+
+# Clock skew between the tuning machine and this one that a fresh entry's date may show.
+_DATE_SKEW = datetime.timedelta(minutes=10)
+
+
+def entry_date(entry: dict) -> datetime.datetime:
+    """The entry's ``date`` as an aware datetime; ValueError when it is not an ISO 8601
+    timestamp with a time zone, or lies in the future."""
+    text = entry["date"]
+    try:
+        date = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"expected an ISO 8601 timestamp, got {text!r}") from None
+    if date.tzinfo is None or date.utcoffset() is None:
+        raise ValueError(f"expected a time zone (e.g. +00:00), got {text!r}")
+    if date > datetime.datetime.now(datetime.timezone.utc) + _DATE_SKEW:
+        raise ValueError(f"{text!r} is in the future")
+    return date
 
 
 def _is_number(value) -> bool:
@@ -132,9 +155,9 @@ def validate_entry(entry) -> List[str]:
     if not isinstance(entry["toolchain"].get("tilelang"), str):
         errors.append("toolchain.tilelang: missing (the version selection keys on it)")
     try:
-        datetime.datetime.fromisoformat(entry["date"])
-    except ValueError:
-        errors.append(f"date: expected an ISO 8601 timestamp, got {entry['date']!r}")
+        entry_date(entry)
+    except ValueError as exc:
+        errors.append(f"date: {exc}")
     timed = []
     for i, cand in enumerate(entry["candidates"]):
         where = f"candidates[{i}]"
@@ -260,21 +283,76 @@ def current_tilelang() -> Optional[str]:
 
 
 def _newest(entries: list) -> Optional[dict]:
-    return max(entries, key=lambda e: (e["date"], e["_line"])) if entries else None
+    return max(entries, key=lambda e: (entry_date(e), e["_line"])) if entries else None
+
+
+def _target_dir_of(name: str) -> Optional[str]:
+    from .targets import parse_target
+
+    try:
+        return parse_target(name).dirname
+    except ValueError:
+        return None
+
+
+def declared_values(target_dir: str, op: str, bucket: str) -> dict:
+    """knob -> the values a tuned config of ``bucket`` may give it: the schedule file's
+    ``space`` candidates plus the default's and the bucket's own value (tuning always
+    measures those). Knobs the space does not declare are unconstrained; no schedule file
+    or no space: nothing is."""
+    from .schedules import load_schedule_file  # schedules imports this module
+
+    try:
+        spec = load_schedule_file(target_dir, op)
+    except FileNotFoundError:
+        return {}
+    config = next((b.get("config", {}) for b in spec.get("buckets", [])
+                   if b.get("name") == bucket), {})
+    allowed = {}
+    for knob, values in spec.get("space", {}).items():
+        own = [c[knob] for c in (spec["default"], config) if knob in c]
+        allowed[knob] = list(values) + own
+    return allowed
+
+
+def _outside_space(config: dict, space: dict) -> list:
+    """``knob=value`` of every knob of ``config`` that ``space`` declares and that takes
+    another value."""
+    return [f"{k}={v!r}" for k, v in sorted(config.items()) if k in space and v not in space[k]]
 
 
 def select_entry(target_dir: str, op: str, bucket: str, match: Optional[dict] = None,
                  tilelang: Optional[str] = None, root: "str | Path | None" = None) -> Optional[dict]:
     """The log entry whose best config ``(target_dir, op, bucket)`` uses, or None.
 
-    Only entries tuned with ``tilelang`` (default: this process's version) count; others
-    are ignored with a warning. With ``match``, entries whose bucket ranges differ are
-    ignored with a warning too. The newest remaining entry wins.
+    Only entries of this directory's target tuned with ``tilelang`` (default: this
+    process's version) whose best config stays inside the schedule file's space
+    (:func:`declared_values`) count; others are ignored with a warning. With ``match``,
+    entries whose bucket ranges differ are ignored with a warning too. The newest
+    remaining entry wins.
     """
     path = log_path(log_root() if root is None else root, target_dir, op)
     entries = [e for e in read_log(path) if e["bucket"] == bucket and e["op"] == op]
     if not entries:
         return None
+    foreign = [e for e in entries if _target_dir_of(e["target"]) != target_dir]
+    if foreign:
+        _warn_once(("target", str(path), bucket),
+                   f"tuning log {path}: {len(foreign)} entries of bucket {bucket!r} were tuned "
+                   f"for target {foreign[-1]['target']} (device {foreign[-1]['device']}), not "
+                   f"this directory's: ignored")
+        entries = [e for e in entries if _target_dir_of(e["target"]) == target_dir]
+    space = declared_values(target_dir, op, bucket)
+    if space:
+        bad = [(e, _outside_space(e["best"], space)) for e in entries]
+        bad = [(e, knobs) for e, knobs in bad if knobs]
+        if bad:
+            _warn_once(("space", str(path), bucket),
+                       f"tuning log {path}: {len(bad)} entries of bucket {bucket!r} have a best "
+                       f"config outside the schedule's space ({', '.join(bad[-1][1])}, line "
+                       f"{bad[-1][0]['_line']}): ignored")
+            rejected = {id(e) for e, _ in bad}
+            entries = [e for e in entries if id(e) not in rejected]
     version = current_tilelang() if tilelang is None else tilelang
     same = [e for e in entries if e["toolchain"]["tilelang"] == version]
     others = sorted({e["toolchain"]["tilelang"] for e in entries} - {version})

@@ -11,8 +11,11 @@ Exception types:
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Optional, Sequence, Tuple, Union
 
+import numpy
 import torch
 
 # fp8_ds_mla per-token geometry (spec section 1); duplicated from cache_format to
@@ -140,12 +143,14 @@ def check_int(name: str, v: object, *, min_value: Optional[int] = None, max_valu
 
 
 def check_float(name: str, v: object) -> float:
-    """A finite Python real number (int or float, not bool)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"{name}: expected float, got {type(v).__name__}")
-    if v != v or v in (float("inf"), float("-inf")):
+    """A finite real number (``numbers.Real``: int, float, numpy floats and ints; not a bool
+    of either kind, not a tensor), returned as a Python float."""
+    if isinstance(v, (bool, numpy.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {type(v).__name__}")
+    value = float(v)
+    if not math.isfinite(value):
         raise ValueError(f"{name}: expected a finite value, got {v}")
-    return float(v)
+    return value
 
 
 def check_block_size(name: str, block_size: object) -> int:

@@ -47,7 +47,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from . import library  # noqa: F401  (registers torch.ops.dsv4_tl.*)
 from . import ops
 from .cache_format import HEAD_DIM
-from .validation import check_k_cache, check_tensor
+from .validation import check_float, check_k_cache, check_tensor
 
 __all__ = [
     "FlashMLASchedMeta",
@@ -163,9 +163,10 @@ def get_mla_metadata(*args, **kwargs) -> Tuple[FlashMLASchedMeta, None]:
 
 
 def _check_sched_meta(meta: FlashMLASchedMeta, config: SchedConfig) -> None:
+    """Refuse a call whose shapes differ from the first successful call's. Nothing is
+    recorded here: :func:`_record_sched_meta` runs once the call succeeded, so a call that
+    fails validation does not pin its (wrong) shapes."""
     if not meta.have_initialized:
-        meta.have_initialized = True
-        meta.config = config
         return
     first = meta.config
     for field in SchedConfig._fields:
@@ -175,6 +176,12 @@ def _check_sched_meta(meta: FlashMLASchedMeta, config: SchedConfig) -> None:
                 f"tile_scheduler_metadata: reused with other shapes: {field} was {was} at its "
                 f"first use, now {now} ({_CONFIG_SOURCES[field]}). Use one get_mla_metadata() "
                 f"object per set of shapes, as with FlashMLA")
+
+
+def _record_sched_meta(meta: FlashMLASchedMeta, config: SchedConfig) -> None:
+    if not meta.have_initialized:
+        meta.have_initialized = True
+        meta.config = config
 
 
 # ---------------------------------------------------------------------------------------
@@ -262,23 +269,28 @@ def flash_mla_with_kvcache(
         check_tensor("extra_indices_in_kvcache", extra_indices_in_kvcache, ndim=3)
     if out is not None:
         _check_given("out", out, (*q.shape[:3], HEAD_DIM), torch.bfloat16, q.device)
-    _check_sched_meta(meta, SchedConfig(
+    config = SchedConfig(
         q.shape[0], q.shape[1], q.shape[2], k_cache.shape[1],
         k_cache.shape[2] if k_cache.dim() == 4 else 1, bool(causal), bool(is_fp8_kvcache),
         indices.shape[-1],
         None if extra_k_cache is None else extra_k_cache.shape[1],
-        None if extra_indices_in_kvcache is None else extra_indices_in_kvcache.shape[-1]))
-    if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** -0.5
+        None if extra_indices_in_kvcache is None else extra_indices_in_kvcache.shape[-1])
+    _check_sched_meta(meta, config)
+    # a plain float for the op's schema (numpy floats are real numbers too)
+    softmax_scale = (q.shape[-1] ** -0.5 if softmax_scale is None
+                     else check_float("softmax_scale", softmax_scale))
     args = (q, k_cache, indices, topk_length, softmax_scale, attn_sink, extra_k_cache,
             extra_indices_in_kvcache, extra_topk_length)
     if out is None:
-        return torch.ops.dsv4_tl.sparse_decode(*args)
-    if _eager_out_ok(*args, out):
-        return ops.sparse_decode(*args, out=out)
-    result, lse = torch.ops.dsv4_tl.sparse_decode(*args)
-    out.copy_(result)
-    return out, lse
+        result = torch.ops.dsv4_tl.sparse_decode(*args)
+    elif _eager_out_ok(*args, out):
+        result = ops.sparse_decode(*args, out=out)
+    else:
+        full, lse = torch.ops.dsv4_tl.sparse_decode(*args)
+        out.copy_(full)
+        result = (out, lse)
+    _record_sched_meta(meta, config)
+    return result
 
 
 # ---------------------------------------------------------------------------------------
@@ -310,6 +322,7 @@ def flash_mla_sparse_fwd(
     """
     if d_v != HEAD_DIM:
         raise ValueError(f"d_v: expected {HEAD_DIM}, got {d_v}")
+    sm_scale = check_float("sm_scale", sm_scale)  # a plain float for the op's schema
     args = (q, kv, indices, sm_scale, attn_sink, topk_length)
     if out is None:
         return torch.ops.dsv4_tl.sparse_prefill(*args)

@@ -35,7 +35,6 @@ def _out_flat_view(out: torch.Tensor) -> torch.Tensor:
 def _check_out(out: torch.Tensor) -> None:
     check_tensor("out", out, dtype=torch.bfloat16, shape=(None, None, HEAD_DIM),
                  last_dim_contiguous=True)
-    check_kernel_device("out", out)
     r, mt, _ = out.shape
     s0, s1 = out.stride(0), out.stride(1)
     if s0 % _VEC_ELEMS or s1 % _VEC_ELEMS:
@@ -48,8 +47,34 @@ def _check_out(out: torch.Tensor) -> None:
         raise ValueError(f"out: expected stride(0) >= (max_tokens - 1) * stride(1) + {HEAD_DIM} "
                          f"(requests must not overlap), got shape {list(out.shape)} strides "
                          f"{out.stride()}")
-    if out.numel() > 0 and out.data_ptr() % _VEC_BYTES:
-        raise ValueError(f"out: expected a 16-byte aligned data pointer, got {out.data_ptr():#x}")
+
+
+def check_dequantize_and_gather_args(out: torch.Tensor, k_cache: torch.Tensor,
+                                     seq_lens: torch.Tensor, gather_lens: Optional[torch.Tensor],
+                                     block_table: torch.Tensor, block_size: int, offset: int,
+                                     fp8_format: str = "e4m3fn") -> tuple:
+    """Every check of :func:`dequantize_and_gather_k_cache` that reads no tensor data (so the
+    fake implementation runs them too). Returns ``(cache geometry, block size, offset,
+    fp8 format)``."""
+    _check_out(out)
+    num_reqs, max_tokens = out.shape[0], out.shape[1]
+    geom = cache_geometry(k_cache, "k_cache")
+    check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(num_reqs,))
+    check_optional_tensor("gather_lens", gather_lens, dtype=torch.int32, shape=(num_reqs,))
+    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, contiguous=True)
+    check_dim_match("block_table", block_table, 0, num_reqs, "num_reqs of out")
+    bs = check_block_size("block_size", block_size)
+    if bs != geom.block_size:
+        raise ValueError(f"block_size: expected {geom.block_size} (block size of k_cache), got {bs}")
+    offset = check_int("offset", offset, min_value=0, max_value=max_tokens)
+    fmt = check_fp8_format("fp8_format", fp8_format)
+    check_same_device(out=out, k_cache=k_cache, seq_lens=seq_lens, gather_lens=gather_lens,
+                      block_table=block_table)
+    if max_tokens > _INT32_MAX - 64:
+        raise ValueError(f"out: expected max_tokens < 2^31 - 64, got {max_tokens}")
+    if geom.num_blocks > _INT32_MAX:
+        raise ValueError(f"k_cache: expected num_blocks <= {_INT32_MAX}, got {geom.num_blocks}")
+    return geom, bs, offset, fmt
 
 
 def dequantize_and_gather_k_cache(
@@ -87,26 +112,14 @@ def dequantize_and_gather_k_cache(
     zeros. Nothing else of ``out`` is written. No value of seq_lens / gather_lens /
     block_table reads out of bounds.
     """
-    _check_out(out)
+    geom, bs, offset, fmt = check_dequantize_and_gather_args(
+        out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, fp8_format)
+    check_kernel_device("out", out)
     num_reqs, max_tokens = out.shape[0], out.shape[1]
-    geom = cache_geometry(k_cache, "k_cache")
-    check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(num_reqs,))
-    check_optional_tensor("gather_lens", gather_lens, dtype=torch.int32, shape=(num_reqs,))
-    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, contiguous=True)
-    check_dim_match("block_table", block_table, 0, num_reqs, "num_reqs of out")
-    bs = check_block_size("block_size", block_size)
-    if bs != geom.block_size:
-        raise ValueError(f"block_size: expected {geom.block_size} (block size of k_cache), got {bs}")
-    offset = check_int("offset", offset, min_value=0, max_value=max_tokens)
-    fmt = check_fp8_format("fp8_format", fp8_format)
-    check_same_device(out=out, k_cache=k_cache, seq_lens=seq_lens, gather_lens=gather_lens,
-                      block_table=block_table)
-    if max_tokens > _INT32_MAX - 64:
-        raise ValueError(f"out: expected max_tokens < 2^31 - 64, got {max_tokens}")
-    if geom.num_blocks > _INT32_MAX:
-        raise ValueError(f"k_cache: expected num_blocks <= {_INT32_MAX}, got {geom.num_blocks}")
     if num_reqs == 0 or max_tokens == offset:
         return  # nothing can be written
+    if out.data_ptr() % _VEC_BYTES:
+        raise ValueError(f"out: expected a 16-byte aligned data pointer, got {out.data_ptr():#x}")
 
     dev = out.device
     if geom.num_blocks > 0:

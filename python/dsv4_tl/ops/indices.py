@@ -54,9 +54,10 @@ def _indptr_of(lens: torch.Tensor) -> Tuple[torch.Tensor, int]:
 # ---------------------------------------------------------------------------------------
 # C4A decode: request-local indexer top-k -> global slots
 # ---------------------------------------------------------------------------------------
-def _check_global_topk(topk_indices, token_to_req, block_table, block_size, is_valid_token):
+def check_global_topk_args(topk_indices, token_to_req, block_table, block_size, is_valid_token):
+    """Every check of the global top-k helpers (no tensor data is read, so the fake
+    implementations run them too); returns the block size."""
     check_tensor("topk_indices", topk_indices, dtype=torch.int32, ndim=2)
-    check_kernel_device("topk_indices", topk_indices)
     num_tokens = topk_indices.shape[0]
     check_tensor("token_to_req", token_to_req, dtype=torch.int32, shape=(num_tokens,))
     check_tensor("block_table", block_table, dtype=torch.int32, ndim=2)
@@ -106,7 +107,8 @@ def compute_global_topk_indices_and_lens(
         lens: [T], int32: ``#(l >= 0)`` in the row (not compacted: valid entries must be a
             prefix for topk_length semantics), 0 for invalid tokens and bad requests.
     """
-    bs = _check_global_topk(topk_indices, token_to_req, block_table, block_size, is_valid_token)
+    bs = check_global_topk_args(topk_indices, token_to_req, block_table, block_size, is_valid_token)
+    check_kernel_device("topk_indices", topk_indices)
     num_tokens, k = topk_indices.shape
     dev = topk_indices.device
     num_reqs = block_table.shape[0]
@@ -134,7 +136,8 @@ def compute_global_topk_ragged_indices_and_indptr(
         flat: [sum(lens)], int32: the first ``lens[t]`` entries of each dense row, rows in order.
         indptr: [T + 1], int32: exclusive cumsum of lens (``torch.cumsum``; one host sync).
     """
-    bs = _check_global_topk(topk_indices, token_to_req, block_table, block_size, is_valid_token)
+    bs = check_global_topk_args(topk_indices, token_to_req, block_table, block_size, is_valid_token)
+    check_kernel_device("topk_indices", topk_indices)
     num_tokens, k = topk_indices.shape
     dev = topk_indices.device
     indptr = torch.zeros((num_tokens + 1,), dtype=torch.int32, device=dev)
@@ -154,10 +157,11 @@ def compute_global_topk_ragged_indices_and_indptr(
 # ---------------------------------------------------------------------------------------
 # Prefill: combined [compressed top-k | SWA] rows over the BF16 workspace
 # ---------------------------------------------------------------------------------------
-def _check_combine(topk_indices, query_start_loc, seq_lens, gather_lens, window,
-                   compress_ratio, topk, M, N):
+def check_combine_args(topk_indices, query_start_loc, seq_lens, gather_lens, window,
+                       compress_ratio, topk, M, N):
+    """Every check of the combine helpers that reads no tensor data (the fake implementations
+    run them too); returns ``(num_reqs, window, compress_ratio, topk, M, N)``."""
     check_tensor("topk_indices", topk_indices, dtype=torch.int32, ndim=2)
-    check_kernel_device("topk_indices", topk_indices)
     k = topk_indices.shape[1]
     check_tensor("query_start_loc", query_start_loc, dtype=torch.int32, ndim=1)
     if query_start_loc.shape[0] < 1:
@@ -227,8 +231,9 @@ def combine_topk_swa_indices(
             callers guarantee none). Values are computed in int64 and wrap to int32.
         lens: [Tc], int32, ``topk_len + swa_len``.
     """
-    num_reqs, window, cr, topk, M, N = _check_combine(
+    num_reqs, window, cr, topk, M, N = check_combine_args(
         topk_indices, query_start_loc, seq_lens, gather_lens, window, compress_ratio, topk, M, N)
+    check_kernel_device("topk_indices", topk_indices)
     num_tokens = topk_indices.shape[0]
     dev = topk_indices.device
     width = _round_up(topk + window, _C_ALIGN)
@@ -259,8 +264,9 @@ def combine_topk_swa_ragged_indices(
         flat: [sum(lens)], int32: row t (its first ``lens[t]`` columns) at ``indptr[t]``.
         indptr: [Tc + 1], int32: exclusive cumsum of lens (``torch.cumsum``; one host sync).
     """
-    num_reqs, window, cr, topk, M, N = _check_combine(
+    num_reqs, window, cr, topk, M, N = check_combine_args(
         topk_indices, query_start_loc, seq_lens, gather_lens, window, compress_ratio, topk, M, N)
+    check_kernel_device("topk_indices", topk_indices)
     num_tokens = topk_indices.shape[0]
     dev = topk_indices.device
     indptr = torch.zeros((num_tokens + 1,), dtype=torch.int32, device=dev)

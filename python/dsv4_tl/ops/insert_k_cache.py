@@ -32,6 +32,21 @@ def _k_flat_view(k: torch.Tensor) -> torch.Tensor:
     return k.view(torch.int16).as_strided((span,), (1,), k.storage_offset())
 
 
+def check_insert_k_cache_args(k_cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tensor,
+                              fp8_format: str = "e4m3fn") -> tuple:
+    """Every check of :func:`insert_k_cache` that reads no tensor data (so the fake
+    implementation runs them too). Returns ``(cache geometry, fp8 format)``."""
+    geom = cache_geometry(k_cache, "k_cache")
+    check_tensor("k", k, dtype=torch.bfloat16, shape=(None, HEAD_DIM), last_dim_contiguous=True)
+    n = k.shape[0]
+    check_tensor("slot_mapping", slot_mapping, dtype=(torch.int32, torch.int64), shape=(n,))
+    fmt = check_fp8_format("fp8_format", fp8_format)
+    check_same_device(k_cache=k_cache, k=k, slot_mapping=slot_mapping)
+    if n > 2**31 - 1:
+        raise ValueError(f"k: expected fewer than 2^31 rows, got {n}")
+    return geom, fmt
+
+
 def insert_k_cache(
     k_cache: torch.Tensor,
     k: torch.Tensor,
@@ -58,17 +73,11 @@ def insert_k_cache(
     token change. With duplicate slots, which row wins is unspecified. Non-finite values in
     a 64-dim tile give unspecified bytes for that token (in bounds).
     """
-    geom = cache_geometry(k_cache, "k_cache")
+    geom, fmt = check_insert_k_cache_args(k_cache, k, slot_mapping, fp8_format)
     check_kernel_device("k_cache", k_cache)
-    check_tensor("k", k, dtype=torch.bfloat16, shape=(None, HEAD_DIM), last_dim_contiguous=True)
     n = k.shape[0]
-    check_tensor("slot_mapping", slot_mapping, dtype=(torch.int32, torch.int64), shape=(n,))
-    fmt = check_fp8_format("fp8_format", fp8_format)
-    check_same_device(k_cache=k_cache, k=k, slot_mapping=slot_mapping)
     if n == 0 or geom.num_blocks == 0:
         return  # nothing can be written
-    if n > 2**31 - 1:
-        raise ValueError(f"k: expected fewer than 2^31 rows, got {n}")
     flat = geom.flat
     if flat.data_ptr() % _VEC_BYTES:
         raise ValueError(f"k_cache: expected a 16-byte aligned first byte, got {flat.data_ptr():#x}")
@@ -86,4 +95,4 @@ def insert_k_cache(
            geom.num_slots)
 
 
-__all__ = ["insert_k_cache"]
+__all__ = ["check_insert_k_cache_args", "insert_k_cache"]

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..cache_format import HEAD_DIM, cache_geometry
+from ..cache_format import HEAD_DIM, CacheGeometry, cache_geometry
 from ..validation import (
     check_kernel_device,
     check_float,
@@ -17,10 +17,10 @@ from ..validation import (
 from ._dispatch import placeholder, kernel_for, no_sink, output_tensor, schedule_of
 
 
-def _scope_args(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
-                topk_length: Optional[torch.Tensor], b: int, s_q: int):
-    """Kernel arguments of one scope: the cache's three flat views, indices, lengths, geometry.
-    ``names``: the user-facing argument names of (cache, indices, lengths)."""
+def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
+                 topk_length: Optional[torch.Tensor], b: int, s_q: int):
+    """Validate one scope (cache, indices, lengths; no data is read) and return the cache's
+    geometry. ``names``: the user-facing argument names of (cache, indices, lengths)."""
     name, idx_name, length_name = names
     geom = cache_geometry(k_cache, name)
     if geom.num_blocks < 1:
@@ -29,12 +29,18 @@ def _scope_args(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: tor
         raise ValueError(f"{name}: expected at least one block, got shape {list(k_cache.shape)}")
     check_tensor(idx_name, indices, dtype=torch.int32, shape=(b, s_q, None),
                  last_dim_contiguous=True)
-    width = indices.shape[-1]
-    if width < 1:
+    if indices.shape[-1] < 1:
         raise ValueError(f"{idx_name}: expected width >= 1, got shape {list(indices.shape)}")
+    check_optional_tensor(length_name, topk_length, dtype=torch.int32, shape=(b,))
+    return geom
+
+
+def _scope_args(name: str, geom, indices: torch.Tensor, topk_length: Optional[torch.Tensor]):
+    """Kernel arguments of one validated scope: the cache's three flat views, indices,
+    lengths, geometry."""
     if topk_length is None:
-        topk_length = torch.full((b,), width, dtype=torch.int32, device=indices.device)
-    check_tensor(length_name, topk_length, dtype=torch.int32, shape=(b,))
+        topk_length = torch.full((indices.shape[0],), indices.shape[-1], dtype=torch.int32,
+                                 device=indices.device)
     flat = geom.flat
     if flat.data_ptr() % 16:
         # The kernel reads token records as 16-byte vectors (records and block strides are
@@ -44,6 +50,47 @@ def _scope_args(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: tor
     # flat spans (nb - 1) * stride0 + bs * 584 bytes: always even, so the bf16 view is whole.
     views = (flat.view(torch.float8_e4m3fn), flat.view(torch.bfloat16), flat)
     return views, indices.contiguous(), topk_length.contiguous(), geom
+
+
+def check_sparse_decode_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    attn_sink: Optional[torch.Tensor] = None,
+    extra_k_cache: Optional[torch.Tensor] = None,
+    extra_indices: Optional[torch.Tensor] = None,
+    extra_topk_length: Optional[torch.Tensor] = None,
+    fp8_format: str = "e4m3fn",
+) -> Tuple[int, int, int, float, CacheGeometry, Optional[CacheGeometry]]:
+    """Every check of :func:`sparse_decode` that reads no tensor data (so the fake
+    implementation runs it too), both scopes even when the batch is empty; where the
+    tensors can run is the front end's check (``check_kernel_device``). Returns
+    ``(b, s_q, h, scale, main geometry, extra geometry or None)``."""
+    check_tensor("q", q, dtype=torch.bfloat16, ndim=4, last_dim_contiguous=True)
+    b, s_q, h, d = q.shape
+    if d != HEAD_DIM:
+        raise ValueError(f"q: expected head dim {HEAD_DIM}, got shape {list(q.shape)}")
+    if h < 1:
+        raise ValueError(f"q: expected at least one head, got shape {list(q.shape)}")
+    check_fp8_format("fp8_format", fp8_format)
+    scale = HEAD_DIM ** -0.5 if softmax_scale is None else check_float("softmax_scale", softmax_scale)
+    check_optional_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(h,))
+    if (extra_k_cache is None) != (extra_indices is None):
+        raise ValueError("extra_indices: extra_k_cache and extra_indices must be given together")
+    if extra_k_cache is None and extra_topk_length is not None:
+        raise ValueError("extra_topk_length: given without extra_k_cache/extra_indices")
+    check_same_device(q=q, k_cache=k_cache, indices=indices, topk_length=topk_length,
+                      attn_sink=attn_sink, extra_k_cache=extra_k_cache,
+                      extra_indices=extra_indices, extra_topk_length=extra_topk_length)
+    main = _check_scope(("k_cache", "indices", "topk_length"), k_cache, indices, topk_length,
+                        b, s_q)
+    extra = None
+    if extra_k_cache is not None:
+        extra = _check_scope(("extra_k_cache", "extra_indices", "extra_topk_length"),
+                             extra_k_cache, extra_indices, extra_topk_length, b, s_q)
+    return b, s_q, h, scale, main, extra
 
 
 def sparse_decode(
@@ -83,36 +130,20 @@ def sparse_decode(
         lse: [b, h_q, s_q], float32, natural log of Σe^score, sink excluded; +inf for a row
             with no valid token (whose out is 0).
     """
-    check_tensor("q", q, dtype=torch.bfloat16, ndim=4, last_dim_contiguous=True)
+    b, s_q, h, scale, m_geom, e_geom = check_sparse_decode_args(
+        q, k_cache, indices, topk_length, softmax_scale, attn_sink, extra_k_cache,
+        extra_indices, extra_topk_length, fp8_format)
     check_kernel_device("q", q)
-    b, s_q, h, d = q.shape
-    if d != HEAD_DIM:
-        raise ValueError(f"q: expected head dim {HEAD_DIM}, got shape {list(q.shape)}")
-    if h < 1:
-        raise ValueError(f"q: expected at least one head, got shape {list(q.shape)}")
-    fp8_format = check_fp8_format("fp8_format", fp8_format)
-    scale = HEAD_DIM ** -0.5 if softmax_scale is None else check_float("softmax_scale", softmax_scale)
-    check_optional_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(h,))
-    if (extra_k_cache is None) != (extra_indices is None):
-        raise ValueError("extra_indices: extra_k_cache and extra_indices must be given together")
-    if extra_k_cache is None and extra_topk_length is not None:
-        raise ValueError("extra_topk_length: given without extra_k_cache/extra_indices")
-    check_same_device(q=q, k_cache=k_cache, indices=indices, topk_length=topk_length,
-                      attn_sink=attn_sink, extra_k_cache=extra_k_cache,
-                      extra_indices=extra_indices, extra_topk_length=extra_topk_length)
-
-    main, m_idx, m_len, m_geom = _scope_args(
-        ("k_cache", "indices", "topk_length"), k_cache, indices, topk_length, b, s_q)
     dev = q.device
     out = output_tensor("out", out, (b, s_q, h, HEAD_DIM), torch.bfloat16, dev)
     lse = output_tensor("lse", lse, (b, h, s_q), torch.float32, dev)
     if b == 0 or s_q == 0:
         return out, lse
 
+    main, m_idx, m_len, _ = _scope_args("k_cache", m_geom, indices, topk_length)
     if extra_k_cache is not None:
-        extra, e_idx, e_len, e_geom = _scope_args(
-            ("extra_k_cache", "extra_indices", "extra_topk_length"), extra_k_cache,
-            extra_indices, extra_topk_length, b, s_q)
+        extra, e_idx, e_len, _ = _scope_args("extra_k_cache", e_geom, extra_indices,
+                                             extra_topk_length)
         e_scalars = (e_geom.block_size, e_geom.stride0, e_geom.num_blocks)
     else:
         u8 = placeholder(dev, torch.uint8, (0,))

@@ -19,7 +19,6 @@ from ._dispatch import kernel_for, no_sink, output_tensor
 def _check_q_kv(q: torch.Tensor, kv: torch.Tensor) -> Tuple[int, int, int]:
     check_tensor("q", q, dtype=torch.bfloat16, ndim=3, last_dim_contiguous=True)
     check_tensor("kv", kv, dtype=torch.bfloat16, ndim=3, last_dim_contiguous=True)
-    check_kernel_device("q", q)
     s_q, h, d = q.shape
     if d != HEAD_DIM:
         raise ValueError(f"q: expected head dim {HEAD_DIM}, got shape {list(q.shape)}")
@@ -28,6 +27,35 @@ def _check_q_kv(q: torch.Tensor, kv: torch.Tensor) -> Tuple[int, int, int]:
     if kv.shape[1] != 1 or kv.shape[2] != HEAD_DIM:
         raise ValueError(f"kv: expected shape [s_kv, 1, {HEAD_DIM}], got {list(kv.shape)}")
     return s_q, h, kv.shape[0]
+
+
+def check_sparse_prefill_args(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
+                              sm_scale: float, attn_sink: Optional[torch.Tensor] = None,
+                              topk_length: Optional[torch.Tensor] = None) -> Tuple[int, float]:
+    """Every check of :func:`sparse_prefill` (no tensor data is read, so the fake
+    implementation runs them too); returns ``(s_q, sm_scale as a float)``."""
+    s_q, h, _ = _check_q_kv(q, kv)
+    check_tensor("indices", indices, dtype=torch.int32, shape=(s_q, 1, None),
+                 last_dim_contiguous=True)
+    if indices.shape[-1] < 1:
+        raise ValueError(f"indices: expected topk >= 1, got shape {list(indices.shape)}")
+    check_optional_tensor("topk_length", topk_length, dtype=torch.int32, shape=(s_q,))
+    check_optional_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(h,))
+    check_same_device(q=q, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink)
+    return s_q, check_float("sm_scale", sm_scale)
+
+
+def check_sparse_prefill_ragged_args(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
+                                     indptr: torch.Tensor, sm_scale: float,
+                                     attn_sink: Optional[torch.Tensor] = None) -> float:
+    """Every check of :func:`sparse_prefill_ragged` that reads no tensor data; returns
+    ``sm_scale`` as a float."""
+    s_q, h, _ = _check_q_kv(q, kv)
+    check_tensor("indices", indices, dtype=torch.int32, ndim=1)
+    check_tensor("indptr", indptr, dtype=torch.int32, shape=(s_q + 1,))
+    check_optional_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(h,))
+    check_same_device(q=q, kv=kv, indices=indices, indptr=indptr, attn_sink=attn_sink)
+    return check_float("sm_scale", sm_scale)
 
 
 def _outputs(s_q: int, h: int, device: torch.device, outs):
@@ -95,16 +123,9 @@ def sparse_prefill(
         max_logits: [s_q, h_q], float32, max scaled logit (-inf if no token).
         lse: [s_q, h_q], float32, natural-log ``ln Σ e^P`` without the sink (+inf if no token).
     """
-    s_q, h, _ = _check_q_kv(q, kv)
-    check_tensor("indices", indices, dtype=torch.int32, shape=(s_q, 1, None),
-                 last_dim_contiguous=True)
+    s_q, sm_scale = check_sparse_prefill_args(q, kv, indices, sm_scale, attn_sink, topk_length)
+    check_kernel_device("q", q)
     topk = indices.shape[-1]
-    if topk < 1:
-        raise ValueError(f"indices: expected topk >= 1, got shape {list(indices.shape)}")
-    check_optional_tensor("topk_length", topk_length, dtype=torch.int32, shape=(s_q,))
-    check_optional_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(h,))
-    check_same_device(q=q, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink)
-    sm_scale = check_float("sm_scale", sm_scale)
     if topk_length is None:
         topk_length = torch.full((s_q,), topk, dtype=torch.int32, device=q.device)
     return _launch(False, q, kv, indices.reshape(s_q, topk).contiguous(), topk_length.contiguous(),
@@ -133,12 +154,8 @@ def sparse_prefill_ragged(
 
     Returns: as :func:`sparse_prefill`.
     """
-    s_q, h, _ = _check_q_kv(q, kv)
-    check_tensor("indices", indices, dtype=torch.int32, ndim=1)
-    check_tensor("indptr", indptr, dtype=torch.int32, shape=(s_q + 1,))
-    check_optional_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(h,))
-    check_same_device(q=q, kv=kv, indices=indices, indptr=indptr, attn_sink=attn_sink)
-    sm_scale = check_float("sm_scale", sm_scale)
+    sm_scale = check_sparse_prefill_ragged_args(q, kv, indices, indptr, sm_scale, attn_sink)
+    check_kernel_device("q", q)
     if indices.numel() == 0:  # every row empty; keep a 1-element buffer for the kernel ABI
         indices = torch.full((1,), -1, dtype=torch.int32, device=q.device)
     return _launch(True, q, kv, indices.contiguous(), indptr.contiguous(), sm_scale, attn_sink,

@@ -1,0 +1,292 @@
+"""CPU tests that the loader only loads what it can vouch for: JIT artifacts verified like
+built ones (sha256, toolchain, source hash, target), stale builds rebuilt or compiled just in
+time with one warning, corrupt manifests reported in one line and repaired by
+``dsv4-tl build``; and the loader's locking (one lock per variant, failed compiles
+remembered) and its ``DSV4_TL_JIT`` switch."""
+
+import json
+import shutil
+import threading
+import time
+import warnings
+
+import pytest
+
+from dsv4_tl import cli, loader as L, provenance
+from dsv4_tl.build import build, schedules_of
+from dsv4_tl.kernels import Variant
+from dsv4_tl.loader import (
+    MANIFEST_NAME,
+    KernelBuildMismatchError,
+    KernelCompileError,
+    KernelLoader,
+    KernelNotBuiltError,
+    jit_artifact_path,
+)
+from dsv4_tl.manifest import CorruptManifestError
+from dsv4_tl.targets import parse_target
+
+TARGET = parse_target("cuda:sm_90a")
+OPS = ("global_topk",)
+# Not in the build: a global_topk schedule of the space that no bucket selects.
+JIT_SCHEDULE = {"tokens_per_block": 8, "cols_per_block": 256, "threads": 256}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kernels")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # buckets without a tuning log
+        manifest = build(TARGET, out, heads=(64,), ops=OPS, jobs=2, progress=False)
+    jit_dir = tmp_path_factory.mktemp("jit_kernels")
+    shutil.copytree(out, jit_dir, dirs_exist_ok=True)
+    variant = Variant.make("global_topk", dict(ragged=False), JIT_SCHEDULE)
+    KernelLoader(TARGET, jit_dir, jit=True).get(variant)
+    return out, manifest, jit_dir
+
+
+@pytest.fixture
+def kdir(built, tmp_path):
+    dst = tmp_path / "kernels"
+    shutil.copytree(built[2], dst)
+    return dst
+
+
+def _jit_variant() -> Variant:
+    return Variant.make("global_topk", dict(ragged=False), JIT_SCHEDULE)
+
+
+def _built_variants(manifest):
+    return [Variant.make(e["op"], e["static"], e["schedule"]) for e in manifest["kernels"]]
+
+
+def _edit_manifest(kdir, edit):
+    path = kdir / TARGET.dirname / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+# ------------------------------------------------------------------ item 1: JIT artifacts
+def test_a_verified_jit_artifact_loads_with_jit_off(kdir):
+    assert callable(KernelLoader(TARGET, kdir, jit=False).get(_jit_variant()))
+
+
+def test_a_jit_artifact_with_a_flipped_byte_is_not_loaded(kdir):
+    path = jit_artifact_path(kdir, TARGET, _jit_variant())
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(KernelNotBuiltError, match="JIT compilation is off"):
+        KernelLoader(TARGET, kdir, jit=False).get(_jit_variant())
+    # JIT on: compiled again over it, and then verified
+    assert callable(KernelLoader(TARGET, kdir, jit=True).get(_jit_variant()))
+    assert path.read_bytes() != bytes(data)
+    assert callable(KernelLoader(TARGET, kdir, jit=False).get(_jit_variant()))
+
+
+def test_another_variants_library_under_the_key_is_not_loaded(built, kdir):
+    other = kdir / TARGET.dirname / built[1]["kernels"][0]["artifact"]
+    shutil.copyfile(other, jit_artifact_path(kdir, TARGET, _jit_variant()))
+    with pytest.raises(KernelNotBuiltError):
+        KernelLoader(TARGET, kdir, jit=False).get(_jit_variant())
+
+
+def test_a_plain_key_named_library_in_jit_is_never_loaded(built, kdir):
+    """What the old loader loaded: ``jit/<key>.so`` with no record."""
+    other = kdir / TARGET.dirname / built[1]["kernels"][0]["artifact"]
+    for path in (kdir / TARGET.dirname / "jit").glob("*"):
+        path.unlink()
+    shutil.copyfile(other, kdir / TARGET.dirname / "jit" / f"{_jit_variant().key}.so")
+    with pytest.raises(KernelNotBuiltError):
+        KernelLoader(TARGET, kdir, jit=False).get(_jit_variant())
+
+
+def test_after_a_tilelang_upgrade_the_jit_artifact_is_refused(kdir, monkeypatch):
+    versions = dict(provenance._toolchain_versions())
+    before = jit_artifact_path(kdir, TARGET, _jit_variant())
+    monkeypatch.setattr(provenance, "_toolchain_versions",
+                        lambda: {**versions, "tilelang": "9.9.9"})
+    after = jit_artifact_path(kdir, TARGET, _jit_variant())
+    assert after != before  # the JIT key holds the versions
+    with pytest.raises(KernelNotBuiltError):
+        KernelLoader(TARGET, kdir, jit=False).get(_jit_variant())
+    # the old file under the new name is refused too: its record names the old version
+    shutil.copyfile(before, after)
+    shutil.copyfile(before.with_name(before.name[:-3] + ".record.json"),
+                    after.with_name(after.name[:-3] + ".record.json"))
+    with pytest.raises(KernelNotBuiltError):
+        KernelLoader(TARGET, kdir, jit=False).get(_jit_variant())
+
+
+def test_the_jit_key_holds_the_versions_and_the_source_hash(monkeypatch):
+    variant = _jit_variant()
+    base = provenance.fingerprint(variant, TARGET)
+    versions = dict(provenance._toolchain_versions())
+    monkeypatch.setattr(provenance, "_toolchain_versions",
+                        lambda: {**versions, "apache-tvm-ffi": "9.9.9"})
+    assert provenance.fingerprint(variant, TARGET) != base
+    monkeypatch.undo()
+    monkeypatch.setattr(provenance, "source_hash", lambda v: "0" * 64)
+    assert provenance.fingerprint(variant, TARGET) != base
+    assert provenance.fingerprint(variant, parse_target("cuda:sm_100a")) != base
+
+
+# ------------------------------------------------------------------ item 2: stale builds
+def _stale_cases():
+    def sources(data):
+        for e in data["kernels"]:
+            e["source_hash"] = "0" * 64
+
+    def tvm_ffi(data):
+        for e in data["kernels"]:
+            e["toolchain"]["apache-tvm-ffi"] = "9.9.9"
+
+    def target(data):
+        for e in data["kernels"]:
+            e["target"] = "cuda:sm_100a"
+
+    return [(sources, "other kernel sources"), (tvm_ffi, "tvm-ffi 9.9.9"),
+            (target, "built for cuda:sm_100a")]
+
+
+@pytest.mark.parametrize("edit,reason", _stale_cases(), ids=["source", "tvm-ffi", "target"])
+def test_a_stale_built_kernel_is_refused_without_jit(built, kdir, edit, reason):
+    _edit_manifest(kdir, edit)
+    for variant in _built_variants(built[1]):
+        with pytest.raises(KernelBuildMismatchError, match=reason):
+            KernelLoader(TARGET, kdir, jit=False).get(variant)
+
+
+def test_a_stale_built_kernel_is_compiled_just_in_time_with_one_warning(built, kdir):
+    _edit_manifest(kdir, _stale_cases()[0][0])
+    variant = _built_variants(built[1])[0]
+    loader = KernelLoader(TARGET, kdir, jit=True)
+    with pytest.warns(RuntimeWarning, match="stale .*other kernel sources.*dsv4-tl build") as rec:
+        assert callable(loader.get(variant))
+    assert len([w for w in rec if "stale" in str(w.message)]) == 1
+    assert "\n" not in str(rec[0].message)
+    assert jit_artifact_path(kdir, TARGET, variant).is_file()
+
+
+def test_an_edited_kernel_source_changes_the_source_hash(tmp_path, monkeypatch):
+    """The hash follows the files' content in a running process (mtime/size-keyed cache)."""
+    import dsv4_tl.tile_kernels as tk
+    from pathlib import Path
+
+    for path in Path(tk.__file__).parent.glob("*.py"):
+        shutil.copyfile(path, tmp_path / path.name)
+    files = tuple(sorted(tmp_path.glob("*.py")))
+    monkeypatch.setattr(provenance, "_kernel_files", lambda: files)
+    variant = _jit_variant()
+    before = provenance.source_hash(variant)
+    edited = tmp_path / "index_helpers.py"
+    edited.write_text(edited.read_text() + "\n# edited\n")
+    assert provenance.source_hash(variant) != before
+
+
+def test_a_rebuild_replaces_stale_entries(built, kdir):
+    _edit_manifest(kdir, _stale_cases()[1][0])
+    again = build(TARGET, kdir, heads=(64,), ops=OPS, jobs=2, progress=False)
+    assert sorted(again["built"]) == sorted(v.key for v in _built_variants(built[1]))
+    for variant in _built_variants(built[1]):
+        assert callable(KernelLoader(TARGET, kdir, jit=False).get(variant))
+
+
+# ------------------------------------------------------------------ item 4: corrupt manifests
+def _corruptions():
+    return {
+        "truncated": lambda text: text[: len(text) // 2],
+        "list": lambda text: "[]",
+        "entry without key": lambda text: json.dumps(
+            {**json.loads(text), "kernels": [{k: v for k, v in e.items() if k != "key"}
+                                             for e in json.loads(text)["kernels"]]}),
+        "empty": lambda text: "",
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_corruptions()))
+def test_a_corrupt_manifest_is_one_clear_error_and_build_repairs_it(built, kdir, name, capsys):
+    path = kdir / TARGET.dirname / MANIFEST_NAME
+    path.write_text(_corruptions()[name](path.read_text()))
+    variant = _built_variants(built[1])[0]
+    with pytest.raises(CorruptManifestError, match=f"corrupt .*run: dsv4-tl build") as exc:
+        KernelLoader(TARGET, kdir, jit=False).get(variant)
+    assert "\n" not in str(exc.value)
+
+    assert cli.main(["info", "--out", str(kdir)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dsv4-tl info: ") and "corrupt" in err and "\n" not in err
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli.main(["build", "--target", TARGET.name, "--out", str(kdir),
+                         "--op", "global_topk", "--jobs", "2"]) == 0
+    for variant in _built_variants(built[1]):
+        assert callable(KernelLoader(TARGET, kdir, jit=False).get(variant))
+
+
+# ------------------------------------------------------------------ item 8: the loader's locks
+@pytest.mark.parametrize("value,expected", [("0", False), ("false", False), ("OFF", False),
+                                            ("No", False), ("1", True), ("true", True),
+                                            ("", True), ("yes", True)])
+def test_dsv4_tl_jit_accepts_the_usual_spellings(monkeypatch, tmp_path, value, expected):
+    monkeypatch.setenv(L.ENV_JIT, value)
+    assert KernelLoader(TARGET, tmp_path).jit is expected
+
+
+def test_dsv4_tl_jit_rejects_nonsense_by_name(monkeypatch, tmp_path):
+    monkeypatch.setenv(L.ENV_JIT, "maybe")
+    with pytest.raises(ValueError, match="DSV4_TL_JIT"):
+        KernelLoader(TARGET, tmp_path)
+
+
+def test_a_jit_compile_does_not_block_loading_another_kernel(built, kdir, monkeypatch):
+    real = L.compile_variant
+    compiling = threading.Event()
+
+    def slow_compile(variant, target, path):
+        compiling.set()
+        time.sleep(3.0)
+        return real(variant, target, path)
+
+    monkeypatch.setattr(L, "compile_variant", slow_compile)
+    for path in (kdir / TARGET.dirname / "jit").glob("*"):
+        path.unlink()
+    loader = KernelLoader(TARGET, kdir, jit=True)
+    worker = threading.Thread(target=loader.get, args=(_jit_variant(),))
+    worker.start()
+    assert compiling.wait(30)
+    start = time.time()
+    loader.get(_built_variants(built[1])[0])
+    waited = time.time() - start
+    worker.join()
+    assert waited < 1.5, f"loading a built kernel waited {waited:.1f} s behind a JIT compile"
+
+
+def test_a_failed_compile_is_raised_again_without_recompiling(kdir, monkeypatch):
+    calls = []
+
+    def failing_compile(variant, target, path):
+        calls.append(variant.key)
+        raise KernelCompileError(f"compiling {variant.key} failed: boom")
+
+    monkeypatch.setattr(L, "compile_variant", failing_compile)
+    for path in (kdir / TARGET.dirname / "jit").glob("*"):
+        path.unlink()
+    loader = KernelLoader(TARGET, kdir, jit=True)
+    with pytest.raises(KernelCompileError, match="boom") as first:
+        loader.get(_jit_variant())
+    with pytest.raises(KernelCompileError, match="boom") as second:
+        loader.get(_jit_variant())
+    assert second.value is first.value and len(calls) == 1
+
+
+def test_audit_finds_damaged_and_leftover_files(built, kdir):
+    assert L.audit_kernel_dir(kdir, TARGET) == []
+    path = jit_artifact_path(kdir, TARGET, _jit_variant())
+    path.write_bytes(path.read_bytes() + b"x")
+    (kdir / TARGET.dirname / "manifest.json.123.456.tmp").write_text("{")
+    problems = L.audit_kernel_dir(kdir, TARGET)
+    assert any("temporary file" in p for p in problems)
+    assert any(path.name in p and "sha256" in p for p in problems)
