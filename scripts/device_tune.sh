@@ -23,7 +23,7 @@ mkdir -p "$OUT/tuning_logs"
 if [ -d tuning_logs ]; then
   (cd tuning_logs && find . -name '*.jsonl' -exec cp --parents {} "$OUT/tuning_logs/" \;)
 fi
-kernels=(sparse_decode sparse_prefill dequant_gather global_topk combine_topk_swa)
+kernels=(sparse_decode sparse_prefill dequant_gather global_topk combine_topk_swa insert_k_cache)
 args=()
 for k in "${kernels[@]}"; do args+=(--kernel "$k"); done
 start=$(date +%s)

@@ -20,6 +20,7 @@ from dsv4_tl.ops import (
     compute_global_topk_indices_and_lens,
     compute_global_topk_ragged_indices_and_indptr,
     dequantize_and_gather_k_cache,
+    insert_k_cache,
     sparse_decode,
     sparse_prefill,
     sparse_prefill_ragged,
@@ -31,8 +32,9 @@ from dsv4_tl.reference import (
     sparse_decode_ref,
     sparse_prefill_ref,
 )
-from dsv4_tl.testing import (INT32_MAX, INT32_MIN, clamped_csr_as_dense, random_k,
-                             random_paged_cache)
+from dsv4_tl.cache_format import alloc_k_cache, cache_geometry
+from dsv4_tl.testing import (CACHE_POISON, INT32_MAX, INT32_MIN, clamped_csr_as_dense,
+                             expected_insert, random_insert_case, random_k, random_paged_cache)
 
 DEV = "cuda"
 SCALE = 512 ** -0.5
@@ -107,6 +109,20 @@ def run_gather(gen) -> None:
     print("dequant-gather: ok")
 
 
+def run_insert(gen) -> None:
+    for nb, bs, n in ((3, 64, 100), (20, 2, 33), (1, 64, 5)):  # the last: a one-block cache
+        cache = alloc_k_cache(nb, bs, device=DEV)
+        cache_geometry(cache).flat.fill_(CACHE_POISON)
+        k, slots = random_insert_case(n, nb, bs, gen, device=DEV)  # -1, -2, INT64_MIN, past
+        slots[-1] = 2**62  # the cache
+        want = expected_insert(cache, k, slots, "e4m3fn")
+        insert_k_cache(cache, k, slots)
+        insert_k_cache(cache, k[:3], slots[:3].clamp(INT32_MIN, INT32_MAX).int())  # int32
+        torch.cuda.synchronize()
+        assert torch.equal(cache_geometry(cache).flat, want), "insert"
+    print("insert: ok")
+
+
 def run_indices(gen) -> None:
     t, k, r = 9, 64, 3
     topk = garbage_indices((t, k), 40, gen)
@@ -139,6 +155,7 @@ def main() -> int:
     run_decode(gen, 128, 72, "one split per row, warp-specialised producer")
     run_prefill(gen)
     run_gather(gen)
+    run_insert(gen)
     run_indices(gen)
     print("all kernels ran")
     return 0

@@ -61,3 +61,36 @@ def pytest_runtest_makereport(item, call):
         for name, value in item.user_properties:
             if name == "seed":
                 report.sections.append(("seed", f"rerun with {SEED_ENV}={value}"))
+
+
+# Skipped tests, grouped by what would enable them: (reason contains, what, how to enable).
+_ENABLERS = (
+    ("setup_sycl.sh", "SYCL kernel tests (Intel's SYCL CPU device)",
+     "bash scripts/setup_sycl.sh, then rerun (CI: .ci/run sets up HIP and SYCL first)"),
+    ("setup_hip.sh", "HIP build tests (gfx942 / gfx950 code objects)",
+     'eval "$(bash scripts/setup_hip.sh)", then rerun in that shell'),
+    ("CUDA device", "GPU tests",
+     "a machine with an NVIDIA GPU: bash scripts/test.sh -m gpu "
+     "(lent GPU machines: scripts/device_gpu_tests.sh)"),
+    ("JAX sees no GPU", "GPU tests", "a machine with an NVIDIA GPU: bash scripts/test.sh -m gpu"),
+)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """At the end of the run: what was skipped and the command that enables it."""
+    counts, other = {}, {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        for needle, what, how in _ENABLERS:
+            if needle in reason:
+                counts[(what, how)] = counts.get((what, how), 0) + 1
+                break
+        else:
+            other[reason] = other.get(reason, 0) + 1
+    if not counts and not other:
+        return
+    terminalreporter.section("skipped tests and how to run them")
+    for (what, how), n in counts.items():
+        terminalreporter.write_line(f"{n:4d} {what}: {how}")
+    for reason, n in other.items():
+        terminalreporter.write_line(f"{n:4d} {reason}")

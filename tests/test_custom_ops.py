@@ -38,6 +38,8 @@ def _calls():
             lambda: torch.ops.dsv4_tl.dequantize_and_gather_k_cache(*gather),
         "torch.ops.dsv4_tl.compute_global_topk_indices_and_lens":
             lambda: torch.ops.dsv4_tl.compute_global_topk_indices_and_lens(*topk),
+        "torch.ops.dsv4_tl.insert_k_cache": lambda: torch.ops.dsv4_tl.insert_k_cache(
+            cache, torch.zeros(3, 512, dtype=BF16), torch.tensor([0, -1, 5])),
         "vllm_compat.flash_mla_with_kvcache": lambda: vc.flash_mla_with_kvcache(
             q, cache.view(2, 64, 1, 584), None, None, 512, meta, is_fp8_kvcache=True,
             indices=idx),

@@ -342,3 +342,44 @@ def test_check_float_takes_any_real_number_but_no_bool_or_nan():
         _raises(TypeError, "softmax_scale", lambda: v.check_float("softmax_scale", bad))
     for bad in (float("nan"), np.float32("nan"), float("inf"), -np.inf):
         _raises(ValueError, "softmax_scale", lambda: v.check_float("softmax_scale", bad))
+
+
+# ---------------------------------------------------------------------------------------
+# KV insert (front end: its checks run before any kernel is looked up)
+# ---------------------------------------------------------------------------------------
+def _insert_args(**over):
+    args = dict(k_cache=cf.alloc_k_cache(4, 2), k=torch.zeros(3, 512, dtype=BF16),
+                slot_mapping=torch.tensor([0, -1, 7], dtype=I64), fp8_format="e4m3fn")
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize(
+    "over, exc, name",
+    [
+        (dict(k_cache=torch.zeros(4, 3, 584, dtype=torch.uint8)), ValueError, "k_cache"),
+        (dict(k_cache=torch.zeros(4, 2, 576, dtype=torch.uint8)), ValueError, "k_cache"),
+        (dict(k_cache=torch.zeros(4, 2, 584, dtype=F32)), TypeError, "k_cache"),
+        (dict(k=torch.zeros(3, 512, dtype=F32)), TypeError, "k"),
+        (dict(k=torch.zeros(3, 448, dtype=BF16)), ValueError, "k"),
+        (dict(k=torch.zeros(3, 1024, dtype=BF16)[:, ::2]), ValueError, "k"),
+        (dict(slot_mapping=torch.tensor([0, 1], dtype=I64)), ValueError, "slot_mapping"),
+        (dict(slot_mapping=torch.tensor([0, 1, 2], dtype=F32)), TypeError, "slot_mapping"),
+        (dict(slot_mapping=torch.tensor([[0, 1, 2]], dtype=I64)), ValueError, "slot_mapping"),
+        (dict(fp8_format="e5m2"), ValueError, "fp8_format"),
+    ],
+)
+def test_insert_errors(monkeypatch, over, exc, name):
+    from dsv4_tl.ops.insert_k_cache import insert_k_cache
+
+    monkeypatch.setenv("DSV4_TL_SYCL_DEVICE", "opencl:cpu")  # CPU tensors pass the device check
+    _raises(exc, name, lambda: insert_k_cache(**_insert_args(**over)))
+    insert_k_cache(**_insert_args(k=torch.zeros(0, 512, dtype=BF16),
+                                  slot_mapping=torch.zeros(0, dtype=I32)))  # nothing to write
+
+
+def test_insert_refuses_plain_cpu_tensors(monkeypatch):
+    from dsv4_tl.ops.insert_k_cache import insert_k_cache
+
+    monkeypatch.delenv("DSV4_TL_SYCL_DEVICE", raising=False)
+    _raises(ValueError, "k_cache", lambda: insert_k_cache(**_insert_args()))

@@ -7,6 +7,7 @@ Public functions (shapes and dtypes in their docstrings; definitions in
 * :func:`sparse_prefill`, :func:`sparse_prefill_ragged` — sparse attention over a BF16
   workspace, dense or CSR index rows.
 * :func:`dequantize_and_gather_k_cache` — FP8 paged cache -> BF16 workspace rows (in place).
+* :func:`insert_k_cache` — BF16 K rows -> FP8 paged cache slots (the KV insert, in place).
 * :func:`compute_global_topk_indices_and_lens`, :func:`combine_topk_swa_indices` and their
   ragged forms :func:`compute_global_topk_ragged_indices_and_indptr`,
   :func:`combine_topk_swa_ragged_indices` — the index helpers that feed the attention ops.
@@ -26,6 +27,7 @@ from .library import (
     compute_global_topk_indices_and_lens,
     compute_global_topk_ragged_indices_and_indptr,
     dequantize_and_gather_k_cache,
+    insert_k_cache,
     sparse_decode,
     sparse_prefill,
     sparse_prefill_ragged,
@@ -40,6 +42,7 @@ __all__ = [
     "compute_global_topk_indices_and_lens",
     "compute_global_topk_ragged_indices_and_indptr",
     "dequantize_and_gather_k_cache",
+    "insert_k_cache",
     "raw_kernel",
     "sparse_decode",
     "sparse_prefill",

@@ -13,7 +13,7 @@ are checked on their outputs only (the check column says so).
 
 FLOPs = 2·h·attended·(512 + 512) (FlashMLA's count). Bytes: decode = attended·584 (FP8
 cache) + q + out + indices; prefill = q + out + indices + the BF16 workspace; gather =
-rows·(584 read + 1024 written).
+rows·(584 read + 1024 written); insert = rows·(1024 read + 8 slot + 584 written).
 """
 
 import argparse
@@ -372,6 +372,15 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
                                              failed))
             del inputs
             torch.cuda.empty_cache()
+    if "insert" in suites:
+        for rows, bs in ((64, 64), (256, 64), (8192, 64), (8192, 2)):
+            inputs, check = insert_inputs(rows, bs, gen, sets, device)
+            nbytes = rows * (512 * 2 + 8 + TOKEN_BYTES)
+            report["rows"].append(_suite_row("insert", f"insert {rows} rows (bs {bs})", 0,
+                                             ours_insert, inputs, check, 0.0, nbytes, ceilings,
+                                             peers, failed, poison=poison_insert_cache))
+            del inputs
+            torch.cuda.empty_cache()
     if "gather" in suites:
         for rows, bs in ((32768, 64), (8192 + 127, 64)):
             inputs, check = gather_inputs(rows, bs, gen, sets, device)
@@ -420,6 +429,48 @@ def ours_gather(x: dict):
     from .ops import dequantize_and_gather_k_cache
     return lambda: dequantize_and_gather_k_cache(x["out"], x["k_cache"], x["seq_lens"], None,
                                                  x["block_table"], x["block_size"], 0)
+
+
+def insert_inputs(rows: int, block_size: int, gen: torch.Generator, sets: int, device):
+    """``rows`` K rows (decode: one per request; prefill: a chunk) into distinct scattered
+    slots of a cache twice as large (a few -1 padding slots); every set has its own rows and
+    slots, all sets write one cache. Returns (inputs, bit-exact check against
+    ``cache_format.insert_k``)."""
+    from .cache_format import alloc_k_cache
+
+    nb = -(-2 * rows // block_size)
+    cache = alloc_k_cache(nb, block_size, device=device)
+    out = []
+    for _ in range(sets):
+        slots = torch.randperm(nb * block_size, generator=gen, device=device)[:rows]
+        slots[7::61] = -1
+        out.append({"k_cache": cache, "k": random_k(rows, gen, device), "slot_mapping": slots})
+
+    def check(x: dict, _result) -> str:  # the call ran on a cache poisoned everywhere
+        from .cache_format import cache_geometry
+        from .testing import CACHE_POISON, expected_insert
+
+        cache = x["k_cache"]
+        before = torch.full_like(cache_geometry(cache).flat, CACHE_POISON)
+        want = expected_insert(before.as_strided(cache.shape, cache.stride()), x["k"],
+                               x["slot_mapping"], "e4m3fn")
+        if not torch.equal(cache_geometry(cache).flat, want):
+            raise AssertionError("insert: not bit-exact against cache_format.insert_k")
+        return "ok (bit-exact)"
+    return out, check
+
+
+def poison_insert_cache(x: dict) -> None:
+    """Fill the cache with a byte the insert never writes everywhere (it is shared)."""
+    from .cache_format import cache_geometry
+    from .testing import CACHE_POISON
+
+    cache_geometry(x["k_cache"]).flat.fill_(CACHE_POISON)
+
+
+def ours_insert(x: dict):
+    from .ops import insert_k_cache
+    return lambda: insert_k_cache(x["k_cache"], x["k"], x["slot_mapping"])
 
 
 def save_plot(report: dict, path: str) -> None:
@@ -473,7 +524,8 @@ def format_table(report: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="dsv4-tl bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=["decode", "prefill", "gather", "all"], default="all")
+    parser.add_argument("--suite", choices=["decode", "prefill", "gather", "insert", "all"],
+                        default="all")
     parser.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR"),
                         help="unpacked peer bundle (…/dsv4_peers); default $PEERS_DIR")
     parser.add_argument("--peers", default="all",
@@ -490,7 +542,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("dsv4-tl bench: needs a CUDA device", file=sys.stderr)
         return 2
-    suites = ["decode", "prefill", "gather"] if args.suite == "all" else [args.suite]
+    suites = ["decode", "prefill", "gather", "insert"] if args.suite == "all" else [args.suite]
     report = run_bench(suites, args.peers_dir, args.quick, peer_names=peer_names)
     table = format_table(report)
     report["table"] = table

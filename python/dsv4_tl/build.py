@@ -96,7 +96,7 @@ def _statics(op: str, target: Target, heads: Iterable[int]) -> list:
         return [dict(num_heads=h, num_splits=s) for h in heads for s in splits]
     if op == "sparse_prefill":
         return [dict(num_heads=h, ragged=r) for h in heads for r in (False, True)]
-    if op == "dequant_gather":
+    if op in ("dequant_gather", "insert_k_cache"):
         return [dict(fp8_format=f) for f in fp8_formats_for(target)]
     if op in ("global_topk", "combine_topk_swa"):
         return [dict(ragged=r) for r in (False, True)]
@@ -131,11 +131,11 @@ def _compile_job(args: tuple) -> tuple:
     return variant.key, time.time() - start
 
 
-def _progress(done: int, total: int, label: str) -> None:
-    width = 30
-    filled = width * done // max(total, 1)
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label[:60]:60s}")
-    sys.stderr.flush()
+def _progress(total: int, desc: str):
+    """A tqdm bar on stderr (tqdm comes with TileLang) counting compiled variants."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="kernel", file=sys.stderr, dynamic_ncols=True)
 
 
 def _check_heads(heads: Iterable[int]) -> list:
@@ -216,21 +216,21 @@ def _build_locked(target: Target, out: Path, tdir: Path, variants: list, jobs: O
     if todo:
         jobs = jobs or max(1, min(len(todo), os.cpu_count() or 1))
         args = [((v.op, dict(v.static), dict(v.schedule)), target.name, str(p)) for v, p in todo]
-        done = 0
+        bar = _progress(len(todo), f"build {target.name}") if progress else None
         with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(_compile_job, a): (v, p) for a, (v, p) in zip(args, todo)}
             for future in concurrent.futures.as_completed(futures):
                 variant, path = futures[future]
-                done += 1
                 try:
                     future.result()
                     entries[variant.key] = record_for(variant, target, path)
                 except Exception as exc:  # name the kernel and variant
                     failures.append(f"{variant.key}: {exc}")
-                if progress:
-                    _progress(done, len(todo), variant.key)
-        if progress:
-            sys.stderr.write("\n")
+                if bar is not None:
+                    bar.set_postfix_str(variant.key, refresh=False)
+                    bar.update()
+        if bar is not None:
+            bar.close()
 
     manifest = write_manifest(manifest_path, target.name, versions, entries)
     if failures:

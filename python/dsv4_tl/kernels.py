@@ -31,6 +31,7 @@ KERNELS: dict = {
     "dequant_gather": KernelSpec("dequant_gather", "build_dequant_gather", "dequant_gather"),
     "global_topk": KernelSpec("index_helpers", "build_global_topk", "global_topk"),
     "combine_topk_swa": KernelSpec("index_helpers", "build_combine_topk_swa", "combine_topk_swa"),
+    "insert_k_cache": KernelSpec("insert_k_cache", "build_insert_k_cache", "insert_k_cache"),
 }
 
 

@@ -13,9 +13,10 @@ stream and allocate their outputs through torch). The functional ops here alloca
 outputs; :mod:`dsv4_tl.ops` has the same functions with ``out=`` arguments.
 
 Ops: ``sparse_decode``, ``sparse_prefill``, ``sparse_prefill_ragged`` (attention);
-``dequantize_and_gather_k_cache`` (the one mutating op: writes its ``out`` argument in place,
-returns None); ``compute_global_topk_indices_and_lens``, ``combine_topk_swa_indices`` (dense
-index rows) and their ragged forms ``compute_global_topk_ragged_indices_and_indptr``,
+``dequantize_and_gather_k_cache`` and ``insert_k_cache`` (the mutating ops: they write their
+``out`` / ``k_cache`` argument in place and return None);
+``compute_global_topk_indices_and_lens``, ``combine_topk_swa_indices`` (dense index rows)
+and their ragged forms ``compute_global_topk_ragged_indices_and_indptr``,
 ``combine_topk_swa_ragged_indices``, whose flat output has a data-dependent length (fake
 implementations use an unbacked size; the real ones synchronise with the host once, so they
 are not CUDA-graph capturable). Every fake implementation carries the op's argument defaults.
@@ -30,6 +31,7 @@ from torch import Tensor
 from . import ops
 from .ops.dequant_gather import check_dequantize_and_gather_args
 from .ops.indices import check_combine_args, check_global_topk_args
+from .ops.insert_k_cache import check_insert_k_cache_args
 from .ops.sparse_decode import check_sparse_decode_args
 from .ops.sparse_prefill import check_sparse_prefill_args, check_sparse_prefill_ragged_args
 
@@ -137,6 +139,30 @@ def dequantize_and_gather_k_cache(
 def _(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, fp8_format="e4m3fn"):
     check_dequantize_and_gather_args(out, k_cache, seq_lens, gather_lens, block_table,
                                      block_size, offset, fp8_format)
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# KV insert (spec §1): writes ``k_cache`` in place
+# ---------------------------------------------------------------------------------------
+@torch.library.custom_op("dsv4_tl::insert_k_cache", mutates_args=("k_cache",))
+def insert_k_cache(
+    k_cache: Tensor,
+    k: Tensor,
+    slot_mapping: Tensor,
+    fp8_format: str = "e4m3fn",
+) -> None:
+    """BF16 K rows -> fp8_ds_mla cache slots, in place; as :func:`dsv4_tl.ops.insert_k_cache`.
+
+    No host synchronisation (slots outside the cache are skipped on the device), so it can
+    be captured in a CUDA graph.
+    """
+    ops.insert_k_cache(k_cache, k, slot_mapping, fp8_format)
+
+
+@insert_k_cache.register_fake
+def _(k_cache, k, slot_mapping, fp8_format="e4m3fn"):
+    check_insert_k_cache_args(k_cache, k, slot_mapping, fp8_format)
     return None
 
 

@@ -150,3 +150,60 @@ def check_attention(kmax: float, out: torch.Tensor, ref_out: torch.Tensor, **sta
                 max_rel_norm=1e-2)
     for name, (got, ref) in stats.items():
         check_close(name, got, ref, abs_tol=1e-3, rel_tol=2**-13)
+
+
+# ----------------------------------------------------------------------------- KV insert
+CACHE_POISON = 0xA5  # cache byte written before an insert: must survive where nothing is written
+
+
+def random_insert_case(n: int, num_blocks: int, block_size: int, gen: torch.Generator,
+                       device="cpu") -> tuple:
+    """Inputs of ``insert_k_cache``: ``(k [n, 512] bf16, slot_mapping [n] int64)``.
+
+    Tiles of ``k`` span magnitudes 2^-40 .. 2^40 (per-tile scale bytes far from 127), with an
+    all-zero tile, a tile of bf16 subnormals, exact powers of two (448·2^e and 240·2^e:
+    the scale boundary) and negative zeros. Slots are distinct, in scattered blocks, with
+    rows 4, 9, 14, ... -1 (padding tokens) and, when ``n >= 4``, rows 1..3 holding a slot past
+    the cache, -2 and INT64_MIN: rows that must write nothing.
+    """
+    tiles = HEAD_DIM // QUANT_TILE
+    k = torch.randn(n, tiles, QUANT_TILE, generator=gen, device=device)
+    mag = torch.exp2(torch.randint(-40, 41, (n, tiles, 1), generator=gen, device=device).float())
+    k = (k * mag).view(n, HEAD_DIM).to(torch.bfloat16)
+    if n >= 4:
+        k[0, :QUANT_TILE] = 0
+        k[1, QUANT_TILE:2 * QUANT_TILE] = 2.0 ** -130  # bf16 subnormal
+        k[2, :QUANT_TILE] = -448.0 * 2.0 ** -3
+        k[2, QUANT_TILE:2 * QUANT_TILE] = 240.0 * 2.0 ** 5
+        k[3, :QUANT_TILE] = -0.0
+    cap = num_blocks * block_size
+    if n > cap:
+        raise ValueError(f"n: expected at most num_blocks * block_size = {cap} rows, got {n}")
+    slots = torch.randperm(cap, generator=gen, device=device)[:n].to(torch.int64)
+    slots[4::5] = -1
+    if n >= 4:
+        slots[1], slots[2], slots[3] = cap + 3, -2, -(2**63)
+    return k, slots
+
+
+def all_bf16_rows(device="cpu") -> torch.Tensor:
+    """Every finite bf16 value once, as [146, 512] rows (NoPE dims; RoPE dims too), in an
+    order that gives each 64-value tile a different maximum."""
+    bits = torch.arange(1 << 16, dtype=torch.int32)
+    bits = bits[((bits >> 7) & 0xFF) != 0xFF]  # drop inf / NaN
+    rows = -(-bits.numel() // HEAD_DIM)
+    pad = torch.zeros(rows * HEAD_DIM - bits.numel(), dtype=torch.int32)
+    vals = torch.cat([bits, pad]).to(torch.int16).view(torch.bfloat16)
+    perm = torch.randperm(vals.numel(), generator=torch.Generator().manual_seed(0))
+    return vals[perm].view(rows, HEAD_DIM).to(device)
+
+
+def expected_insert(k_cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tensor,
+                    fp8_format: str) -> torch.Tensor:
+    """A copy of ``k_cache`` after ``cache_format.insert_k`` of the rows whose slot is in the
+    cache (the others write nothing); returned as the copy's flat bytes."""
+    flat = cache_geometry(k_cache).flat.clone()  # keeps the padded block stride
+    want = flat.as_strided(k_cache.shape, k_cache.stride())
+    keep = (slot_mapping >= 0) & (slot_mapping < k_cache.shape[0] * k_cache.shape[1])
+    insert_k(want, k[keep], slot_mapping[keep], fp8_format)
+    return cache_geometry(want).flat

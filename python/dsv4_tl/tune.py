@@ -62,7 +62,7 @@ from .schedules import bucket_for, load_schedule_file, forced_schedule, schedule
 from .targets import Target, parse_target
 
 TUNABLE_OPS = ("sparse_decode", "sparse_prefill", "dequant_gather", "global_topk",
-               "combine_topk_swa")
+               "combine_topk_swa", "insert_k_cache")
 DEFAULT_MAX_CANDIDATES = 8
 
 
@@ -128,6 +128,10 @@ def smem_bytes(op: str, config: dict) -> int:
     if op == "combine_topk_swa":
         tb = c["tokens_per_block"]
         return _buffers(tb * 4, tb * 4, tb * 8, tb * 8, tb * 4, tb * 4)
+    if op == "insert_k_cache":  # K bits (int16), FP8 codes, partial maxima, scales, offsets
+        tb = c["tokens_per_block"]
+        return _buffers(tb * HEAD_DIM * 2, tb * HEAD_DIM, tb * 64 * 4, tb * 8 * 4, tb * 8,
+                        tb * 8, tb)
     return 0
 
 
@@ -217,6 +221,16 @@ class GatherShape:
 
 
 @dataclasses.dataclass(frozen=True)
+class InsertShape:
+    rows: int
+    block_size: int = 64
+
+    @property
+    def name(self) -> str:
+        return f"insert {self.rows} rows (bs {self.block_size})"
+
+
+@dataclasses.dataclass(frozen=True)
 class GlobalTopkShape:
     tokens: int
     k: int
@@ -266,6 +280,8 @@ def features_of(op: str, rep) -> dict:
         return {"h": rep.h, "topk": rep.topk}
     if op == "dequant_gather":
         return {"rows": _pow2_ceil(rep.reqs * rep.rows)}
+    if op == "insert_k_cache":
+        return {"tokens": _pow2_ceil(rep.rows)}
     return {}
 
 
@@ -275,7 +291,7 @@ def static_of(op: str, rep) -> dict:
         return dict(num_heads=rep.h, has_extra=rep.kind != "swa", fp8_format="e4m3fn")
     if op == "sparse_prefill":
         return dict(num_heads=rep.h, ragged=False)
-    if op == "dequant_gather":
+    if op in ("dequant_gather", "insert_k_cache"):
         return dict(fp8_format="e4m3fn")
     return dict(ragged=False)
 
@@ -306,6 +322,7 @@ def _dsv4_suite() -> dict:
         "global_topk": {"all": GlobalTopkShape(256, 1024, 256, 64)},
         "combine_topk_swa": {"all": CombineShape((0, 3000, 20000, 100000), (2048,) * 4, 4,
                                                  1024, 1024)},
+        "insert_k_cache": {"tokens1_512": InsertShape(128), "tokens512_up": InsertShape(8192)},
     }
 
 
@@ -534,6 +551,8 @@ class OpHarness:
                      .view(rep.reqs, per).int(),
                      "out": torch.empty((rep.reqs, rep.rows, 512), dtype=torch.bfloat16, device=dev)}
                     for _ in range(sets)]
+        if self.op == "insert_k_cache":
+            return _bench().insert_inputs(rep.rows, rep.block_size, gen, sets, dev)[0]
         if self.op == "global_topk":
             out = []
             for _ in range(sets):
@@ -591,6 +610,16 @@ class OpHarness:
             dequantize_and_gather_k_cache_ref(want, x["k_cache"], x["seq_lens"], None,
                                               x["block_table"], x["block_size"], 0)
             return want
+        if self.op == "insert_k_cache":
+            import torch
+
+            from .cache_format import cache_geometry
+            from .testing import CACHE_POISON, expected_insert
+
+            cache = x["k_cache"]
+            before = torch.full_like(cache_geometry(cache).flat, CACHE_POISON)
+            return expected_insert(before.as_strided(cache.shape, cache.stride()), x["k"],
+                                   x["slot_mapping"], "e4m3fn")
         if self.op == "global_topk":
             from .reference import compute_global_topk_indices_and_lens_ref
 
@@ -642,6 +671,16 @@ class OpHarness:
                                           x["block_table"], x["block_size"], 0)
             torch.cuda.synchronize()
             _same("out (bf16 bits)", out.view(torch.int16), ref.view(torch.int16))  # exact
+        elif self.op == "insert_k_cache":
+            from .cache_format import cache_geometry
+            from .ops import insert_k_cache
+            from .testing import CACHE_POISON
+
+            flat = cache_geometry(x["k_cache"]).flat
+            flat.fill_(CACHE_POISON)
+            insert_k_cache(x["k_cache"], x["k"], x["slot_mapping"])
+            torch.cuda.synchronize()
+            _same("k_cache bytes", flat, ref)  # exact
         elif self.op == "global_topk":
             from .ops import compute_global_topk_indices_and_lens
 
@@ -675,6 +714,8 @@ class OpHarness:
             return lambda: dequantize_and_gather_k_cache(x["out"], x["k_cache"], x["seq_lens"],
                                                          None, x["block_table"],
                                                          x["block_size"], 0)
+        if self.op == "insert_k_cache":
+            return _bench().ours_insert(x)
         if self.op == "global_topk":
             from .ops import compute_global_topk_indices_and_lens
 
@@ -965,9 +1006,18 @@ def run(args: argparse.Namespace, say=print) -> int:
         futures[v.key] = pool.submit(_compile_jit_job, v, target, kdir)
     harness_by_op = {}
     status = 0
+    from tqdm import tqdm
+
+    # Progress over the buckets (tqdm comes with TileLang); printed lines go above the bar.
+    bar = tqdm(total=len(plans), desc=f"tune {target.name}", unit="bucket", file=sys.stderr,
+               dynamic_ncols=True, disable=not sys.stderr.isatty())
+    if say is print and not bar.disable:
+        say = tqdm.write
     try:
         with tuning_loader(target, kdir):
             for i, p in enumerate(plans, 1):
+                bar.n = i - 1
+                bar.set_postfix_str(f"{p.op} / {p.name}")
                 if args.time_budget and time.time() - start > args.time_budget:
                     say(f"time budget of {args.time_budget:.0f} s reached: {len(plans) - i + 1} "
                         "buckets left (re-run with --resume)")
@@ -1021,6 +1071,7 @@ def run(args: argparse.Namespace, say=print) -> int:
                         if entry.get("baseline_us") else "")
                 say(f"  best: {label(entry['best'], default)} {entry['best_us']:.2f} us{gain}")
     finally:
+        bar.close()
         if pool is not None:  # compiles nobody will measure: stop them rather than wait
             workers = list(getattr(pool, "_processes", {}).values())
             pool.shutdown(wait=False, cancel_futures=True)

@@ -7,6 +7,7 @@ from .indices import (
     compute_global_topk_indices_and_lens,
     compute_global_topk_ragged_indices_and_indptr,
 )
+from .insert_k_cache import insert_k_cache
 from .sparse_decode import sparse_decode
 from .sparse_prefill import sparse_prefill, sparse_prefill_ragged
 
@@ -16,6 +17,7 @@ __all__ = [
     "compute_global_topk_indices_and_lens",
     "compute_global_topk_ragged_indices_and_indptr",
     "dequantize_and_gather_k_cache",
+    "insert_k_cache",
     "sparse_decode",
     "sparse_prefill",
     "sparse_prefill_ragged",
