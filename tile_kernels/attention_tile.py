@@ -74,8 +74,9 @@ def attend_tile(
 # Warpgroup 1 (128-255): P·V for dims [256, 512) with warpgroup 0's P tile and rescales.
 # Warpgroup 2 (256-383): the kernel's own producer fills K buffer (tile % 2) and its
 # validity flags. Buffers are picked at trace time: a loop over tile pairs writes the body
-# out for buffer 0 then buffer 1. Barrier phases: per-buffer barriers complete once per
-# pair (parity pair & 1); the P barriers once per tile (parity = buffer).
+# out for buffer 0 then buffer 1; the P tile and rescale row of tile k live in P buffer
+# (tile % 2) too. Barrier phases: every per-buffer barrier (K and P) completes once per
+# pair (parity pair & 1).
 WS_THREADS = 384
 # Registers per thread at launch (64K / 384, rounded down to a multiple of 8). Each role
 # then sets its own count with setmaxnreg, and ptxas allocates the role's code within it.

@@ -305,10 +305,13 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     (``ld.global.nc``; an invalid token's address is clamped to a valid one and its bytes
     are zeroed at dequantisation, so no instruction waits on a load before its data is
     used) and dequantises it by bit placement (``fp8.FP8_BF16_PRELUDE``) into the K buffer.
-    Round r + 1's loads are issued before round r is dequantised, and tile k + 1's first
-    round before tile k's last, so loads overlap the dequantisation and the wait for a
-    free buffer. Tiles past the split's range are produced all-invalid so the consumers
-    always take buffers in pairs.
+    With 32-token tiles (one round) tile k + 1's loads go into the other register slot
+    before the wait for tile k's buffer, so they land during that wait and tile k's
+    dequantisation (bench/PERF_NOTES.md item 19); with 64-token tiles round r + 1's loads
+    are issued before round r is dequantised and tile k + 1's first round before tile k's
+    last. Tiles past the split's range are produced all-invalid so the consumers always
+    take buffers in pairs. The consumers write their output halves with one reciprocal
+    per row, a full bf16 head group by TMA from their free Q half (``ws_store_rows``).
     """
     D = HEAD_DIM
     DH = D // 2
