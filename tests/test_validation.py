@@ -383,3 +383,22 @@ def test_insert_refuses_plain_cpu_tensors(monkeypatch):
 
     monkeypatch.delenv("DSV4_TL_SYCL_DEVICE", raising=False)
     _raises(ValueError, "k_cache", lambda: insert_k_cache(**_insert_args()))
+
+
+def test_outputs_must_start_16_byte_aligned():
+    # The attention kernels store ``out`` by TMA (16-byte aligned global address).
+    from dsv4_tl.ops._dispatch import output_tensor
+    buf = torch.zeros(2 * 4 * 512 + 8, dtype=BF16)
+    _raises(ValueError, "out", lambda: output_tensor("out", buf[1:4097].view(2, 4, 512),
+                                                     (2, 4, 512), BF16, buf.device))
+    assert output_tensor("out", buf[8:].view(2, 4, 512), (2, 4, 512), BF16, buf.device) is not None
+
+
+def test_q_is_copied_to_a_16_byte_aligned_buffer_when_it_is_not():
+    from dsv4_tl.ops._dispatch import aligned16
+    buf = torch.arange(2 * 512 + 8, dtype=F32).to(BF16)
+    q = buf[1:1025].view(2, 512)
+    a = aligned16(q)
+    assert a.data_ptr() % 16 == 0 and torch.equal(a, q)
+    q8 = buf[8:].view(2, 512)
+    assert aligned16(q8).data_ptr() == q8.data_ptr()  # already aligned: no copy

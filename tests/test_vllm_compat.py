@@ -110,7 +110,8 @@ def _combine_inputs(Tc=23, K=512, R=4, topk=512, window=128, dev=CUDA):
 SCHEMAS = {
     # op: (argument names, number of returns)
     "sparse_decode": (["q", "k_cache", "indices", "topk_length", "softmax_scale", "attn_sink",
-                       "extra_k_cache", "extra_indices", "extra_topk_length", "fp8_format"], 2),
+                       "extra_k_cache", "extra_indices", "extra_topk_length", "fp8_format",
+                       "batch_invariant"], 2),
     "sparse_prefill": (["q", "kv", "indices", "sm_scale", "attn_sink", "topk_length"], 3),
     "sparse_prefill_ragged": (["q", "kv", "indices", "indptr", "sm_scale", "attn_sink"], 3),
     "dequantize_and_gather_k_cache": (["out", "k_cache", "seq_lens", "gather_lens",
@@ -140,6 +141,8 @@ def test_schema(op):
     defaults = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
     if "fp8_format" in names:
         assert defaults["fp8_format"] == "e4m3fn"
+    if "batch_invariant" in names:
+        assert defaults["batch_invariant"] is False
     for ret in schema.returns:
         assert str(ret.type) == "Tensor"
 

@@ -72,4 +72,16 @@ def output_tensor(name: str, given, shape: tuple, dtype: torch.dtype,
     if given is None:
         return torch.empty(shape, dtype=dtype, device=device)
     check_tensor(name, given, dtype=dtype, shape=shape, device=device, contiguous=True)
+    if given.data_ptr() % 16:
+        # The attention kernels store full head groups of ``out`` by TMA, whose global
+        # address must be 16-byte aligned (a view starting mid-buffer may not be).
+        raise ValueError(f"{name}: expected a 16-byte aligned start, got address "
+                         f"{given.data_ptr():#x} (a view at an offset of the buffer?)")
     return given
+
+
+def aligned16(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous and starting on a 16-byte boundary (a copy when it is not): the
+    kernels load q by TMA, whose global address must be 16-byte aligned."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()

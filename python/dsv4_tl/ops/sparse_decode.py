@@ -14,7 +14,7 @@ from ..validation import (
     check_same_device,
     check_tensor,
 )
-from ._dispatch import placeholder, kernel_for, no_sink, output_tensor, schedule_of
+from ._dispatch import aligned16, kernel_for, no_sink, output_tensor, placeholder, schedule_of
 
 
 def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
@@ -181,7 +181,7 @@ def sparse_decode(
         lse_part = torch.empty((b, s_q, splits, h), dtype=torch.float32, device=dev)
         out_k = placeholder(dev, torch.bfloat16, (0, 0, h, HEAD_DIM))
         lse_k = placeholder(dev, torch.float32, (0, h, 0))
-    q_c = q.contiguous()
+    q_c = aligned16(q)
     kernel(q_c, *main, m_idx, m_len, *extra, e_idx, e_len, sink, out_k, lse_k, o_part, lse_part,
            scale, m_geom.block_size, m_geom.stride0, m_geom.num_blocks, *e_scalars)
     if splits > 1:

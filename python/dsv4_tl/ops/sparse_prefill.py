@@ -13,7 +13,7 @@ from ..validation import (
     check_same_device,
     check_tensor,
 )
-from ._dispatch import kernel_for, no_sink, output_tensor
+from ._dispatch import aligned16, kernel_for, no_sink, output_tensor
 
 
 def _check_q_kv(q: torch.Tensor, kv: torch.Tensor) -> Tuple[int, int, int]:
@@ -88,7 +88,7 @@ def _launch(ragged: bool, q, kv, indices, lengths, sm_scale, attn_sink, outs):
              else indices.shape[1])
     kernel = kernel_for("sparse_prefill", q.device, dict(num_heads=h, ragged=ragged),
                         h=h, topk=width)
-    kernel(q.contiguous(), kv.view(s_kv, HEAD_DIM) if kv.is_contiguous() else
+    kernel(aligned16(q), kv.view(s_kv, HEAD_DIM) if kv.is_contiguous() else
            kv.reshape(s_kv, HEAD_DIM).contiguous(), indices, lengths, sink, out, max_logits, lse,
            sm_scale)
     return out, max_logits, lse
