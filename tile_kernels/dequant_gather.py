@@ -31,15 +31,10 @@ import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
 from .fp8 import fp8_byte_to_float
+from .layout import (HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, ROPE_DIM, TOKEN_DATA_BYTES,
+                     TOKEN_SCALE_BYTES)
 
-HEAD_DIM = 512
-NOPE_DIM = 448
-ROPE_DIM = 64
-QUANT_TILE = 64
-NUM_TILES = NOPE_DIM // QUANT_TILE  # 7
-TOKEN_DATA_BYTES = 576
 TOKEN_DATA_UNITS = TOKEN_DATA_BYTES // 16  # 36: a token record in 16-byte units
-TOKEN_SCALE_BYTES = 8
 ROPE_HALF_OFFSET = NOPE_DIM // 2  # 224: RoPE dims start 448 bytes = 224 bf16 into the record
 
 

@@ -38,12 +38,8 @@ Grid: ``(ceil(n / tokens_per_block),)``. Definition: ``dsv4_tl/cache_format.py``
 import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
+from .layout import HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, ROPE_DIM
 
-HEAD_DIM = 512
-NOPE_DIM = 448
-ROPE_DIM = 64
-QUANT_TILE = 64
-NUM_TILES = NOPE_DIM // QUANT_TILE  # 7
 TOKEN_DATA_WORDS = 576 // 4  # 144: a token's region-A record in 32-bit words
 NOPE_WORDS = NOPE_DIM // 4  # 112: 4 FP8 bytes per word
 ROPE_WORDS = ROPE_DIM // 2  # 32: 2 bf16 per word

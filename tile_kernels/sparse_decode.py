@@ -48,14 +48,9 @@ from .attention_tile import (
     ws_set_regs,
     ws_store_rows,
 )
+from .layout import (HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, ROPE_DIM, TOKEN_DATA_BYTES,
+                     TOKEN_SCALE_BYTES)
 
-HEAD_DIM = 512
-NOPE_DIM = 448
-ROPE_DIM = 64
-QUANT_TILE = 64
-TOKEN_DATA_BYTES = 576
-TOKEN_SCALE_BYTES = 8
-NUM_SCALES = NOPE_DIM // QUANT_TILE
 # Registers of the warp-specialised roles (softmax consumer, PV consumer, producer; rules in
 # attention_tile.WS_LAUNCH_REGS). 216/160/128: no spills with 32-token tiles; with 64-token
 # tiles warpgroup 0 spills a little and still measured fastest (240/160/104 spills the
@@ -65,7 +60,7 @@ DECODE_WS_REGS = check_ws_regs((216, 160, 128))
 # 32 bytes of RoPE), 32 tokens per round; per round a lane stages 38 words in registers
 # (28 NoPE, 8 RoPE, 2 scale).
 TOKENS_PER_ROUND = 32
-RAW_WORDS = 4 * NUM_SCALES + 8 + 2
+RAW_WORDS = 4 * NUM_TILES + 8 + 2
 
 
 def _shape_vars() -> tuple:
@@ -158,14 +153,14 @@ def build_sparse_decode(
             p = T.cast(T.if_then_else(ok, idx % block_size, 0), T.int64)
             valid[j] = ok
             row16[j] = safe_blk * (block_stride // 16) + p * (TOKEN_DATA_BYTES // 16)
-        for j, g in T.Parallel(BI, NUM_SCALES):
+        for j, g in T.Parallel(BI, NUM_TILES):
             blk = T.cast(T.if_then_else(valid[j], Indices[r_b, r_s, T.min(col0 + j, width - 1)] // block_size, 0), T.int64)
             p = T.cast(T.if_then_else(valid[j], Indices[r_b, r_s, T.min(col0 + j, width - 1)] % block_size, 0), T.int64)
             byte = cache_u8[blk * block_stride + T.cast(block_size, T.int64) * TOKEN_DATA_BYTES
                             + p * TOKEN_SCALE_BYTES + g]
             scale[j, g] = T.exp2(T.cast(byte, T.float32) - 127.0)
         # Phase 2: dequantise NoPE (fp8 · scale) and copy RoPE (bf16); zero rows if invalid.
-        for g in T.unroll(NUM_SCALES):
+        for g in T.unroll(NUM_TILES):
             for j, d in T.Parallel(BI, QUANT_TILE):
                 K_shared[j, g * QUANT_TILE + d] = T.if_then_else(
                     valid[j],
@@ -213,7 +208,7 @@ def build_sparse_decode(
             K_shared = T.alloc_shared([BI, D], T.bfloat16)
             P_shared = T.alloc_shared([HB, BI], T.bfloat16)
             row16 = T.alloc_shared([BI], T.int64)
-            scale = T.alloc_shared([BI, NUM_SCALES], T.float32)
+            scale = T.alloc_shared([BI, NUM_TILES], T.float32)
             valid = T.alloc_shared([BI], T.bool)
             acc_s, acc_o, m_i, m_prev, l_i, l_tile, alpha = alloc_softmax_state(HB, BI, D, tile_math)
 
@@ -364,16 +359,16 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         scl = (blk64 * scope.block_stride + T.cast(scope.block_size, T.int64) * TOKEN_DATA_BYTES
                + pos * TOKEN_SCALE_BYTES)
         base = RAW_WORDS * slot
-        for g in _unrolled(NUM_SCALES):
+        for g in _unrolled(NUM_TILES):
             T.call_extern("handle", "dsv4_ldg16",
                           T.access_ptr(scope.u8[rec + g * QUANT_TILE + 16 * q], "r", 16),
                           T.access_ptr(raw[base + 4 * g], "w", 4))
         for u in _unrolled(2):
             T.call_extern("handle", "dsv4_ldg16",
                           T.access_ptr(scope.u8[rec + NOPE_DIM + 32 * q + 16 * u], "r", 16),
-                          T.access_ptr(raw[base + 4 * NUM_SCALES + 4 * u], "w", 4))
+                          T.access_ptr(raw[base + 4 * NUM_TILES + 4 * u], "w", 4))
         T.call_extern("handle", "dsv4_ldg8", T.access_ptr(scope.u8[scl], "r", 8),
-                      T.access_ptr(raw[base + 4 * NUM_SCALES + 8], "w", 2))
+                      T.access_ptr(raw[base + 4 * NUM_TILES + 8], "w", 2))
 
     @T.macro
     def load_round(raw, ok, nxt, slot, r, k, p, main, extra, r_b, r_s, t_begin, t_end,
@@ -401,8 +396,8 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         base = RAW_WORDS * slot
         if q == 0:
             st.valid[buf][j] = ok[slot] == 1
-        for g in _unrolled(NUM_SCALES):
-            scale_byte = ((raw[base + 4 * NUM_SCALES + 8 + g // 4] >> T.uint32(8 * (g % 4)))
+        for g in _unrolled(NUM_TILES):
+            scale_byte = ((raw[base + 4 * NUM_TILES + 8 + g // 4] >> T.uint32(8 * (g % 4)))
                           & T.uint32(0xFF))
             T.call_extern("handle", "dsv4_dequant<4>", T.access_ptr(raw[base + 4 * g], "r", 4),
                           scale_byte, T.uint32(restore_exp), ok[slot],
@@ -417,7 +412,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 for h in _unrolled(2):
                     for v in T.vectorized(8):
                         st.K_r[buf][j, g * QUANT_TILE - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
-        T.call_extern("handle", "dsv4_copy<8>", T.access_ptr(raw[base + 4 * NUM_SCALES], "r", 8),
+        T.call_extern("handle", "dsv4_copy<8>", T.access_ptr(raw[base + 4 * NUM_TILES], "r", 8),
                       ok[slot], T.access_ptr(deq[0], "w", 16))
         for h in _unrolled(2):
             for v in T.vectorized(8):

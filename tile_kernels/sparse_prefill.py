@@ -34,8 +34,8 @@ from .attention_tile import (
     ws_set_regs,
     ws_store_rows,
 )
+from .layout import HEAD_DIM
 
-HEAD_DIM = 512
 # Registers of the warp-specialised roles (rules in attention_tile.WS_LAUNCH_REGS).
 PREFILL_WS_REGS = check_ws_regs((240, 168, 80))
 

@@ -38,14 +38,10 @@ from .validation import (
     check_same_device,
     check_tensor,
 )
+# The layout constants live with the kernels (spec §1); re-exported here for the writer.
+from .tile_kernels.layout import (HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, ROPE_DIM,
+                                  TOKEN_DATA_BYTES, TOKEN_SCALE_BYTES)
 
-HEAD_DIM = 512
-NOPE_DIM = 448
-ROPE_DIM = 64
-QUANT_TILE = 64
-NUM_TILES = NOPE_DIM // QUANT_TILE  # 7
-TOKEN_DATA_BYTES = NOPE_DIM + 2 * ROPE_DIM  # 576: region A bytes per token
-TOKEN_SCALE_BYTES = NUM_TILES + 1  # 8: region B bytes per token (7 scales + pad)
 TOKEN_BYTES = TOKEN_DATA_BYTES + TOKEN_SCALE_BYTES  # 584
 BLOCK_ALIGN_BYTES = 576  # FlashMLA requires 576-B aligned block strides
 

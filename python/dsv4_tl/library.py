@@ -34,8 +34,8 @@ from .ops.indices import check_combine_args, check_global_topk_args
 from .ops.insert_k_cache import check_insert_k_cache_args
 from .ops.sparse_decode import check_sparse_decode_args
 from .ops.sparse_prefill import check_sparse_prefill_args, check_sparse_prefill_ragged_args
+from .tile_kernels.layout import HEAD_DIM
 
-HEAD_DIM = 512
 
 
 @torch.library.custom_op("dsv4_tl::sparse_decode", mutates_args=())

@@ -60,6 +60,7 @@ from . import tuning_log
 from .kernels import Variant
 from .schedules import bucket_for, load_schedule_file, forced_schedule, schedule_for
 from .targets import Target, parse_target
+from .tile_kernels.layout import HEAD_DIM
 
 TUNABLE_OPS = ("sparse_decode", "sparse_prefill", "dequant_gather", "global_topk",
                "combine_topk_swa", "insert_k_cache")
@@ -83,7 +84,6 @@ ARCHS = {
 # Registers a thread needs besides the fp32 accumulators (addresses, loop state, softmax
 # scalars): kept small so that the estimate only prunes what cannot fit.
 _REG_OVERHEAD = 24
-HEAD_DIM = 512
 
 
 def _buffers(*sizes: int) -> int:

@@ -48,8 +48,8 @@ from ..validation import (
     check_same_device,
     check_tensor,
 )
+from ..tile_kernels.layout import HEAD_DIM
 
-HEAD_DIM = 512
 # Elements of gathered K (rows * topk * 512) materialised per chunk: 2^24 fp32 = 64 MiB.
 _CHUNK_ELEMS = 1 << 24
 
