@@ -2,7 +2,7 @@
 
 Builds every variant ``dsv4-tl build`` makes for ``hip:gfx942`` and ``hip:gfx950`` from the same
 definitions in ``tile_kernels/`` (schedules from ``schedules/hip_gfx942`` and ``hip_gfx950``),
-then inspects each embedded AMDGPU code object (``dsv4_tl.hip_check``) and requires:
+then inspects each embedded AMDGPU code object (``dsv4_tl.hip.resources``) and requires:
 
 * the code object is for the right arch (``amdgcn-amd-amdhsa--<arch>``, ELF machine flags);
 * the kernel symbol TileLang launches (``<entry>_kernel``) is defined, and the library's module
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_tl import hip_check
+from dsv4_tl.hip import resources
 
 # DSV4_TL_HIP_TARGETS=hip:gfx950 (comma-separated) narrows the run; CI builds both.
 HIP_TARGETS = tuple(t.strip() for t in os.environ.get(
@@ -49,7 +49,7 @@ def _toolchain_missing() -> "str | None":
                 "(run: bash scripts/setup_hip.sh)")
     for tool in ("readelf", "objdump"):
         try:
-            hip_check.llvm_tool(tool)
+            resources.llvm_tool(tool)
         except FileNotFoundError as exc:
             return f"HIP toolchain not set up: {exc}"
     return None
@@ -106,7 +106,7 @@ def hip_build(tmp_path_factory) -> dict:
         manifests[target] = {e["key"]: e for e in entries}
         for key, entry in manifests[target].items():
             try:
-                kernels[(target, key)] = hip_check.inspect_artifact(tdir / entry["artifact"])
+                kernels[(target, key)] = resources.inspect_artifact(tdir / entry["artifact"])
             except Exception as exc:
                 kernels[(target, key)] = exc
     return {"out": out, "failures": failures, "manifests": manifests, "kernels": kernels}
@@ -159,7 +159,7 @@ def test_host_stub_lds_matches_lowering(hip_build):
                 picks[(target, variant.op)] = variant
     assert picks, "nothing was built"
     with concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        futures = {pool.submit(hip_check.lowered_dynamic_lds, v, t): (t, v)
+        futures = {pool.submit(resources.lowered_dynamic_lds, v, t): (t, v)
                    for (t, _), v in picks.items()}
         mismatches = []
         for future in concurrent.futures.as_completed(futures):
@@ -184,8 +184,8 @@ def test_resource_table(hip_build, capsys):
             continue
         for k in found:
             rows.append({"variant": key, **k.row()})
-    summary = hip_check.format_table(hip_check.summarize(rows), hip_check.SUMMARY_COLUMNS)
-    table = hip_check.format_table(rows)
+    summary = resources.format_table(resources.summarize(rows), resources.SUMMARY_COLUMNS)
+    table = resources.format_table(rows)
     path = Path(os.environ.get("DSV4_TL_HIP_TABLE") or REPO / "build" / "hip_resources.md")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(

@@ -20,7 +20,7 @@ launch parameters). This module finds those code objects and reports per kernel:
 
 Nothing here runs a kernel: these are compile-time facts only (no AMD GPU is needed).
 
-Command line: ``python -m dsv4_tl.hip_check lib.so [...]`` prints the resource table.
+Command line: ``python -m dsv4_tl.hip.resources lib.so [...]`` prints the resource table.
 """
 
 import dataclasses
@@ -402,7 +402,7 @@ def lowered_dynamic_lds(variant, target) -> dict:
     import tilelang
     from tilelang import tvm
 
-    from .targets import parse_target
+    from ..targets import parse_target
 
     target = parse_target(target)
     tvm_target = tvm.target.Target(target.tilelang_target())
@@ -622,7 +622,7 @@ SUMMARY_COLUMNS = ("op", "arch", "variants", "VGPR", "AGPR", "SGPR", "LDS", "scr
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m dsv4_tl.hip_check",
+    parser = argparse.ArgumentParser(prog="python -m dsv4_tl.hip.resources",
                                      description="Resource use of HIP kernel libraries (.so).")
     parser.add_argument("libraries", nargs="+")
     args = parser.parse_args(argv)
