@@ -4,8 +4,11 @@
   ``torch.manual_seed``. A failing test's report gets a ``seed`` section; rerun it with
   ``DSV4_TL_SEED=<seed> python -m pytest <node id>``.
 * ``gpu`` marker / ``requires_cuda``: tests that need a CUDA device are skipped without one.
+* ``requires_sycl_cpu()`` / ``sycl_cpu_device`` fixture: tests on Intel's SYCL CPU device
+  (skipped without the runtime unless ``DSV4_TL_REQUIRE_SYCL=1``, as CI sets it).
 """
 
+import functools
 import os
 
 import pytest
@@ -25,6 +28,55 @@ CUDA_AVAILABLE = _cuda_available()
 
 # `from conftest import requires_cuda`; `@pytest.mark.gpu` does the same.
 requires_cuda = pytest.mark.skipif(not CUDA_AVAILABLE, reason="needs a CUDA device")
+
+
+@functools.lru_cache(maxsize=None)
+def sycl_cpu_ready() -> bool:
+    """Intel's SYCL runtime (dpctl) and the sycl-jit compiler are installed."""
+    try:
+        import dpctl  # noqa: F401
+    except ImportError:
+        return False
+    from dsv4_tl.loader import can_compile
+    from dsv4_tl.targets import parse_target
+
+    return can_compile(parse_target("sycl"))
+
+
+def requires_sycl_cpu() -> list:
+    """Marks of a test on the SYCL CPU device. CI sets DSV4_TL_REQUIRE_SYCL=1: there a
+    missing runtime fails these tests instead of skipping them."""
+    return [pytest.mark.sycl,
+            pytest.mark.skipif(not sycl_cpu_ready() and os.environ.get("DSV4_TL_REQUIRE_SYCL") != "1",
+                               reason="needs Intel's SYCL runtime (bash scripts/setup_sycl.sh)")]
+
+
+def clear_dispatch_caches() -> None:
+    """Drop the front ends' memoised targets and kernels and the loaders (after a change of
+    the device routing or kernel directory)."""
+    from dsv4_tl import loader
+    from dsv4_tl.ops import _dispatch
+
+    _dispatch._target_of.cache_clear()
+    _dispatch._resolve.cache_clear()
+    loader._loaders.clear()
+
+
+@pytest.fixture(scope="module")
+def sycl_cpu_device(tmp_path_factory):
+    """CPU tensors -> the SYCL CPU device; kernels JIT-compiled into a fresh kernel dir
+    (yielded)."""
+    saved = {k: os.environ.get(k) for k in ("DSV4_TL_SYCL_DEVICE", "DSV4_TL_KERNEL_DIR")}
+    os.environ["DSV4_TL_SYCL_DEVICE"] = "opencl:cpu"
+    os.environ["DSV4_TL_KERNEL_DIR"] = str(tmp_path_factory.mktemp("sycl_kernels"))
+    clear_dispatch_caches()
+    yield os.environ["DSV4_TL_KERNEL_DIR"]
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    clear_dispatch_caches()
 
 
 def pytest_configure(config):

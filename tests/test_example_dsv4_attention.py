@@ -7,13 +7,12 @@ visibility rules. A second run with an index helper made off by one must fail th
 """
 
 import importlib.util
-import os
 from pathlib import Path
 
-import pytest
 import torch
+from conftest import requires_sycl_cpu
 
-from dsv4_tl.ops import _dispatch
+pytestmark = requires_sycl_cpu()
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dsv4_attention.py"
 
@@ -25,41 +24,6 @@ def _load_example():
     return module
 
 
-def _sycl_cpu_ready() -> bool:
-    try:
-        import dpctl  # noqa: F401
-    except ImportError:
-        return False
-    from dsv4_tl.loader import can_compile
-    from dsv4_tl.targets import parse_target
-
-    return can_compile(parse_target("sycl"))
-
-
-def _clear_dispatch_caches():
-    from dsv4_tl import loader
-
-    _dispatch._target_of.cache_clear()
-    _dispatch._resolve.cache_clear()
-    loader._loaders.clear()
-
-
-@pytest.fixture(scope="module")
-def sycl_cpu_device(tmp_path_factory):
-    """CPU tensors -> the SYCL CPU device; kernels JIT-compiled into a fresh kernel dir."""
-    saved = {k: os.environ.get(k) for k in ("DSV4_TL_SYCL_DEVICE", "DSV4_TL_KERNEL_DIR")}
-    os.environ["DSV4_TL_SYCL_DEVICE"] = "opencl:cpu"
-    os.environ["DSV4_TL_KERNEL_DIR"] = str(tmp_path_factory.mktemp("sycl_kernels"))
-    _clear_dispatch_caches()
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    _clear_dispatch_caches()
-
-
 def _check_rows(rows, phases):
     seen = {(phase.split(" x")[0], layer) for phase, layer, *_ in rows}
     for layer in ("swa", "c4a", "c128a"):
@@ -69,10 +33,6 @@ def _check_rows(rows, phases):
         assert ok, (phase, layer, err)
 
 
-# CI sets DSV4_TL_REQUIRE_SYCL=1: there a missing runtime fails this test instead of skipping.
-@pytest.mark.sycl
-@pytest.mark.skipif(not _sycl_cpu_ready() and os.environ.get("DSV4_TL_REQUIRE_SYCL") != "1",
-                    reason="needs Intel's SYCL runtime (bash scripts/setup_sycl.sh)")
 def test_example_small_on_sycl_cpu(sycl_cpu_device, seed, monkeypatch):
     example = _load_example()
     ok, rows = example.run("sycl-cpu", small=True, seed=seed, say=lambda *a: None)

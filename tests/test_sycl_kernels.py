@@ -21,9 +21,9 @@ import textwrap
 
 import pytest
 import torch
+from conftest import requires_sycl_cpu
 
 from dsv4_tl import cache_format as cf
-from dsv4_tl.ops import _dispatch
 from dsv4_tl.ops.dequant_gather import dequantize_and_gather_k_cache
 from dsv4_tl.ops.indices import (
     combine_topk_swa_indices,
@@ -54,24 +54,7 @@ from dsv4_tl.testing import (
 )
 
 
-def _sycl_cpu_ready() -> bool:
-    try:
-        import dpctl  # noqa: F401
-    except ImportError:
-        return False
-    from dsv4_tl.loader import can_compile
-    from dsv4_tl.targets import parse_target
-
-    return can_compile(parse_target("sycl"))
-
-
-# CI sets DSV4_TL_REQUIRE_SYCL=1: there a missing runtime fails these tests instead of
-# skipping them.
-pytestmark = [
-    pytest.mark.sycl,
-    pytest.mark.skipif(not _sycl_cpu_ready() and os.environ.get("DSV4_TL_REQUIRE_SYCL") != "1",
-                       reason="needs Intel's SYCL runtime (bash scripts/setup_sycl.sh)"),
-]
+pytestmark = requires_sycl_cpu()
 
 SCALE = 512 ** -0.5
 H = 16
@@ -79,27 +62,9 @@ WINDOW = 128
 
 
 @pytest.fixture(scope="module", autouse=True)
-def sycl_cpu_device(tmp_path_factory):
-    """CPU tensors -> the SYCL CPU device; kernels JIT-compiled into a fresh kernel dir."""
-    saved = {k: os.environ.get(k) for k in ("DSV4_TL_SYCL_DEVICE", "DSV4_TL_KERNEL_DIR")}
-    os.environ["DSV4_TL_SYCL_DEVICE"] = "opencl:cpu"
-    os.environ["DSV4_TL_KERNEL_DIR"] = str(tmp_path_factory.mktemp("sycl_kernels"))
-    _clear_dispatch_caches()
-    yield os.environ["DSV4_TL_KERNEL_DIR"]
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    _clear_dispatch_caches()
-
-
-def _clear_dispatch_caches():
-    from dsv4_tl import loader
-
-    _dispatch._target_of.cache_clear()
-    _dispatch._resolve.cache_clear()
-    loader._loaders.clear()
+def _on_sycl_cpu(sycl_cpu_device):
+    """Every test of this module runs on the SYCL CPU device."""
+    yield sycl_cpu_device
 
 
 @pytest.fixture
