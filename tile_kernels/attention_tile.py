@@ -118,7 +118,8 @@ class WarpSpecializedState:
         self.P_shared = (T.alloc_shared([HB, BI], T.bfloat16), T.alloc_shared([HB, BI], T.bfloat16))
         self.alpha_shared = (T.alloc_shared([HB], T.float32, scope="shared"),
                              T.alloc_shared([HB], T.float32, scope="shared"))
-        self.denom_shared = T.alloc_shared([HB], T.float32, scope="shared")
+        # 1 / (softmax denominator) per row, from warpgroup 0 to warpgroup 1 at the end
+        self.inv_denom_shared = T.alloc_shared([HB], T.float32, scope="shared")
         self.acc_o_l = T.alloc_fragment([HB, DH], T.float32)
         self.acc_o_r = T.alloc_fragment([HB, DH], T.float32)
         self.acc_s = T.alloc_fragment([HB, BI], T.float32)
@@ -222,7 +223,8 @@ def ws_store_rows(acc_o, inv, stage, bar_id: int, dst):
 
 @T.macro
 def ws_consumer_pv(st, pairs):
-    """Warpgroup 1's loop: the right half of P·V, then wait for the final denominators."""
+    """Warpgroup 1's loop: the right half of P·V, then wait for the rows' reciprocal
+    denominators."""
     HB, DH = st.heads, st.half_dim
     alpha = T.alloc_fragment([HB], T.float32)  # the rows' rescales, read once per tile
     T.fill(st.acc_o_r, 0)

@@ -506,14 +506,14 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                             1.0)
                     else:
                         inv[i] = T.if_then_else(has, 1.0 / st.l_i[i], 1.0)
-                T.copy(inv, st.denom_shared)
+                T.copy(inv, st.inv_denom_shared)
                 T.barrier_arrive(st.bar_done)
                 write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, split, h0)
             elif tx < 256:
                 ws_set_regs(DECODE_WS_REGS[1])
                 ws_consumer_pv(st, pairs)
                 inv = T.alloc_fragment([HB], T.float32)
-                T.copy(st.denom_shared, inv)
+                T.copy(st.inv_denom_shared, inv)
                 write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, r_b, r_s, split, h0)
             else:
                 ws_set_regs(DECODE_WS_REGS[2])

@@ -246,14 +246,14 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                         1.0 / (st.l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
                                                   - st.m_i[i] * scale_log2)),
                         1.0)
-                T.copy(inv, st.denom_shared)
+                T.copy(inv, st.inv_denom_shared)
                 T.barrier_arrive(st.bar_done)
                 write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, row, h0)
             elif tx < 256:
                 ws_set_regs(PREFILL_WS_REGS[1])
                 ws_consumer_pv(st, pairs)
                 inv = T.alloc_fragment([HB], T.float32)
-                T.copy(st.denom_shared, inv)
+                T.copy(st.inv_denom_shared, inv)
                 write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, row, h0)
             else:
                 ws_set_regs(PREFILL_WS_REGS[2])
