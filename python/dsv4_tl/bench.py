@@ -27,7 +27,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .bench_peers import PEER_NAMES, load_peers, parse_peer_names, peer_suites
+from .bench_peers import PEER_NAMES, csr_from_dense, load_peers, parse_peer_names, peer_suites
 from .cache_format import TOKEN_BYTES
 from .testing import check_attention, random_k, random_paged_cache, scatter_slots
 
@@ -147,10 +147,30 @@ class PrefillShape:
     s_q: int
     topk: int
     s_kv: int
+    varying: bool = False  # per-row topk_length, uniform in [1, topk]
+    ragged: bool = False  # the CSR form (ops.sparse_prefill_ragged) of the same rows
 
     @property
     def name(self) -> str:
-        return f"prefill h{self.h} s_q {self.s_q} top-k {self.topk} s_kv {self.s_kv}"
+        lens = ", lengths 1..top-k" if self.varying else ""
+        form = ", ragged" if self.ragged else ""
+        return f"prefill h{self.h} s_q {self.s_q} top-k {self.topk} s_kv {self.s_kv}{lens}{form}"
+
+
+def prefill_shapes(quick: bool) -> list:
+    """The prefill suite: V4-Flash (h 64) and V4-Pro (h 128) at both C4A widths (640: Flash,
+    1152: Pro), the long rows of C128A at 1M context (width 8320, per-row lengths), the
+    tensor-parallel head counts (16, 32; FlashMLA padded to 64 heads as vLLM does), and the
+    ragged twins of two dense rows (same rows, CSR form: equal work)."""
+    shapes = [PrefillShape(h, 4096, topk, 32768) for h in (64, 128) for topk in (640, 1152)]
+    if quick:
+        return [shapes[0], shapes[3]]
+    shapes += [PrefillShape(h, 1024, 8320, 65536, varying=True) for h in (64, 128)]
+    shapes += [PrefillShape(h, 4096, 640, 32768, varying=True) for h in (16, 32)]
+    shapes += [PrefillShape(h, 4096, topk, 32768, ragged=True) for h, topk in ((64, 640),
+                                                                              (128, 1152))]
+    shapes += [PrefillShape(128, 1024, 8320, 65536, varying=True, ragged=True)]
+    return shapes
 
 
 def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -> list:
@@ -215,10 +235,17 @@ def prefill_inputs(shape: PrefillShape, gen: torch.Generator, sets: int, device)
         comp = torch.rand((shape.s_q, n), generator=gen, device=device).topk(shape.topk - WINDOW, -1).indices
         swa = n + i[:, None] + torch.arange(WINDOW, device=device)[None]
         idx = (r[:, None] * m + torch.cat([comp, swa], -1)).int().view(shape.s_q, 1, shape.topk)
-        out.append({"q": torch.randn((shape.s_q, shape.h, 512), generator=gen, device=device).to(torch.bfloat16),
-                    "kv": kv, "indices": idx,
-                    "topk_length": torch.full((shape.s_q,), shape.topk, dtype=torch.int32, device=device),
-                    "attn_sink": torch.rand(shape.h, generator=gen, device=device) * 4 - 2})
+        if shape.varying:
+            lens = torch.randint(1, shape.topk + 1, (shape.s_q,), generator=gen, device=device,
+                                 dtype=torch.int32)
+        else:
+            lens = torch.full((shape.s_q,), shape.topk, dtype=torch.int32, device=device)
+        item = {"q": torch.randn((shape.s_q, shape.h, 512), generator=gen, device=device).to(torch.bfloat16),
+                "kv": kv, "indices": idx, "topk_length": lens,
+                "attn_sink": torch.rand(shape.h, generator=gen, device=device) * 4 - 2}
+        if shape.ragged:  # built once, outside the timed call, as an engine's metadata is
+            item["ragged"] = csr_from_dense(idx, lens)
+        out.append(item)
     return out
 
 
@@ -233,6 +260,10 @@ def ours_decode(x: dict):
 
 def ours_prefill(x: dict):
     from .ops import sparse_prefill
+    if "ragged" in x:
+        from .ops import sparse_prefill_ragged
+        flat, indptr = x["ragged"]
+        return lambda: sparse_prefill_ragged(x["q"], x["kv"], flat, indptr, SCALE, x["attn_sink"])
     return lambda: sparse_prefill(x["q"], x["kv"], x["indices"], SCALE, x["attn_sink"],
                                   x["topk_length"])
 
@@ -361,12 +392,11 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
             del inputs
             torch.cuda.empty_cache()
     if "prefill" in suites:
-        for h, topk in ((64, 640), (128, 1152)):
-            shape = PrefillShape(h, 4096, topk, 32768)
+        for shape in prefill_shapes(quick):
             inputs = prefill_inputs(shape, gen, sets, device)
             att = _attended(inputs[0])
-            flops = 2 * h * att * 1024
-            nbytes = 2 * 4096 * h * 512 * 2 + 4 * att + shape.s_kv * 1024
+            flops = 2 * shape.h * att * 1024
+            nbytes = 2 * shape.s_q * shape.h * 512 * 2 + 4 * att + shape.s_kv * 1024
             report["rows"].append(_suite_row("prefill", shape.name, att, ours_prefill, inputs,
                                              _check_prefill, flops, nbytes, ceilings, peers,
                                              failed))

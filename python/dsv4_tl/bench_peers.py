@@ -262,6 +262,7 @@ class VllmTritonSources:
 
 # ----------------------------------------------------------------------------- peers
 FLASHMLA_DECODE_HEADS = (64, 128)  # the head counts its sparse decode takes
+FLASHMLA_PREFILL_HEADS = 64  # its sparse prefill takes a multiple of 64 heads
 
 
 class FlashMLAPeer:
@@ -299,8 +300,22 @@ class FlashMLAPeer:
         return run
 
     def prefill(self, x: dict) -> Callable[[], tuple]:
-        return lambda: tuple(self.ops.sparse_prefill_fwd(
-            x["q"], x["kv"], x["indices"], SCALE, HEAD_DIM, x["attn_sink"], x["topk_length"], None))
+        q, sink = x["q"], x["attn_sink"]
+        h = q.shape[1]
+        if h >= FLASHMLA_PREFILL_HEADS:
+            return lambda: tuple(self.ops.sparse_prefill_fwd(
+                q, x["kv"], x["indices"], SCALE, HEAD_DIM, sink, x["topk_length"], None))
+        # Fewer heads (tensor parallelism): padded to 64 as vLLM does, once, outside the timed
+        # call; the outputs are views of the real heads.
+        pad = FLASHMLA_PREFILL_HEADS - h
+        q = torch.cat([q, q.new_zeros((q.shape[0], pad, q.shape[2]))], 1)
+        sink = torch.cat([sink, sink.new_full((pad,), -math.inf)])
+
+        def run():
+            out, max_logits, lse = self.ops.sparse_prefill_fwd(
+                q, x["kv"], x["indices"], SCALE, HEAD_DIM, sink, x["topk_length"], None)
+            return out[:, :h], max_logits[:, :h], lse[:, :h]
+        return run
 
 
 class TritonRocmPeer:
