@@ -21,6 +21,7 @@ from .tile_math import check_tile_math
 
 from .attention_tile import (
     LOG2E,
+    M_SENTINEL,
     WS_THREADS,
     WarpSpecializedState,
     check_ws_regs,
@@ -36,8 +37,11 @@ from .attention_tile import (
 )
 from .layout import HEAD_DIM
 
-# Registers of the warp-specialised roles (rules in attention_tile.WS_LAUNCH_REGS).
+# Registers of the warp-specialised roles (rules in attention_tile.WS_LAUNCH_REGS): the
+# split schedule's warpgroup 0 holds scores and half the output, warpgroup 1 half the output;
+# the seesaw's two consumers hold both, so they share the registers evenly.
 PREFILL_WS_REGS = check_ws_regs((240, 168, 80))
+PREFILL_SEESAW_REGS = check_ws_regs((216, 216, 72))
 
 
 def build_sparse_prefill(
@@ -49,6 +53,7 @@ def build_sparse_prefill(
     threads: int = 256,
     num_stages: int = 2,
     warp_specialized: bool = False,
+    seesaw: bool = True,
     tile_math: str = "tensor_core",
 ):
     """Return the prim_func of sparse prefill.
@@ -63,6 +68,11 @@ def build_sparse_prefill(
             producer warpgroup gathers KV tiles into two buffers guarded by mbarriers while
             two consumer warpgroups run QKᵀ/softmax/PV (split along the 512 output dims).
             Same math and index rules; sm_90a only.
+        seesaw: how the warp-specialised consumers share a pair of tiles. True: each
+            consumer computes QKᵀ and the softmax of its own tile (even / odd), the two
+            exchange row maxima and P tiles, and each accumulates both tiles' P·V into its
+            half of the output. False: consumer 0 computes every tile's QKᵀ and softmax,
+            consumer 1 only the right half of P·V.
         tile_math: "tensor_core" or "simt" (``tile_math.py``; "simt" for SYCL).
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
@@ -109,7 +119,7 @@ def build_sparse_prefill(
             raise ValueError("warp_specialized: needs heads_per_block 64 and threads 384, got "
                              f"{HB} and {threads}")
         return _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape,
-                                       len_shape, s_q, s_kv)
+                                       len_shape, s_q, s_kv, seesaw)
 
     @T.prim_func
     def sparse_prefill(
@@ -178,7 +188,165 @@ def build_sparse_prefill(
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
-def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv):
+class SeesawState:
+    """What the seesaw consumers add to ``WarpSpecializedState``: each consumer's own score
+    tile, its bf16 copy (the A operand of the local P·V, from registers) and row statistics
+    (fragments, one set per warpgroup), and the shared rows and barriers through which
+    they pass row maxima (every tile pair) and softmax sums (once, at the end)."""
+
+    def __init__(self, heads: int, block_tokens: int):
+        HB, BI = heads, block_tokens
+        self.acc_s = tuple(T.alloc_fragment([HB, BI], T.float32) for _ in range(2))
+        self.p_regs = tuple(T.alloc_fragment([HB, BI], T.bfloat16) for _ in range(2))
+        self.m_i, self.m_prev, self.m_peer, self.l_i, self.l_tile, self.alpha = (
+            tuple(T.alloc_fragment([HB], T.float32) for _ in range(2)) for _ in range(6))
+        # m_shared[c]: consumer c's row maxima of this pair; l_shared[c]: its final sums
+        self.m_shared = tuple(T.alloc_shared([HB], T.float32, scope="shared") for _ in range(2))
+        self.l_shared = tuple(T.alloc_shared([HB], T.float32, scope="shared") for _ in range(2))
+        # stats_ready[c] completes when consumer c has published m_shared[c] (once per pair)
+        # and, after the last pair, l_shared[c]
+        self.stats_ready = tuple(T.alloc_barrier(arrive_count=128) for _ in range(2))
+
+
+# FlashMLA's sm90 sparse prefill schedule ("seesaw"), in two macros. Per tile pair,
+# consumer 0 scores the even tile (K buffer 0) and consumer 1 the odd one (buffer 1); each
+# accumulates both tiles' P·V into its own half of the output: its own P from registers,
+# the other's from shared memory. The row max runs down a chain, 0 then 1: consumer 0
+# exponentiates against its own running max and publishes it, consumer 1 folds its tile
+# into that max and publishes the pair's max, consumer 0 rescales to it before sharing its
+# P. So consumer 0's softmax overlaps consumer 1's QKᵀ and consumer 1's softmax overlaps
+# consumer 0's P·V: the tensor cores are never idle for both softmaxes at once.
+#
+# Shared-buffer reuse (one copy each): a consumer rewrites its maxima and its P tile only
+# in the next pair, after the other has (by the chain) read them: consumer 0 writes
+# m_shared[0] after reading m_shared[1] of the previous pair, which consumer 1 wrote after
+# reading m_shared[0]; a P tile is rewritten after the other consumer's next maxima
+# arrive, which it publishes after its previous pair's wgmma have all completed.
+# k_free[b] counts both consumers (each arrives once per buffer per pair).
+
+
+@T.macro
+def seesaw_scores(st, acc_s, buf: int, parity):
+    """Issue (not wait for) the QKᵀ of K buffer ``buf`` once it is ready: ``acc_s`` starts at
+    0 for a valid token and -inf for an invalid one."""
+    HB, BI = st.heads, st.block_tokens
+    T.barrier_wait(st.k_ready[buf], parity)
+    T.fence_proxy_async()  # cp.async wrote the tile (generic proxy); wgmma reads it
+    for i, j in T.Parallel(HB, BI):
+        acc_s[i, j] = T.if_then_else(st.valid[buf][j], 0, -T.infinity(T.float32))
+    T.wgmma_gemm(st.Q_l, st.K_l[buf], acc_s, transpose_B=True)
+    T.wgmma_gemm(st.Q_r, st.K_r[buf], acc_s, transpose_B=True)
+
+
+@T.macro
+def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
+    """Consumer 0: even tiles, output columns [0, 256)."""
+    HB, BI, DH = st.heads, st.block_tokens, st.half_dim
+    acc_s, p_regs, m_i, m_prev = ss.acc_s[0], ss.p_regs[0], ss.m_i[0], ss.m_prev[0]
+    m_peer, l_i, l_tile, alpha = ss.m_peer[0], ss.l_i[0], ss.l_tile[0], ss.alpha[0]
+    T.fill(l_i, 0)
+    T.fill(m_i, M_SENTINEL)
+    T.fill(acc_o, 0)
+    T.barrier_wait(st.bar_q, 0)
+    for pair in T.serial(pairs):
+        seesaw_scores(st, acc_s, 0, pair & 1)
+        T.copy(m_i, m_prev)
+        T.wait_wgmma(0)
+        T.reduce_max(acc_s, m_i, dim=1, clear=False)
+        T.copy(m_i, ss.m_shared[0])
+        T.barrier_arrive(ss.stats_ready[0])
+        for i in T.Parallel(HB):
+            alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
+        for i, j in T.Parallel(HB, BI):
+            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - m_i[i] * scale_log2)
+        T.reduce_sum(acc_s, l_tile, dim=1)
+        for i in T.Parallel(HB):
+            l_i[i] = l_i[i] * alpha[i] + l_tile[i]
+        for i, d in T.Parallel(HB, DH):
+            acc_o[i, d] *= alpha[i]
+        T.copy(acc_s, p_regs)
+        T.wgmma_gemm(p_regs, st.K_l[0], acc_o)
+        T.wait_wgmma(0)
+        T.barrier_arrive(st.k_free[0])
+        # The pair's max from consumer 1: rescale P (for consumer 1), the output and the sum.
+        T.barrier_wait(ss.stats_ready[1], pair & 1)
+        T.copy(ss.m_shared[1], m_peer)
+        for i in T.Parallel(HB):
+            alpha[i] = T.exp2((m_i[i] - m_peer[i]) * scale_log2)
+            m_i[i] = m_peer[i]
+            l_i[i] = l_i[i] * alpha[i]
+        for i, j in T.Parallel(HB, BI):
+            acc_s[i, j] *= alpha[i]
+        T.copy(acc_s, st.P_shared[0])
+        T.fence_proxy_async()  # consumer 1's wgmma reads this P (async proxy)
+        T.barrier_arrive(st.p_ready[0])
+        for i, d in T.Parallel(HB, DH):
+            acc_o[i, d] *= alpha[i]
+        T.barrier_wait(st.p_ready[1], pair & 1)
+        T.wgmma_gemm(st.P_shared[1], st.K_l[1], acc_o)
+        T.wait_wgmma(0)
+        T.barrier_arrive(st.k_free[1])
+    seesaw_sum_exchange(ss, 0, pairs)
+
+
+@T.macro
+def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2):
+    """Consumer 1: odd tiles, output columns [256, 512)."""
+    HB, BI, DH = st.heads, st.block_tokens, st.half_dim
+    acc_s, p_regs, m_i, m_prev = ss.acc_s[1], ss.p_regs[1], ss.m_i[1], ss.m_prev[1]
+    m_peer, l_i, l_tile, alpha = ss.m_peer[1], ss.l_i[1], ss.l_tile[1], ss.alpha[1]
+    T.fill(l_i, 0)
+    T.fill(m_i, M_SENTINEL)
+    T.fill(acc_o, 0)
+    T.barrier_wait(st.bar_q, 0)
+    for pair in T.serial(pairs):
+        seesaw_scores(st, acc_s, 1, pair & 1)
+        T.copy(m_i, m_prev)
+        T.wait_wgmma(0)
+        # Consumer 0's max already holds the history (and the even tile).
+        T.barrier_wait(ss.stats_ready[0], pair & 1)
+        T.copy(ss.m_shared[0], m_i)
+        T.reduce_max(acc_s, m_i, dim=1, clear=False)
+        T.copy(m_i, ss.m_shared[1])
+        T.barrier_arrive(ss.stats_ready[1])
+        for i in T.Parallel(HB):
+            alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
+        for i, j in T.Parallel(HB, BI):
+            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - m_i[i] * scale_log2)
+        T.reduce_sum(acc_s, l_tile, dim=1)
+        for i in T.Parallel(HB):
+            l_i[i] = l_i[i] * alpha[i] + l_tile[i]
+        for i, d in T.Parallel(HB, DH):
+            acc_o[i, d] *= alpha[i]
+        T.copy(acc_s, st.P_shared[1])
+        T.fence_proxy_async()
+        T.barrier_arrive(st.p_ready[1])
+        T.copy(acc_s, p_regs)
+        T.wgmma_gemm(p_regs, st.K_r[1], acc_o)
+        T.barrier_wait(st.p_ready[0], pair & 1)
+        T.wgmma_gemm(st.P_shared[0], st.K_r[0], acc_o)
+        T.wait_wgmma(1)
+        T.barrier_arrive(st.k_free[1])
+        T.wait_wgmma(0)
+        T.barrier_arrive(st.k_free[0])
+    seesaw_sum_exchange(ss, 1, pairs)
+
+
+@T.macro
+def seesaw_sum_exchange(ss, me: int, pairs):
+    """After the last pair both consumers hold the same max and each a sum over its own
+    tiles in its units: exchange the sums (this also orders both consumers' last reads of
+    Q and the K buffers before either reuses its Q half as the output stage)."""
+    T.copy(ss.l_i[me], ss.l_shared[me])
+    T.barrier_arrive(ss.stats_ready[me])
+    T.barrier_wait(ss.stats_ready[1 - me], pairs & 1)
+    T.copy(ss.l_shared[1 - me], ss.l_tile[me])
+    for i in T.Parallel(ss.l_i[me].shape[0]):
+        ss.l_i[me][i] = ss.l_i[me][i] + ss.l_tile[me][i]
+
+
+def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv,
+                            seesaw):
     """The warp-specialised Hopper schedule of the same kernel (attention_tile's
     WarpSpecializedState and consumer macros). The producer warpgroup resolves the tile's
     indices (clamped reads, validity flags) and gathers the rows with per-thread cp.async
@@ -204,6 +372,25 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                 if h0 + i < num_heads:
                     Out[row, h0 + i, d0 + d] = T.cast(acc_o[i, d] * inv[i], T.bfloat16)
 
+    @T.macro
+    def row_epilogue(m_i, l_i, inv, write_stats: bool, Sink, MaxLogits, Lse, row, h0, sm_scale,
+                     scale_log2):
+        """``inv`` = 1 / (Σe^s + e^sink) per row (1 for a row with no valid token), and, when
+        ``write_stats``, the rows' max_logits and lse (both exclude the sink)."""
+        for i in T.Parallel(HB):
+            has = l_i[i] > 0
+            if write_stats:
+                if h0 + i < num_heads:
+                    MaxLogits[row, h0 + i] = T.if_then_else(
+                        has, m_i[i] * sm_scale, -T.infinity(T.float32))
+                    Lse[row, h0 + i] = T.if_then_else(
+                        has, T.log(l_i[i]) + m_i[i] * sm_scale, T.infinity(T.float32))
+            inv[i] = T.if_then_else(
+                has,
+                1.0 / (l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                       - m_i[i] * scale_log2)),
+                1.0)
+
     @T.prim_func
     def sparse_prefill(
         Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
@@ -218,6 +405,7 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
     ):
         with T.Kernel(s_q, head_groups, threads=WS_THREADS) as (row, hg):
             st = WarpSpecializedState(HB, BI, D, k_ready_arrivals=2 * 128)
+            ss = SeesawState(HB, BI)  # (unused by the split schedule)
             kv_row = T.alloc_local([1], T.int32)
             tx = T.get_thread_binding()
             h0 = hg * HB
@@ -229,43 +417,53 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                       lambda h, d0, d1: Q[row, h:h + HB, d0:d1], h0, num_heads)
 
             if tx < 128:
-                ws_set_regs(PREFILL_WS_REGS[0])
-                ws_consumer_softmax(st, pairs, scale_log2)
-                # Epilogue: lse / max_logits exclude the sink; out divides by Σe^s + e^sink.
                 inv = T.alloc_fragment([HB], T.float32)
-                for i in T.Parallel(HB):
-                    has = st.l_i[i] > 0
-                    if h0 + i < num_heads:
-                        MaxLogits[row, h0 + i] = T.if_then_else(
-                            has, st.m_i[i] * sm_scale, -T.infinity(T.float32))
-                        Lse[row, h0 + i] = T.if_then_else(
-                            has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale, T.infinity(T.float32))
-                    # 1 / (Σe^s + e^sink), once per row
-                    inv[i] = T.if_then_else(
-                        has,
-                        1.0 / (st.l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
-                                                  - st.m_i[i] * scale_log2)),
-                        1.0)
-                T.copy(inv, st.inv_denom_shared)
-                T.barrier_arrive(st.bar_done)
+                if seesaw:
+                    ws_set_regs(PREFILL_SEESAW_REGS[0])
+                    seesaw_consumer_0(st, ss, st.acc_o_l, pairs, scale_log2)
+                    row_epilogue(ss.m_i[0], ss.l_i[0], inv, True, Sink, MaxLogits, Lse, row,
+                                 h0, sm_scale, scale_log2)
+                else:
+                    ws_set_regs(PREFILL_WS_REGS[0])
+                    ws_consumer_softmax(st, pairs, scale_log2)
+                    row_epilogue(st.m_i, st.l_i, inv, True, Sink, MaxLogits, Lse, row, h0,
+                                 sm_scale, scale_log2)
+                    T.copy(inv, st.inv_denom_shared)
+                    T.barrier_arrive(st.bar_done)
                 write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, row, h0)
             elif tx < 256:
-                ws_set_regs(PREFILL_WS_REGS[1])
-                ws_consumer_pv(st, pairs)
                 inv = T.alloc_fragment([HB], T.float32)
-                T.copy(st.inv_denom_shared, inv)
+                if seesaw:
+                    ws_set_regs(PREFILL_SEESAW_REGS[1])
+                    seesaw_consumer_1(st, ss, st.acc_o_r, pairs, scale_log2)
+                    row_epilogue(ss.m_i[1], ss.l_i[1], inv, False, Sink, MaxLogits, Lse, row,
+                                 h0, sm_scale, scale_log2)
+                else:
+                    ws_set_regs(PREFILL_WS_REGS[1])
+                    ws_consumer_pv(st, pairs)
+                    T.copy(st.inv_denom_shared, inv)
                 write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, row, h0)
             else:
-                ws_set_regs(PREFILL_WS_REGS[2])
+                ws_set_regs(PREFILL_SEESAW_REGS[2] if seesaw else PREFILL_WS_REGS[2])
                 p = tx - 256
+                R = BI // 16  # rows of a tile per producer thread (8 threads per row)
+                # The thread's index entries of the next pair, read a pair ahead: an index
+                # read is a dependent global load, and reading it only when its buffer is
+                # free left the consumers waiting on its latency every tile (profile).
+                # Columns are clamped into the row's window (pairs > 0: it is not empty).
+                ahead = T.alloc_local([2 * R], T.int32)
+                if pairs > 0:
+                    for buf in (0, 1):
+                        for r in T.unroll(R):
+                            ahead[buf * R + r] = index_at(
+                                Indices, Lengths, row, T.min(buf * BI + r * 16 + p // 8, length - 1))
                 for pair in T.serial(pairs):
                     for buf in (0, 1):
                         T.barrier_wait(st.k_free[buf], (pair & 1) ^ 1)
-                        for r in T.serial(BI // 16):
+                        for r in T.unroll(R):
                             j = r * 16 + p // 8
                             col = (pair * 2 + buf) * BI + j
-                            kv_row[0] = index_at(Indices, Lengths, row,
-                                                 T.max(T.min(col, length - 1), 0))
+                            kv_row[0] = ahead[buf * R + r]
                             ok = (col < length) and (kv_row[0] >= 0) and (kv_row[0] < s_kv)
                             st.valid[buf][j] = ok
                             # 8 threads per row, 16-byte asynchronous copies (cp.async): all
@@ -286,6 +484,12 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                         # its plain stores of the validity flags.
                         T.cp_async_barrier_noinc(st.k_ready[buf])
                         T.barrier_arrive(st.k_ready[buf])
+                        if pair + 1 < pairs:
+                            for r in T.unroll(R):
+                                ahead[buf * R + r] = index_at(
+                                    Indices, Lengths, row,
+                                    T.min(((pair + 1) * 2 + buf) * BI + r * 16 + p // 8,
+                                          length - 1))
 
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
