@@ -19,6 +19,7 @@ table on stdout.
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -28,7 +29,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 SHAPES = [(32768, 64, "C4A"), (32768, 2, "C128A"), (8192 + 127, 64, "SWA")]
 
 BASE = {"loads": "tile", "tokens_per_block": 32, "target_ctas": 1056, "threads": 256,
-        "min_ctas_per_sm": 0}
+        "min_ctas_per_sm": 0, "stores": "wb"}
 
 
 def default_candidates() -> list:
@@ -40,22 +41,25 @@ def default_candidates() -> list:
         c(loads="ldg16x4", tokens_per_block=64),
         c(loads="ldg16x4", tokens_per_block=64, target_ctas=4224),
         c(loads="ldg16x4", tokens_per_block=64, min_ctas_per_sm=4),
-        c(loads="ldg16x4", tokens_per_block=64, min_ctas_per_sm=4, target_ctas=528),
+        c(loads="ldg16x4", tokens_per_block=64, min_ctas_per_sm=4, target_ctas=4224),
+        c(loads="ldg16x4", tokens_per_block=64, min_ctas_per_sm=4, stores="cs"),
         c(loads="ldg16x4", tokens_per_block=128),
         c(loads="ldg16x4", tokens_per_block=32, threads=128, min_ctas_per_sm=8, target_ctas=2112),
         c(loads="ldg8x8", tokens_per_block=32),
         c(loads="ldg8x8", tokens_per_block=32, min_ctas_per_sm=8),
         c(loads="ldg8x8", tokens_per_block=32, min_ctas_per_sm=8, target_ctas=4224),
+        c(loads="ldg8x8", tokens_per_block=32, min_ctas_per_sm=8, stores="cs"),
         c(loads="ldg8x8", tokens_per_block=64),
         c(loads="ldg8x8", tokens_per_block=64, min_ctas_per_sm=4),
         c(loads="ldg8x4", tokens_per_block=64),
         c(loads="ldg8x4", tokens_per_block=64, min_ctas_per_sm=4),
+        c(loads="ldg8x4", tokens_per_block=64, min_ctas_per_sm=4, stores="cs"),
     ]
 
 
 def _label(config: dict) -> str:
     short = {"loads": "", "tokens_per_block": "tb", "target_ctas": "ctas", "threads": "thr",
-             "min_ctas_per_sm": "min"}
+             "min_ctas_per_sm": "min", "stores": ""}
     return " ".join(f"{short.get(k, k)}{v}" for k, v in config.items())
 
 
@@ -77,7 +81,8 @@ def _compile_one(config: dict, target_name: str, kernel_dir: str) -> str:
 
 def compile_all(candidates: list, target_name: str, kernel_dir: str, jobs: int) -> dict:
     errors = {}
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    # spawn: the parent has initialised CUDA (a forked child must not inherit that)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(_compile_one, c, target_name, kernel_dir): i
                    for i, c in enumerate(candidates)}
         for f in as_completed(futures):

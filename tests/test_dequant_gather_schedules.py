@@ -23,6 +23,8 @@ TARGETS = ("cuda_sm90a", "cuda_sm100a", "hip_gfx942", "hip_gfx950", "sycl")
     ({"loads": "ldg8x4", "threads": 100, "tokens_per_block": 100}, "threads"),
     ({"min_ctas_per_sm": -1}, "min_ctas_per_sm"),
     ({"fp8_format": "e5m2"}, "fp8_format"),
+    ({"loads": "ldg8x8", "stores": "wt"}, "stores"),
+    ({"loads": "tile", "stores": "cs"}, "stores"),  # TileLang writes the tile path's stores
 ])
 def test_bad_knobs_are_refused_by_name(kwargs, name):
     with pytest.raises(ValueError, match=name):

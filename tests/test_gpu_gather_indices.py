@@ -103,16 +103,18 @@ def _assert_dense_ragged_agree(dense, lens, flat, indptr, seed):
 # Every gather test runs under the schedule files' config ("file") and under each ``loads``
 # path of tile_kernels/dequant_gather.py forced for every shape: the portable tile loops,
 # and the CUDA register-load paths with 1 and 2 rows per thread, with and without a
-# launch-bounds register cap (tokens_per_block = rows of a tile; a thread owns
+# launch-bounds register cap, both store kinds, and a grid small enough that every CTA
+# strides over several tiles (tokens_per_block = rows of a tile; a thread owns
 # tokens_per_block * lanes / threads of them).
 _GATHER_BASE = {"loads": "tile", "tokens_per_block": 32, "target_ctas": 1056, "threads": 256,
-                "min_ctas_per_sm": 0}
+                "min_ctas_per_sm": 0, "stores": "wb"}
 GATHER_SCHEDULES = {
     "file": None,
     "tile": {},
     "ldg16x4": {"loads": "ldg16x4", "tokens_per_block": 64},
     "ldg16x4_2rows_capped": {"loads": "ldg16x4", "tokens_per_block": 128, "min_ctas_per_sm": 2},
-    "ldg8x8_capped": {"loads": "ldg8x8", "tokens_per_block": 32, "min_ctas_per_sm": 8},
+    "ldg8x8_capped_streaming": {"loads": "ldg8x8", "tokens_per_block": 32, "min_ctas_per_sm": 8,
+                                "stores": "cs"},
     "ldg8x4_2rows_128thr": {"loads": "ldg8x4", "tokens_per_block": 64, "threads": 128,
                             "target_ctas": 7},
 }

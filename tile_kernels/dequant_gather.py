@@ -43,11 +43,19 @@ FP8_DTYPES = {"e4m3fn": T.float8_e4m3fn, "e4m3fnuz": T.float8_e4m3fnuz}
 REGISTER_LOADS = {"ldg16x4": (16, 4), "ldg8x8": (8, 8), "ldg8x4": (8, 4)}
 LOADS = ("tile", *REGISTER_LOADS)
 
-# A 16-byte store of 16 bytes held in registers (plain C++, so the compiler may schedule it).
+# The ``stores`` knob of the register-load paths: PTX cache operator of the 16-byte stores,
+# "wb" (write-back, the default) or "cs" (streaming: evict-first in L2; the workspace is
+# read by the next kernel, not by this one).
+STORES = ("wb", "cs")
+
+# 16-byte stores of 16 bytes held in registers (C++, so the compiler may schedule them).
 GATHER_STORE_PRELUDE = r"""
-// dsv4-tl: dequant-gather's 16-byte register -> global store (tile_kernels/dequant_gather.py).
-__device__ __forceinline__ void dsv4_stg16(void* dst, const void* src) {
+// dsv4-tl: dequant-gather's 16-byte register -> global stores (tile_kernels/dequant_gather.py).
+__device__ __forceinline__ void dsv4_stg16_wb(void* dst, const void* src) {
   *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+__device__ __forceinline__ void dsv4_stg16_cs(void* dst, const void* src) {
+  __stcs(reinterpret_cast<uint4*>(dst), *reinterpret_cast<const uint4*>(src));
 }
 """
 
@@ -61,6 +69,7 @@ def build_dequant_gather(
     fp8_decode: str = "native",
     loads: str = "tile",
     min_ctas_per_sm: int = 0,
+    stores: str = "wb",
 ):
     """Return the prim_func of dequantize-and-gather.
 
@@ -84,6 +93,8 @@ def build_dequant_gather(
             finite there (see ``fp8.py``); ``fp8_decode`` is unused.
         min_ctas_per_sm: schedule knob, the second ``__launch_bounds__`` argument (0: none),
             which caps registers per thread so that many CTAs fit on an SM.
+        stores: schedule knob of the register-load paths, the stores' cache operator
+            ``"wb"`` or ``"cs"`` (streaming); the tile path takes ``"wb"`` only.
 
     Kernel arguments, in order:
         ``out [n_out] bf16`` -- the workspace as a flat view starting at ``out[0, 0, 0]``;
@@ -102,9 +113,14 @@ def build_dequant_gather(
         raise ValueError(f"loads: expected one of {LOADS}, got {loads!r}")
     if not isinstance(min_ctas_per_sm, int) or min_ctas_per_sm < 0:
         raise ValueError(f"min_ctas_per_sm: expected an int >= 0, got {min_ctas_per_sm!r}")
+    if stores not in STORES:
+        raise ValueError(f"stores: expected one of {STORES}, got {stores!r}")
     if loads != "tile":
         return _build_register_loads(fp8_format, tokens_per_block, target_ctas, threads,
-                                     loads, min_ctas_per_sm)
+                                     loads, min_ctas_per_sm, stores)
+    if stores != "wb":
+        raise ValueError(f"stores: {stores!r} needs a register-load path (loads='ldg...'); "
+                         "the tile path's stores are TileLang's")
     fp8 = FP8_DTYPES[fp8_format]
     TB = tokens_per_block
 
@@ -216,7 +232,7 @@ def _unrolled(n: int) -> tuple:
 
 
 def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: int,
-                          threads: int, loads: str, min_ctas_per_sm: int):
+                          threads: int, loads: str, min_ctas_per_sm: int, stores: str):
     """The CUDA schedules ``loads="ldg<W>x<L>"`` of :func:`build_dequant_gather` (same
     arguments, same results on every cache the quantiser writes).
 
@@ -350,7 +366,7 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
                                               T.access_ptr(deq[0], "w", W))
                                 for h in _unrolled(W // 8):
                                     T.call_extern(
-                                        "handle", "dsv4_stg16",
+                                        "handle", f"dsv4_stg16_{stores}",
                                         T.access_ptr(Out[row[u] + t * QUANT_TILE + c * L * W + q * W + 8 * h],
                                                      "w", 8),
                                         T.access_ptr(deq[8 * h], "r", 8))
@@ -358,7 +374,7 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
                             T.call_extern("handle", "dsv4_copy<4>",
                                           T.access_ptr(raw[base + nope_words + 4 * v], "r", 4),
                                           ok[u], T.access_ptr(deq[0], "w", 8))
-                            T.call_extern("handle", "dsv4_stg16",
+                            T.call_extern("handle", f"dsv4_stg16_{stores}",
                                           T.access_ptr(Out[row[u] + NOPE_DIM + 8 * q + 8 * L * v], "w", 8),
                                           T.access_ptr(deq[0], "r", 8))
 
@@ -371,5 +387,6 @@ LOWERING_EXAMPLES: list = [
                                                    "threads": 128}},
     {"builder": "build_dequant_gather", "kwargs": {"loads": "ldg16x4", "tokens_per_block": 64}},
     {"builder": "build_dequant_gather", "kwargs": {"fp8_format": "e4m3fnuz", "loads": "ldg8x8",
-                                                   "tokens_per_block": 64, "min_ctas_per_sm": 4}},
+                                                   "tokens_per_block": 64, "min_ctas_per_sm": 4,
+                                                   "stores": "cs"}},
 ]
