@@ -99,13 +99,27 @@ def _sticky(exc: Exception) -> bool:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="results JSON (rewritten after every row)")
+    parser.add_argument("--out", help="results JSON (rewritten after every row); required "
+                                      "unless --profile or --best-of")
     parser.add_argument("--candidates", help="JSON list of configs (default: the built-in list)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows already in --out and skip them (after a crash)")
     parser.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1))
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--profile", metavar="KIND",
+                        help="instead: 3 calls of the first candidate at shape KIND (C4A, C128A "
+                             "or SWA), for ncu --launch-skip 2 --launch-count 1")
+    parser.add_argument("--best-of", metavar="JSON",
+                        help="print the config of the fastest checked C4A row of this results "
+                             "file (for --candidates) and exit")
     args = parser.parse_args(argv)
+    if args.best_of:
+        with open(args.best_of) as f:
+            rows = [r for r in json.load(f)["rows"] if "us" in r and r["shape"].startswith("C4A")]
+        print(json.dumps([min(rows, key=lambda r: r["us"])["config"]]) if rows else "")
+        return 0 if rows else 1
+    if not args.profile and not args.out:
+        parser.error("--out is required")
 
     import torch
 
@@ -118,6 +132,15 @@ def main(argv=None) -> int:
     candidates = json.loads(args.candidates) if args.candidates else default_candidates()
     device = torch.device("cuda", 0)
     target = target_for_device(device)
+    if args.profile:
+        rows, bs = next((r, b) for r, b, k in SHAPES if k == args.profile)
+        x = bench.gather_inputs(rows, bs, torch.Generator(device).manual_seed(0), 1, device)[0][0]
+        with forcing(target, "dequant_gather", candidates[0]):
+            call = bench.ours_gather(x)
+            for _ in range(3):
+                call()
+        torch.cuda.synchronize()
+        return 0
     state = {"rows": [], "compile_errors": {}}
     if args.resume and os.path.exists(args.out):
         with open(args.out) as f:
