@@ -100,6 +100,43 @@ def _assert_dense_ragged_agree(dense, lens, flat, indptr, seed):
 # ---------------------------------------------------------------------------------------
 # dequantize_and_gather_k_cache
 # ---------------------------------------------------------------------------------------
+# Every gather test runs under the schedule files' config ("file") and under each ``loads``
+# path of tile_kernels/dequant_gather.py forced for every shape: the portable tile loops,
+# and the CUDA register-load paths with 1 and 2 rows per thread, with and without a
+# launch-bounds register cap, both store kinds, and a grid small enough that every CTA
+# strides over several tiles (tokens_per_block = rows of a tile; a thread owns
+# tokens_per_block * lanes / threads of them).
+_GATHER_BASE = {"loads": "tile", "tokens_per_block": 32, "target_ctas": 1056, "threads": 256,
+                "min_ctas_per_sm": 0, "stores": "wb"}
+GATHER_SCHEDULES = {
+    "file": None,
+    "tile": {},
+    "ldg16x4": {"loads": "ldg16x4", "tokens_per_block": 64},
+    "ldg16x4_2rows_capped": {"loads": "ldg16x4", "tokens_per_block": 128, "min_ctas_per_sm": 2},
+    "ldg8x8_capped_streaming": {"loads": "ldg8x8", "tokens_per_block": 32, "min_ctas_per_sm": 8,
+                                "stores": "cs"},
+    "ldg8x4_2rows_128thr": {"loads": "ldg8x4", "tokens_per_block": 64, "threads": 128,
+                            "target_ctas": 7},
+}
+
+
+@pytest.fixture(params=list(GATHER_SCHEDULES))
+def gather_schedule(request):
+    """Run the test with the gather schedule ``request.param`` forced (None: the files')."""
+    overrides = GATHER_SCHEDULES[request.param]
+    if overrides is None:
+        yield
+        return
+    config = {**_GATHER_BASE, **overrides}
+    if config["loads"] != "tile" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the register-load paths are built for sm_90a / sm_100a")
+    from dsv4_tl.targets import target_for_device
+    from dsv4_tl.tune import forcing
+
+    with forcing(target_for_device(torch.device(DEV)), "dequant_gather", config):
+        yield
+
+
 def _written_rows(num_reqs, max_tokens, seq_lens, gather_lens, offset):
     """[R, max_tokens] bool: rows the op writes (gather_len clamped as documented)."""
     seq = seq_lens.long().cpu()
@@ -131,7 +168,7 @@ def _gather_and_check(seed, out, k_cache, seq_lens, gather_lens, block_table, bs
 
 @pytest.mark.parametrize("bs", [64, 2])
 @pytest.mark.parametrize("with_gather_lens", [True, False])
-def test_gather_scattered_table(seed, gen, bs, with_gather_lens):
+def test_gather_scattered_table(seed, gen, bs, with_gather_lens, gather_schedule):
     # 4 requests of different lengths over a randomly permuted block pool.
     R, max_blocks = 4, 9
     nb = R * max_blocks + 3
@@ -150,7 +187,7 @@ def test_gather_scattered_table(seed, gen, bs, with_gather_lens):
     assert bool(written.any())
 
 
-def test_gather_fnuz_bytes(seed, gen):
+def test_gather_fnuz_bytes(seed, gen, gather_schedule):
     R, bs, max_blocks = 2, 64, 3
     nb = R * max_blocks
     cache = random_paged_cache(nb, bs, gen, DEV, fp8_format="e4m3fnuz")
@@ -160,7 +197,7 @@ def test_gather_fnuz_bytes(seed, gen):
     _gather_and_check(seed, out, cache, seq_lens, None, bt, bs, 2, fmt="e4m3fnuz")
 
 
-def test_gather_bad_block_ids_and_clamps(seed, gen):
+def test_gather_bad_block_ids_and_clamps(seed, gen, gather_schedule):
     # Out-of-range / negative block ids and columns past the table -> zero rows; gather_lens
     # larger than seq_len / the room in out, and negative values, are clamped.
     bs, nb = 64, 5
@@ -182,7 +219,7 @@ def test_gather_bad_block_ids_and_clamps(seed, gen):
     assert bool((out[0, offset].view(torch.int16) == 0).all()), f"zero row expected (seed {seed})"
 
 
-def test_gather_strided_out_and_flashmla_view(seed, gen):
+def test_gather_strided_out_and_flashmla_view(seed, gen, gather_schedule):
     # out is a column slice of a wider workspace (strides (M*512, 512, 1)); the cache comes
     # as FlashMLA's [nb, bs, 1, 584] view; poison around the slice must survive.
     R, bs, nb = 3, 64, 10
@@ -195,7 +232,7 @@ def test_gather_strided_out_and_flashmla_view(seed, gen):
     _gather_and_check(seed, out, cache, seq_lens, gather_lens, bt, bs, 5, whole=ws)
 
 
-def test_gather_dsv4_prefill_workspace(seed, gen):
+def test_gather_dsv4_prefill_workspace(seed, gen, gather_schedule):
     # The two calls of one C4A prefill chunk into one workspace [R, M, 512]: compressed
     # entries at columns [0, seq // 4), then the SWA window at [N, N + gather_len).
     window, cr = 128, 4
@@ -225,7 +262,7 @@ def test_gather_dsv4_prefill_workspace(seed, gen):
     _assert_same_bits("workspace", ws, want, seed)
 
 
-def test_gather_empty_cases(seed, gen):
+def test_gather_empty_cases(seed, gen, gather_schedule):
     bs = 64
     cache = random_paged_cache(3, bs, gen, DEV)
     bt = torch.tensor([[0, 1], [2, 0]], dtype=torch.int32, device=DEV)

@@ -30,7 +30,7 @@ Definition: ``dsv4_tl/reference/dequant_gather.py``.
 import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
-from .fp8 import fp8_byte_to_float
+from .fp8 import FP8_BF16_PRELUDE, FP8_RESTORE_EXP, fp8_byte_to_float
 from .layout import (HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, ROPE_DIM, TOKEN_DATA_BYTES,
                      TOKEN_SCALE_BYTES)
 
@@ -39,6 +39,25 @@ ROPE_HALF_OFFSET = NOPE_DIM // 2  # 224: RoPE dims start 448 bytes = 224 bf16 in
 
 
 FP8_DTYPES = {"e4m3fn": T.float8_e4m3fn, "e4m3fnuz": T.float8_e4m3fnuz}
+# The ``loads`` knob: "tile" (portable) or "ldg<load bytes>x<lanes per row>" (CUDA).
+REGISTER_LOADS = {"ldg16x4": (16, 4), "ldg8x8": (8, 8), "ldg8x4": (8, 4)}
+LOADS = ("tile", *REGISTER_LOADS)
+
+# The ``stores`` knob of the register-load paths: PTX cache operator of the 16-byte stores,
+# "wb" (write-back, the default) or "cs" (streaming: evict-first in L2; the workspace is
+# read by the next kernel, not by this one).
+STORES = ("wb", "cs")
+
+# 16-byte stores of 16 bytes held in registers (C++, so the compiler may schedule them).
+GATHER_STORE_PRELUDE = r"""
+// dsv4-tl: dequant-gather's 16-byte register -> global stores (tile_kernels/dequant_gather.py).
+__device__ __forceinline__ void dsv4_stg16_wb(void* dst, const void* src) {
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+__device__ __forceinline__ void dsv4_stg16_cs(void* dst, const void* src) {
+  __stcs(reinterpret_cast<uint4*>(dst), *reinterpret_cast<const uint4*>(src));
+}
+"""
 
 
 def build_dequant_gather(
@@ -48,6 +67,9 @@ def build_dequant_gather(
     target_ctas: int = 1056,
     threads: int = 256,
     fp8_decode: str = "native",
+    loads: str = "tile",
+    min_ctas_per_sm: int = 0,
+    stores: str = "wb",
 ):
     """Return the prim_func of dequantize-and-gather.
 
@@ -59,6 +81,20 @@ def build_dequant_gather(
             whole grid, threads per CTA). Each request gets ``workers = min(ceil(target_ctas
             / num_reqs), ceil((max_tokens - offset) / tokens_per_block))`` CTAs (at least 1),
             which stride over its tiles.
+        loads: schedule knob, how a tile moves. ``"tile"``: TileLang tile loops (any
+            target; shared-memory offsets, one FP8 load per quantisation tile consumed
+            right away). CUDA sm_90a / sm_100a only: ``"ldg16x4"``, ``"ldg8x8"``,
+            ``"ldg8x4"`` -- ``ldg<W>x<L>``: ``L`` lanes per row, each issuing all of its
+            row's loads (``W``-byte ``ld.global.nc`` of FP8 bytes, 16-byte RoPE loads, the
+            8-byte scale record) into registers before it dequantises any of them by bit
+            placement (``fp8.FP8_BF16_PRELUDE``) and stores 16-byte vectors; each thread
+            owns ``tokens_per_block * L / threads`` rows of a tile (a whole number >= 1).
+            NaN encodings of the cache bytes (never written by the quantiser) come out
+            finite there (see ``fp8.py``); ``fp8_decode`` is unused.
+        min_ctas_per_sm: schedule knob, the second ``__launch_bounds__`` argument (0: none),
+            which caps registers per thread so that many CTAs fit on an SM.
+        stores: schedule knob of the register-load paths, the stores' cache operator
+            ``"wb"`` or ``"cs"`` (streaming); the tile path takes ``"wb"`` only.
 
     Kernel arguments, in order:
         ``out [n_out] bf16`` -- the workspace as a flat view starting at ``out[0, 0, 0]``;
@@ -73,6 +109,18 @@ def build_dequant_gather(
     """
     if fp8_format not in FP8_DTYPES:
         raise ValueError(f"fp8_format: expected one of {sorted(FP8_DTYPES)}, got {fp8_format!r}")
+    if loads not in LOADS:
+        raise ValueError(f"loads: expected one of {LOADS}, got {loads!r}")
+    if not isinstance(min_ctas_per_sm, int) or min_ctas_per_sm < 0:
+        raise ValueError(f"min_ctas_per_sm: expected an int >= 0, got {min_ctas_per_sm!r}")
+    if stores not in STORES:
+        raise ValueError(f"stores: expected one of {STORES}, got {stores!r}")
+    if loads != "tile":
+        return _build_register_loads(fp8_format, tokens_per_block, target_ctas, threads,
+                                     loads, min_ctas_per_sm, stores)
+    if stores != "wb":
+        raise ValueError(f"stores: {stores!r} needs a register-load path (loads='ldg...'); "
+                         "the tile path's stores are TileLang's")
     fp8 = FP8_DTYPES[fp8_format]
     TB = tokens_per_block
 
@@ -105,6 +153,8 @@ def build_dequant_gather(
         # CTAs per request: enough to fill the GPU, never more than there are tiles.
         G = T.max(T.min(T.ceildiv(target_ctas, num_reqs), T.ceildiv(max_tokens - offset, TB)), 1)
         with T.Kernel(num_reqs, G, threads=threads) as (r, g):
+            if min_ctas_per_sm:
+                T.annotate_min_blocks_per_sm(min_ctas_per_sm)
             data16 = T.alloc_shared([TB], T.int64)  # token record offset / 16 (0 if invalid)
             scale8 = T.alloc_shared([TB], T.int64)  # token scale record offset / 8 (0 if invalid)
             row8 = T.alloc_shared([TB], T.int64)  # output row offset / 8
@@ -175,8 +225,168 @@ def build_dequant_gather(
     return dequant_gather.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
+def _unrolled(n: int) -> tuple:
+    """``0 .. n-1`` as a tuple: a loop over it is unrolled when the kernel is traced, so
+    register arrays are indexed by constants."""
+    return tuple(range(n))
+
+
+def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: int,
+                          threads: int, loads: str, min_ctas_per_sm: int, stores: str):
+    """The CUDA schedules ``loads="ldg<W>x<L>"`` of :func:`build_dequant_gather` (same
+    arguments, same results on every cache the quantiser writes).
+
+    Why: the tile schedule keeps one 8-byte FP8 load per thread in flight and waits for it
+    before the next (load, convert, store per quantisation tile), and syncs the CTA twice
+    per tile for its shared offsets (bench/PERF_NOTES.md item 25): latency-bound at about
+    half the copy rate. Here nothing is shared and nothing waits inside a row: ``L``
+    consecutive lanes own one row; each resolves the row's block itself (the block-table
+    entry is an L1 hit for all but one lane), issues every load of its part of the row
+    into registers -- for each quantisation tile ``64 / (L·W)`` loads of ``W`` bytes, lane
+    ``q``'s at tile bytes ``[c·L·W + q·W, +W)``, then the RoPE bytes ``[16q + 16·L·v, +16)``
+    and the 8-byte scale record -- and only then dequantises and stores, 16 bytes per
+    store. With ``W = 8`` a warp's store writes whole 32-byte sectors; with ``W = 16`` a
+    lane's 32 output bytes take two stores whose halves interleave with its neighbours'.
+    A thread owns ``R = tokens_per_block·L / threads`` rows per tile, all loaded before
+    the first is stored. Invalid rows load the (valid) record at byte 0 and store zeros
+    (the dequantisation's ``ok`` flag); rows past ``gather_len`` store nothing.
+    """
+    W, L = REGISTER_LOADS[loads]
+    if threads < 32 or threads % 32:
+        raise ValueError(f"threads: expected a positive multiple of 32, got {threads}")
+    slots = threads // L  # rows of a tile that one pass of the CTA's threads covers
+    if tokens_per_block < slots or tokens_per_block % slots:
+        raise ValueError(f"tokens_per_block: expected a multiple of threads / {L} = {slots} "
+                         f"(loads={loads!r}: {L} lanes per row), got {tokens_per_block}")
+    R = tokens_per_block // slots
+    TB = tokens_per_block
+    restore_exp = FP8_RESTORE_EXP[fp8_format]
+    fp8 = FP8_DTYPES[fp8_format]
+    per_tile = QUANT_TILE // (L * W)  # loads of one lane per quantisation tile
+    nope_words = NUM_TILES * per_tile * W // 4
+    rope_loads = 2 * ROPE_DIM // (16 * L)  # 16-byte RoPE loads of one lane
+    scale_word = nope_words + 4 * rope_loads
+    words = scale_word + 2  # one row's registers: FP8 bytes, RoPE bf16s, scale record
+
+    num_reqs = T.dynamic("num_reqs")
+    max_blocks = T.dynamic("max_blocks")
+    n_out = T.dynamic("n_out", "int64")
+    n_bytes = T.dynamic("n_bytes", "int64")
+    n_half = T.dynamic("n_half", "int64")
+
+    @T.prim_func
+    def dequant_gather(
+        Out: T.Tensor([n_out], T.bfloat16),
+        CacheFp8: T.Tensor([n_bytes], fp8),
+        CacheBf16: T.Tensor([n_half], T.bfloat16),
+        CacheU8: T.Tensor([n_bytes], T.uint8),
+        SeqLens: T.Tensor([num_reqs], T.int32),
+        GatherLens: T.Tensor([num_reqs], T.int32),
+        BlockTable: T.Tensor([num_reqs, max_blocks], T.int32),
+        block_size: T.int32,
+        block_stride16: T.int64,
+        num_blocks: T.int32,
+        offset: T.int32,
+        max_tokens: T.int32,
+        out_stride0_8: T.int64,
+        out_stride1_8: T.int64,
+    ):
+        G = T.max(T.min(T.ceildiv(target_ctas, num_reqs), T.ceildiv(max_tokens - offset, TB)), 1)
+        with T.Kernel(num_reqs, G, threads=threads,
+                      prelude=FP8_BF16_PRELUDE + GATHER_STORE_PRELUDE) as (r, g):
+            if min_ctas_per_sm:
+                T.annotate_min_blocks_per_sm(min_ctas_per_sm)
+            raw = T.alloc_local([R * words], T.uint32)
+            ok = T.alloc_local([R], T.int32)
+            row = T.alloc_local([R], T.int64)  # element offset of the row in Out
+            deq = T.alloc_local([16], T.bfloat16)
+            tx = T.get_thread_binding()
+            j = tx // L  # the thread's row slot within a pass
+            q = tx % L  # its lane within the row
+            seq = SeqLens[r]
+            glen = T.alloc_var(T.int32, init=T.max(T.min(T.min(GatherLens[r], seq),
+                                                         max_tokens - offset), 0))
+            first = T.alloc_var(T.int32, init=seq - glen)  # >= 0 whenever glen > 0
+            workers = T.alloc_var(T.int32, init=G)
+            out_req8 = T.alloc_var(T.int64, init=T.cast(r, T.int64) * out_stride0_8)
+            # Per-row scalars as variables: as expressions they were re-derived per load.
+            pos = T.alloc_var(T.int32)
+            col = T.alloc_var(T.int32)
+            blk = T.alloc_var(T.int32)
+            blk_rec = T.alloc_var(T.int64)  # byte offset of the row's block
+            p = T.alloc_var(T.int32)  # the row's slot in its block
+            rec = T.alloc_var(T.int64)  # byte offset of the row's data record
+            scl = T.alloc_var(T.int64)  # byte offset of the row's scale record
+            for k in T.serial(T.max(T.ceildiv(T.ceildiv(glen, TB) - g, workers), 0)):
+                i0 = (g + k * workers) * TB + j
+                # All loads of the thread's R rows first.
+                for u in _unrolled(R):
+                    i = i0 + u * slots
+                    # Rows past glen are never stored; clamping keeps 0 <= pos < seq_len.
+                    pos = first + T.min(i, glen - 1)
+                    col = T.truncdiv(pos, block_size)
+                    blk = BlockTable[r, T.min(col, max_blocks - 1)]
+                    ok[u] = T.if_then_else((i < glen) and (col < max_blocks) and (blk >= 0)
+                                           and (blk < num_blocks), 1, 0)
+                    p = T.if_then_else(ok[u] == 1, pos - col * block_size, 0)
+                    blk_rec = T.cast(T.if_then_else(ok[u] == 1, blk, 0), T.int64) * block_stride16 * 16
+                    rec = blk_rec + T.cast(p, T.int64) * TOKEN_DATA_BYTES
+                    # An invalid row reads (and discards) the scale bytes 0..7, like the tile path.
+                    scl = T.if_then_else(ok[u] == 1,
+                                         blk_rec + T.cast(block_size, T.int64) * TOKEN_DATA_BYTES
+                                         + T.cast(p, T.int64) * TOKEN_SCALE_BYTES, T.int64(0))
+                    row[u] = (out_req8 + T.cast(offset + i, T.int64) * out_stride1_8) * 8
+                    base = u * words
+                    for t in _unrolled(NUM_TILES):
+                        for c in _unrolled(per_tile):
+                            T.call_extern("handle", f"dsv4_ldg{W}",
+                                          T.access_ptr(CacheU8[rec + t * QUANT_TILE + c * L * W + q * W],
+                                                       "r", W),
+                                          T.access_ptr(raw[base + (t * per_tile + c) * (W // 4)],
+                                                       "w", W // 4))
+                    for v in _unrolled(rope_loads):
+                        T.call_extern("handle", "dsv4_ldg16",
+                                      T.access_ptr(CacheU8[rec + NOPE_DIM + 16 * q + 16 * L * v],
+                                                   "r", 16),
+                                      T.access_ptr(raw[base + nope_words + 4 * v], "w", 4))
+                    T.call_extern("handle", "dsv4_ldg8", T.access_ptr(CacheU8[scl], "r", 8),
+                                  T.access_ptr(raw[base + scale_word], "w", 2))
+                # Then dequantise and store them.
+                for u in _unrolled(R):
+                    if i0 + u * slots < glen:
+                        base = u * words
+                        for t in _unrolled(NUM_TILES):
+                            scale_byte = ((raw[base + scale_word + t // 4] >> T.uint32(8 * (t % 4)))
+                                          & T.uint32(0xFF))
+                            for c in _unrolled(per_tile):
+                                T.call_extern("handle", f"dsv4_dequant<{W // 4}>",
+                                              T.access_ptr(raw[base + (t * per_tile + c) * (W // 4)],
+                                                           "r", W // 4),
+                                              scale_byte, T.uint32(restore_exp), ok[u],
+                                              T.access_ptr(deq[0], "w", W))
+                                for h in _unrolled(W // 8):
+                                    T.call_extern(
+                                        "handle", f"dsv4_stg16_{stores}",
+                                        T.access_ptr(Out[row[u] + t * QUANT_TILE + c * L * W + q * W + 8 * h],
+                                                     "w", 8),
+                                        T.access_ptr(deq[8 * h], "r", 8))
+                        for v in _unrolled(rope_loads):
+                            T.call_extern("handle", "dsv4_copy<4>",
+                                          T.access_ptr(raw[base + nope_words + 4 * v], "r", 4),
+                                          ok[u], T.access_ptr(deq[0], "w", 8))
+                            T.call_extern("handle", f"dsv4_stg16_{stores}",
+                                          T.access_ptr(Out[row[u] + NOPE_DIM + 8 * q + 8 * L * v], "w", 8),
+                                          T.access_ptr(deq[0], "r", 8))
+
+    return dequant_gather.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+
+
 LOWERING_EXAMPLES: list = [
     {"builder": "build_dequant_gather", "kwargs": {"fp8_format": "e4m3fn"}},
     {"builder": "build_dequant_gather", "kwargs": {"fp8_format": "e4m3fnuz", "tokens_per_block": 16,
                                                    "threads": 128}},
+    {"builder": "build_dequant_gather", "kwargs": {"loads": "ldg16x4", "tokens_per_block": 64}},
+    {"builder": "build_dequant_gather", "kwargs": {"fp8_format": "e4m3fnuz", "loads": "ldg8x8",
+                                                   "tokens_per_block": 64, "min_ctas_per_sm": 4,
+                                                   "stores": "cs"}},
 ]

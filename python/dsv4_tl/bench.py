@@ -412,12 +412,15 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
             del inputs
             torch.cuda.empty_cache()
     if "gather" in suites:
-        for rows, bs in ((32768, 64), (8192 + 127, 64)):
+        # Issue 14's shapes, 4 requests (PREFILL_CHUNK_SIZE) each: C4A (bs 64) and C128A
+        # (bs 2) compressed caches at 32768 entries per request, SWA (bs 64) 8K + 127 rows.
+        for kind, rows, bs in (("C4A", 32768, 64), ("C128A", 32768, 2), ("SWA", 8192 + 127, 64)):
             inputs, check = gather_inputs(rows, bs, gen, sets, device)
             nbytes = 4 * rows * (TOKEN_BYTES + 512 * 2)
-            report["rows"].append(_suite_row("gather", f"gather 4 x {rows} rows (bs {bs})", 0,
-                                             ours_gather, inputs, check, 0.0, nbytes, ceilings,
-                                             peers, failed, poison=poison_gather_out))
+            name = f"gather {kind} 4 x {rows} rows (bs {bs})"
+            report["rows"].append(_suite_row("gather", name, 0, ours_gather, inputs, check, 0.0,
+                                             nbytes, ceilings, peers, failed,
+                                             poison=poison_gather_out))
             del inputs
             torch.cuda.empty_cache()
     return report
