@@ -206,6 +206,15 @@ class SeesawState:
         # stats_ready[c] completes when consumer c has published m_shared[c] (once per pair)
         # and, after the last pair, l_shared[c]
         self.stats_ready = tuple(T.alloc_barrier(arrive_count=128) for _ in range(2))
+        # K buffers by halves, [buffer][0: columns 0-255, 1: 256-511], so that a consumer
+        # starts QKᵀ on the half that landed first and the producer refills a half as soon
+        # as its last reader is done. Filled: 128 cp.async arrivals + 128 plain ones (the
+        # validity flags). Free: half 0 of buffer 0 and half 1 of buffer 1 are read by one
+        # consumer only (QKᵀ and its own P·V), the two others by both.
+        self.k_ready = tuple(tuple(T.alloc_barrier(arrive_count=256) for _ in range(2))
+                             for _ in range(2))
+        self.k_free = ((T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=256)),
+                       (T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=128)))
 
 
 # FlashMLA's sm90 sparse prefill schedule ("seesaw"), in two macros. Per tile pair,
@@ -222,20 +231,23 @@ class SeesawState:
 # m_shared[0] after reading m_shared[1] of the previous pair, which consumer 1 wrote after
 # reading m_shared[0]; a P tile is rewritten after the other consumer's next maxima
 # arrive, which it publishes after its previous pair's wgmma have all completed.
-# k_free[b] counts both consumers (each arrives once per buffer per pair).
+# A K half is released by each of its readers once (SeesawState.k_free).
 
 
 @T.macro
-def seesaw_scores(st, acc_s, buf: int, parity):
-    """Issue (not wait for) the QKᵀ of K buffer ``buf`` once it is ready: ``acc_s`` starts at
+def seesaw_scores(st, ss, acc_s, buf: int, parity):
+    """Issue (not wait for) the QKᵀ of K buffer ``buf``, half by half as they land (buffer
+    0 left half first, buffer 1 right half first: the producer's order): ``acc_s`` starts at
     0 for a valid token and -inf for an invalid one."""
     HB, BI = st.heads, st.block_tokens
-    T.barrier_wait(st.k_ready[buf], parity)
-    T.fence_proxy_async()  # cp.async wrote the tile (generic proxy); wgmma reads it
-    for i, j in T.Parallel(HB, BI):
-        acc_s[i, j] = T.if_then_else(st.valid[buf][j], 0, -T.infinity(T.float32))
-    T.wgmma_gemm(st.Q_l, st.K_l[buf], acc_s, transpose_B=True)
-    T.wgmma_gemm(st.Q_r, st.K_r[buf], acc_s, transpose_B=True)
+    Q_half, K_half = (st.Q_l, st.Q_r), (st.K_l, st.K_r)
+    for half in (buf, 1 - buf):
+        T.barrier_wait(ss.k_ready[buf][half], parity)
+        T.fence_proxy_async()  # cp.async wrote the tile (generic proxy); wgmma reads it
+        if half == buf:
+            for i, j in T.Parallel(HB, BI):
+                acc_s[i, j] = T.if_then_else(st.valid[buf][j], 0, -T.infinity(T.float32))
+        T.wgmma_gemm(Q_half[half], K_half[half][buf], acc_s, transpose_B=True)
 
 
 @T.macro
@@ -249,9 +261,10 @@ def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
     T.fill(acc_o, 0)
     T.barrier_wait(st.bar_q, 0)
     for pair in T.serial(pairs):
-        seesaw_scores(st, acc_s, 0, pair & 1)
+        seesaw_scores(st, ss, acc_s, 0, pair & 1)
         T.copy(m_i, m_prev)
         T.wait_wgmma(0)
+        T.barrier_arrive(ss.k_free[0][1])
         T.reduce_max(acc_s, m_i, dim=1, clear=False)
         T.copy(m_i, ss.m_shared[0])
         T.barrier_arrive(ss.stats_ready[0])
@@ -267,7 +280,7 @@ def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
         T.copy(acc_s, p_regs)
         T.wgmma_gemm(p_regs, st.K_l[0], acc_o)
         T.wait_wgmma(0)
-        T.barrier_arrive(st.k_free[0])
+        T.barrier_arrive(ss.k_free[0][0])
         # The pair's max from consumer 1: rescale P (for consumer 1), the output and the sum.
         T.barrier_wait(ss.stats_ready[1], pair & 1)
         T.copy(ss.m_shared[1], m_peer)
@@ -285,7 +298,7 @@ def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
         T.barrier_wait(st.p_ready[1], pair & 1)
         T.wgmma_gemm(st.P_shared[1], st.K_l[1], acc_o)
         T.wait_wgmma(0)
-        T.barrier_arrive(st.k_free[1])
+        T.barrier_arrive(ss.k_free[1][0])
     seesaw_sum_exchange(ss, 0, pairs)
 
 
@@ -300,9 +313,10 @@ def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2):
     T.fill(acc_o, 0)
     T.barrier_wait(st.bar_q, 0)
     for pair in T.serial(pairs):
-        seesaw_scores(st, acc_s, 1, pair & 1)
+        seesaw_scores(st, ss, acc_s, 1, pair & 1)
         T.copy(m_i, m_prev)
         T.wait_wgmma(0)
+        T.barrier_arrive(ss.k_free[1][0])
         # Consumer 0's max already holds the history (and the even tile).
         T.barrier_wait(ss.stats_ready[0], pair & 1)
         T.copy(ss.m_shared[0], m_i)
@@ -326,9 +340,9 @@ def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2):
         T.barrier_wait(st.p_ready[0], pair & 1)
         T.wgmma_gemm(st.P_shared[0], st.K_r[0], acc_o)
         T.wait_wgmma(1)
-        T.barrier_arrive(st.k_free[1])
+        T.barrier_arrive(ss.k_free[1][1])
         T.wait_wgmma(0)
-        T.barrier_arrive(st.k_free[0])
+        T.barrier_arrive(ss.k_free[0][1])
     seesaw_sum_exchange(ss, 1, pairs)
 
 
@@ -371,6 +385,55 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
             for i, d in T.Parallel(HB, DH):
                 if h0 + i < num_heads:
                     Out[row, h0 + i, d0 + d] = T.cast(acc_o[i, d] * inv[i], T.bfloat16)
+
+    @T.macro
+    def seesaw_producer(st, ss, p, pairs, length, KV, Indices, Lengths, row):
+        """The seesaw's producer: per pair, the four K halves in the order the consumers
+        read them (buffer 0 left, buffer 1 right: the halves each consumer scores first;
+        then the other halves), each as soon as its readers have released it. A buffer's
+        rows are resolved (and its validity flags written) with its first half; its index
+        entries for the next pair are read right after, a pair ahead of their use."""
+        R = BI // 16  # rows of a tile per producer thread (8 threads per row)
+        ahead = T.alloc_local([2 * R], T.int32)
+        rows = T.alloc_local([2 * R], T.int32)  # resolved KV row, -1: invalid
+        if pairs > 0:  # (the row's window is not empty: clamped columns stay inside it)
+            for buf in (0, 1):
+                for r in T.unroll(R):
+                    ahead[buf * R + r] = index_at(
+                        Indices, Lengths, row, T.min(buf * BI + r * 16 + p // 8, length - 1))
+        for pair in T.serial(pairs):
+            for buf, half in ((0, 0), (1, 1), (0, 1), (1, 0)):
+                T.barrier_wait(ss.k_free[buf][half], (pair & 1) ^ 1)
+                if half == buf:
+                    for r in T.unroll(R):
+                        j = r * 16 + p // 8
+                        col = (pair * 2 + buf) * BI + j
+                        kv = ahead[buf * R + r]
+                        ok = (col < length) and (kv >= 0) and (kv < s_kv)
+                        st.valid[buf][j] = ok
+                        rows[buf * R + r] = T.if_then_else(ok, kv, -1)
+                for r in T.unroll(R):
+                    j = r * 16 + p // 8
+                    ok = rows[buf * R + r] >= 0
+                    # 8 threads per row, 16-byte cp.async copies, all in flight at once; an
+                    # invalid row is zero-filled without being read (address clamped to 0).
+                    src = T.max(rows[buf * R + r], 0)
+                    for u in T.serial(DH // 64):
+                        c = 64 * u + (p % 8) * 8
+                        dst = st.K_l[buf] if half == 0 else st.K_r[buf]
+                        T.ptx_cp_async(T.access_ptr(dst[j, c], "w", 8),
+                                       T.access_ptr(KV[src, half * DH + c], "r", 8), 8, ok)
+                # Two arrivals per thread: one when its copies have landed, one releasing
+                # its plain stores of the validity flags.
+                T.cp_async_barrier_noinc(ss.k_ready[buf][half])
+                T.barrier_arrive(ss.k_ready[buf][half])
+                if half == buf:
+                    if pair + 1 < pairs:
+                        for r in T.unroll(R):
+                            ahead[buf * R + r] = index_at(
+                                Indices, Lengths, row,
+                                T.min(((pair + 1) * 2 + buf) * BI + r * 16 + p // 8,
+                                      length - 1))
 
     @T.macro
     def row_epilogue(m_i, l_i, inv, write_stats: bool, Sink, MaxLogits, Lse, row, h0, sm_scale,
@@ -443,8 +506,11 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                     ws_consumer_pv(st, pairs)
                     T.copy(st.inv_denom_shared, inv)
                 write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, row, h0)
+            elif seesaw:
+                ws_set_regs(PREFILL_SEESAW_REGS[2])
+                seesaw_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths, row)
             else:
-                ws_set_regs(PREFILL_SEESAW_REGS[2] if seesaw else PREFILL_WS_REGS[2])
+                ws_set_regs(PREFILL_WS_REGS[2])
                 p = tx - 256
                 R = BI // 16  # rows of a tile per producer thread (8 threads per row)
                 # The thread's index entries of the next pair, read a pair ahead: an index
