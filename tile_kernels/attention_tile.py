@@ -70,6 +70,8 @@ def attend_tile(
 
 
 # --- Warp-specialised Hopper schedule (384 threads) --------------------------------------
+# The state below is shared by both kernels; the consumer macros are decode's "split"
+# consumers (prefill's seesaw consumers are in sparse_prefill.py):
 # Warpgroup 0 (threads 0-127): QKᵀ over all 512 dims, online softmax, P·V for dims [0, 256).
 # Warpgroup 1 (128-255): P·V for dims [256, 512) with warpgroup 0's P tile and rescales.
 # Warpgroup 2 (256-383): the kernel's own producer fills K buffer (tile % 2) and its
@@ -103,9 +105,11 @@ def ws_set_regs(count: int):
 class WarpSpecializedState:
     """Shared memory, fragments and barriers of the warp-specialised schedule."""
 
-    def __init__(self, heads: int, block_tokens: int, dim: int, k_ready_arrivals: int = 128):
-        """``k_ready_arrivals``: the producer's arrivals per filled buffer (128: one plain
-        arrive per producer thread; 256 when each thread also arrives from its cp.async)."""
+    def __init__(self, heads: int, block_tokens: int, dim: int, split: bool = True):
+        """``split``: the consumers of the macros below (warpgroup 0 scores, warpgroup 1
+        only accumulates), with their whole-buffer barriers, rescale rows and hand-over of
+        the denominators. False: only the buffers and the Q and P barriers (prefill's
+        seesaw consumers bring their own synchronisation)."""
         HB, BI, DH = heads, block_tokens, dim // 2
         self.Q_l = T.alloc_shared([HB, DH], T.bfloat16)
         self.Q_r = T.alloc_shared([HB, DH], T.bfloat16)
@@ -116,10 +120,11 @@ class WarpSpecializedState:
         # Two P tiles (and rescales), one per K buffer: warpgroup 0 writes tile k's while
         # warpgroup 1 still reads tile k-1's.
         self.P_shared = (T.alloc_shared([HB, BI], T.bfloat16), T.alloc_shared([HB, BI], T.bfloat16))
-        self.alpha_shared = (T.alloc_shared([HB], T.float32, scope="shared"),
-                             T.alloc_shared([HB], T.float32, scope="shared"))
-        # 1 / (softmax denominator) per row, from warpgroup 0 to warpgroup 1 at the end
-        self.inv_denom_shared = T.alloc_shared([HB], T.float32, scope="shared")
+        if split:
+            self.alpha_shared = (T.alloc_shared([HB], T.float32, scope="shared"),
+                                 T.alloc_shared([HB], T.float32, scope="shared"))
+            # 1 / (softmax denominator) per row, from warpgroup 0 to warpgroup 1 at the end
+            self.inv_denom_shared = T.alloc_shared([HB], T.float32, scope="shared")
         self.acc_o_l = T.alloc_fragment([HB, DH], T.float32)
         self.acc_o_r = T.alloc_fragment([HB, DH], T.float32)
         self.acc_s = T.alloc_fragment([HB, BI], T.float32)
@@ -131,12 +136,13 @@ class WarpSpecializedState:
         # Q is in shared memory once every thread has arrived (and, when it comes by TMA, the
         # bytes have landed); only warpgroup 0 waits for it, so the producer starts at once.
         self.bar_q = T.alloc_barrier(arrive_count=WS_THREADS)
-        self.k_ready = (T.alloc_barrier(arrive_count=k_ready_arrivals),
-                        T.alloc_barrier(arrive_count=k_ready_arrivals))
-        self.k_free = (T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=256))
+        if split:
+            self.k_ready = (T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=128))
+            self.k_free = (T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=256))
         self.p_ready = (T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=128))
-        self.p_free = (T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=128))
-        self.bar_done = T.alloc_barrier(arrive_count=256)
+        if split:
+            self.p_free = (T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=128))
+            self.bar_done = T.alloc_barrier(arrive_count=256)
         self.heads, self.block_tokens, self.half_dim = HB, BI, DH
 
 

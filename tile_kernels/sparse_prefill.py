@@ -29,19 +29,15 @@ from .attention_tile import (
     attend_tile,
     init_softmax_state,
     masked_gather_rows,
-    ws_consumer_pv,
-    ws_consumer_softmax,
     ws_load_q,
     ws_set_regs,
     ws_store_rows,
 )
 from .layout import HEAD_DIM
 
-# Registers of the warp-specialised roles (rules in attention_tile.WS_LAUNCH_REGS): the
-# split schedule's warpgroup 0 holds scores and half the output, warpgroup 1 half the output;
-# the seesaw's two consumers hold both, so they share the registers evenly.
-PREFILL_WS_REGS = check_ws_regs((240, 168, 80))
-PREFILL_SEESAW_REGS = check_ws_regs((216, 216, 72))
+# Registers of the warp-specialised roles (rules in attention_tile.WS_LAUNCH_REGS): both
+# consumers hold a score tile and half of the output, so they share the registers evenly.
+PREFILL_WS_REGS = check_ws_regs((216, 216, 72))
 
 
 def build_sparse_prefill(
@@ -53,7 +49,6 @@ def build_sparse_prefill(
     threads: int = 256,
     num_stages: int = 2,
     warp_specialized: bool = False,
-    seesaw: bool = True,
     tile_math: str = "tensor_core",
 ):
     """Return the prim_func of sparse prefill.
@@ -64,15 +59,11 @@ def build_sparse_prefill(
         ragged: False: ``indices [s_q, topk]`` + ``topk_length [s_q]``; True: CSR
             ``indices [nnz]`` + ``indptr [s_q + 1]``.
         block_tokens, heads_per_block, threads, num_stages: the schedule.
-        warp_specialized: the Hopper schedule (384 threads, ``heads_per_block`` 64): one
-            producer warpgroup gathers KV tiles into two buffers guarded by mbarriers while
-            two consumer warpgroups run QKᵀ/softmax/PV (split along the 512 output dims).
-            Same math and index rules; sm_90a only.
-        seesaw: how the warp-specialised consumers share a pair of tiles. True: each
-            consumer computes QKᵀ and the softmax of its own tile (even / odd), the two
-            exchange row maxima and P tiles, and each accumulates both tiles' P·V into its
-            half of the output. False: consumer 0 computes every tile's QKᵀ and softmax,
-            consumer 1 only the right half of P·V.
+        warp_specialized: the Hopper schedule (384 threads, ``heads_per_block`` 64),
+            FlashMLA's: one producer warpgroup gathers KV tiles into two buffers by halves,
+            guarded by mbarriers, while two consumer warpgroups each score alternate tiles
+            and accumulate both tiles' P·V into their half of the 512 output dims. Same
+            math and index rules; sm_90a only.
         tile_math: "tensor_core" or "simt" (``tile_math.py``; "simt" for SYCL).
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
@@ -119,7 +110,7 @@ def build_sparse_prefill(
             raise ValueError("warp_specialized: needs heads_per_block 64 and threads 384, got "
                              f"{HB} and {threads}")
         return _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape,
-                                       len_shape, s_q, s_kv, seesaw)
+                                       len_shape, s_q, s_kv)
 
     @T.prim_func
     def sparse_prefill(
@@ -359,8 +350,7 @@ def seesaw_sum_exchange(ss, me: int, pairs):
         ss.l_i[me][i] = ss.l_i[me][i] + ss.l_tile[me][i]
 
 
-def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv,
-                            seesaw):
+def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv):
     """The warp-specialised Hopper schedule of the same kernel (attention_tile's
     WarpSpecializedState and consumer macros). The producer warpgroup resolves the tile's
     indices (clamped reads, validity flags) and gathers the rows with per-thread cp.async
@@ -467,9 +457,8 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
         sm_scale: T.float32,
     ):
         with T.Kernel(s_q, head_groups, threads=WS_THREADS) as (row, hg):
-            st = WarpSpecializedState(HB, BI, D, k_ready_arrivals=2 * 128)
-            ss = SeesawState(HB, BI)  # (unused by the split schedule)
-            kv_row = T.alloc_local([1], T.int32)
+            st = WarpSpecializedState(HB, BI, D, split=False)
+            ss = SeesawState(HB, BI)
             tx = T.get_thread_binding()
             h0 = hg * HB
             scale_log2 = sm_scale * LOG2E
@@ -480,82 +469,22 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                       lambda h, d0, d1: Q[row, h:h + HB, d0:d1], h0, num_heads)
 
             if tx < 128:
+                ws_set_regs(PREFILL_WS_REGS[0])
+                seesaw_consumer_0(st, ss, st.acc_o_l, pairs, scale_log2)
                 inv = T.alloc_fragment([HB], T.float32)
-                if seesaw:
-                    ws_set_regs(PREFILL_SEESAW_REGS[0])
-                    seesaw_consumer_0(st, ss, st.acc_o_l, pairs, scale_log2)
-                    row_epilogue(ss.m_i[0], ss.l_i[0], inv, True, Sink, MaxLogits, Lse, row,
-                                 h0, sm_scale, scale_log2)
-                else:
-                    ws_set_regs(PREFILL_WS_REGS[0])
-                    ws_consumer_softmax(st, pairs, scale_log2)
-                    row_epilogue(st.m_i, st.l_i, inv, True, Sink, MaxLogits, Lse, row, h0,
-                                 sm_scale, scale_log2)
-                    T.copy(inv, st.inv_denom_shared)
-                    T.barrier_arrive(st.bar_done)
+                row_epilogue(ss.m_i[0], ss.l_i[0], inv, True, Sink, MaxLogits, Lse, row, h0,
+                             sm_scale, scale_log2)
                 write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, row, h0)
             elif tx < 256:
+                ws_set_regs(PREFILL_WS_REGS[1])
+                seesaw_consumer_1(st, ss, st.acc_o_r, pairs, scale_log2)
                 inv = T.alloc_fragment([HB], T.float32)
-                if seesaw:
-                    ws_set_regs(PREFILL_SEESAW_REGS[1])
-                    seesaw_consumer_1(st, ss, st.acc_o_r, pairs, scale_log2)
-                    row_epilogue(ss.m_i[1], ss.l_i[1], inv, False, Sink, MaxLogits, Lse, row,
-                                 h0, sm_scale, scale_log2)
-                else:
-                    ws_set_regs(PREFILL_WS_REGS[1])
-                    ws_consumer_pv(st, pairs)
-                    T.copy(st.inv_denom_shared, inv)
+                row_epilogue(ss.m_i[1], ss.l_i[1], inv, False, Sink, MaxLogits, Lse, row, h0,
+                             sm_scale, scale_log2)
                 write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, row, h0)
-            elif seesaw:
-                ws_set_regs(PREFILL_SEESAW_REGS[2])
-                seesaw_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths, row)
             else:
                 ws_set_regs(PREFILL_WS_REGS[2])
-                p = tx - 256
-                R = BI // 16  # rows of a tile per producer thread (8 threads per row)
-                # The thread's index entries of the next pair, read a pair ahead: an index
-                # read is a dependent global load, and reading it only when its buffer is
-                # free left the consumers waiting on its latency every tile (profile).
-                # Columns are clamped into the row's window (pairs > 0: it is not empty).
-                ahead = T.alloc_local([2 * R], T.int32)
-                if pairs > 0:
-                    for buf in (0, 1):
-                        for r in T.unroll(R):
-                            ahead[buf * R + r] = index_at(
-                                Indices, Lengths, row, T.min(buf * BI + r * 16 + p // 8, length - 1))
-                for pair in T.serial(pairs):
-                    for buf in (0, 1):
-                        T.barrier_wait(st.k_free[buf], (pair & 1) ^ 1)
-                        for r in T.unroll(R):
-                            j = r * 16 + p // 8
-                            col = (pair * 2 + buf) * BI + j
-                            kv_row[0] = ahead[buf * R + r]
-                            ok = (col < length) and (kv_row[0] >= 0) and (kv_row[0] < s_kv)
-                            st.valid[buf][j] = ok
-                            # 8 threads per row, 16-byte asynchronous copies (cp.async): all
-                            # of a tile's loads are in flight at once instead of one
-                            # thread's four waiting on each other. An invalid row is
-                            # zero-filled (the predicate form reads nothing) and its address
-                            # clamped to row 0.
-                            kv_row[0] = T.if_then_else(ok, kv_row[0], 0)
-                            for u in T.serial(DH // 64):
-                                c = 64 * u + (p % 8) * 8
-                                T.ptx_cp_async(T.access_ptr(st.K_l[buf][j, c], "w", 8),
-                                               T.access_ptr(KV[kv_row[0], c], "r", 8), 8, ok)
-                                T.ptx_cp_async(T.access_ptr(st.K_r[buf][j, c], "w", 8),
-                                               T.access_ptr(KV[kv_row[0], DH + c], "r", 8), 8,
-                                               ok)
-                        # Two arrivals per producer thread (k_ready counts 256): one when its
-                        # copies have landed (cp.async.mbarrier.arrive.noinc), one releasing
-                        # its plain stores of the validity flags.
-                        T.cp_async_barrier_noinc(st.k_ready[buf])
-                        T.barrier_arrive(st.k_ready[buf])
-                        if pair + 1 < pairs:
-                            for r in T.unroll(R):
-                                ahead[buf * R + r] = index_at(
-                                    Indices, Lengths, row,
-                                    T.min(((pair + 1) * 2 + buf) * BI + r * 16 + p // 8,
-                                          length - 1))
+                seesaw_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths, row)
 
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
