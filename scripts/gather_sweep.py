@@ -29,39 +29,43 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 SHAPES = [(32768, 64, "C4A"), (32768, 2, "C128A"), (8192 + 127, 64, "SWA")]
 
 BASE = {"loads": "tile", "tokens_per_block": 32, "target_ctas": 1056, "threads": 256,
-        "min_ctas_per_sm": 0, "stores": "wb"}
+        "min_ctas_per_sm": 0, "stores": "wb", "prefetch": 0}
 
 
 def default_candidates() -> list:
-    """Today's tile schedule, then the register-load schedules (CUDA)."""
+    """Round 2 (bench/PERF_NOTES.md item 26): today's tile schedule, round 1's ldg8x8
+    winners, then grids and the block-table prefetch. The H200 has 132 SMs; ldg8x8 with 1
+    row per thread (tokens_per_block = threads / 8) takes 55 registers -> 4 CTAs of 256
+    threads per SM, with 2 rows 77 -> 3 (86 with prefetch -> 2). C4A / C128A: 1024 tiles
+    of 32 rows per request; SWA: 260."""
     def c(**kw):
         return {**BASE, **kw}
+    x8 = {"loads": "ldg8x8"}
     return [
         c(),
-        c(loads="ldg16x4", tokens_per_block=64),
-        c(loads="ldg16x4", tokens_per_block=64, target_ctas=4224),
-        c(loads="ldg16x4", tokens_per_block=64, min_ctas_per_sm=4),
-        c(loads="ldg16x4", tokens_per_block=64, min_ctas_per_sm=4, target_ctas=4224),
-        c(loads="ldg16x4", tokens_per_block=64, min_ctas_per_sm=4, stores="cs"),
-        c(loads="ldg16x4", tokens_per_block=64, min_ctas_per_sm=4, target_ctas=264),
-        c(loads="ldg16x4", tokens_per_block=128),
-        c(loads="ldg16x4", tokens_per_block=32, threads=128, min_ctas_per_sm=8, target_ctas=2112),
-        c(loads="ldg8x8", tokens_per_block=32),
-        c(loads="ldg8x8", tokens_per_block=32, min_ctas_per_sm=8),
-        c(loads="ldg8x8", tokens_per_block=32, min_ctas_per_sm=8, target_ctas=4224),
-        c(loads="ldg8x8", tokens_per_block=32, min_ctas_per_sm=8, stores="cs"),
-        c(loads="ldg8x8", tokens_per_block=32, min_ctas_per_sm=8, target_ctas=528),
-        c(loads="ldg8x8", tokens_per_block=64),
-        c(loads="ldg8x8", tokens_per_block=64, min_ctas_per_sm=4),
-        c(loads="ldg8x4", tokens_per_block=64),
-        c(loads="ldg8x4", tokens_per_block=64, min_ctas_per_sm=4),
-        c(loads="ldg8x4", tokens_per_block=64, min_ctas_per_sm=4, stores="cs"),
+        c(**x8, tokens_per_block=64),  # round 1's C4A best (79.3 %)
+        c(**x8),  # round 1's C128A best, SWA 65.5 %
+        c(**x8, stores="cs"),
+        c(**x8, min_ctas_per_sm=8, stores="cs"),  # round 1's SWA best (capped: 32 regs)
+        c(**x8, target_ctas=4224),  # one tile per CTA (C4A / C128A)
+        c(**x8, tokens_per_block=64, target_ctas=2112),  # one tile per CTA at 2 rows
+        c(**x8, target_ctas=528),  # one wave of 4 CTAs per SM, 7.76 tiles each
+        c(**x8, target_ctas=528, prefetch=1),
+        c(**x8, prefetch=1),
+        c(**x8, target_ctas=2112, prefetch=1),
+        c(**x8, prefetch=1, stores="cs"),
+        c(**x8, tokens_per_block=64, target_ctas=396, prefetch=1, min_ctas_per_sm=3),
+        c(**x8, tokens_per_block=64, prefetch=1, min_ctas_per_sm=3),
+        c(**x8, tokens_per_block=32, threads=128),  # 2 rows, 6 CTAs of 128 per SM
+        c(**x8, tokens_per_block=16, threads=128, target_ctas=8448),  # SWA: 2080 small CTAs
+        c(**x8, tokens_per_block=16, threads=128, target_ctas=2112, prefetch=1),
+        c(**x8, tokens_per_block=16, threads=128, target_ctas=1056, prefetch=1),
     ]
 
 
 def _label(config: dict) -> str:
     short = {"loads": "", "tokens_per_block": "tb", "target_ctas": "ctas", "threads": "thr",
-             "min_ctas_per_sm": "min", "stores": ""}
+             "min_ctas_per_sm": "min", "stores": "", "prefetch": "pf"}
     return " ".join(f"{short.get(k, k)}{v}" for k, v in config.items())
 
 

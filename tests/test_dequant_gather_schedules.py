@@ -25,6 +25,8 @@ TARGETS = ("cuda_sm90a", "cuda_sm100a", "hip_gfx942", "hip_gfx950", "sycl")
     ({"fp8_format": "e5m2"}, "fp8_format"),
     ({"loads": "ldg8x8", "stores": "wt"}, "stores"),
     ({"loads": "tile", "stores": "cs"}, "stores"),  # TileLang writes the tile path's stores
+    ({"loads": "ldg8x8", "prefetch": 2}, "prefetch"),
+    ({"loads": "tile", "prefetch": 1}, "prefetch"),  # the tile path shares its block ids
 ])
 def test_bad_knobs_are_refused_by_name(kwargs, name):
     with pytest.raises(ValueError, match=name):

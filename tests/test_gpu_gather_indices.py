@@ -103,11 +103,12 @@ def _assert_dense_ragged_agree(dense, lens, flat, indptr, seed):
 # Every gather test runs under the schedule files' config ("file") and under each ``loads``
 # path of tile_kernels/dequant_gather.py forced for every shape: the portable tile loops,
 # and the CUDA register-load paths with 1 and 2 rows per thread, with and without a
-# launch-bounds register cap, both store kinds, and a grid small enough that every CTA
-# strides over several tiles (tokens_per_block = rows of a tile; a thread owns
-# tokens_per_block * lanes / threads of them).
+# launch-bounds register cap, both store kinds, the block-table prefetch, and grids small
+# enough that every CTA strides over several tiles (tokens_per_block = rows of a tile; a
+# thread owns tokens_per_block * lanes / threads of them). The zero rows of invalid block
+# ids are checked bit for bit (+0: the register paths once wrote -0 for negative bytes).
 _GATHER_BASE = {"loads": "tile", "tokens_per_block": 32, "target_ctas": 1056, "threads": 256,
-                "min_ctas_per_sm": 0, "stores": "wb"}
+                "min_ctas_per_sm": 0, "stores": "wb", "prefetch": 0}
 GATHER_SCHEDULES = {
     "file": None,
     "tile": {},
@@ -117,6 +118,10 @@ GATHER_SCHEDULES = {
                                 "stores": "cs"},
     "ldg8x4_2rows_128thr": {"loads": "ldg8x4", "tokens_per_block": 64, "threads": 128,
                             "target_ctas": 7},
+    "ldg8x8_prefetch_strided": {"loads": "ldg8x8", "tokens_per_block": 32, "prefetch": 1,
+                                "target_ctas": 5},
+    "ldg8x8_2rows_prefetch_128thr": {"loads": "ldg8x8", "tokens_per_block": 32, "threads": 128,
+                                     "prefetch": 1, "target_ctas": 3, "stores": "cs"},
 }
 
 

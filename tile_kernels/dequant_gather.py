@@ -57,6 +57,17 @@ __device__ __forceinline__ void dsv4_stg16_wb(void* dst, const void* src) {
 __device__ __forceinline__ void dsv4_stg16_cs(void* dst, const void* src) {
   __stcs(reinterpret_cast<uint4*>(dst), *reinterpret_cast<const uint4*>(src));
 }
+// fp8.py's dsv4_dequant on the bytes, or on zeros when !ok: its own !ok path multiplies
+// by 0 and keeps the sign (-0 for a negative byte), and the gather must write +0 bit for
+// bit (the reference's zeros). Placed zero bytes give +0: fma.rn(+0, m, -0) = +0.
+template <int words>
+__device__ __forceinline__ void dsv4_gather_dequant(const unsigned* raw, unsigned scale_byte,
+                                                    unsigned restore_exp, int ok, void* out) {
+  unsigned z[words];
+  #pragma unroll
+  for (int w = 0; w < words; ++w) z[w] = ok ? raw[w] : 0u;
+  dsv4_dequant<words>(z, scale_byte, restore_exp, 1, out);
+}
 """
 
 
@@ -70,6 +81,7 @@ def build_dequant_gather(
     loads: str = "tile",
     min_ctas_per_sm: int = 0,
     stores: str = "wb",
+    prefetch: int = 0,
 ):
     """Return the prim_func of dequantize-and-gather.
 
@@ -95,6 +107,10 @@ def build_dequant_gather(
             which caps registers per thread so that many CTAs fit on an SM.
         stores: schedule knob of the register-load paths, the stores' cache operator
             ``"wb"`` or ``"cs"`` (streaming); the tile path takes ``"wb"`` only.
+        prefetch: schedule knob of the register-load paths, 0 or 1: 1 loads the block-table
+            entries of a thread's next tile while this tile's data is in flight, so a
+            worker striding over several tiles waits for one memory latency per tile
+            instead of two (block id, then data); the tile path takes 0 only.
 
     Kernel arguments, in order:
         ``out [n_out] bf16`` -- the workspace as a flat view starting at ``out[0, 0, 0]``;
@@ -115,9 +131,14 @@ def build_dequant_gather(
         raise ValueError(f"min_ctas_per_sm: expected an int >= 0, got {min_ctas_per_sm!r}")
     if stores not in STORES:
         raise ValueError(f"stores: expected one of {STORES}, got {stores!r}")
+    if prefetch not in (0, 1):
+        raise ValueError(f"prefetch: expected 0 or 1, got {prefetch!r}")
     if loads != "tile":
         return _build_register_loads(fp8_format, tokens_per_block, target_ctas, threads,
-                                     loads, min_ctas_per_sm, stores)
+                                     loads, min_ctas_per_sm, stores, prefetch)
+    if prefetch:
+        raise ValueError("prefetch: 1 needs a register-load path (loads='ldg...'); the tile "
+                         "path resolves a tile's block ids in shared memory")
     if stores != "wb":
         raise ValueError(f"stores: {stores!r} needs a register-load path (loads='ldg...'); "
                          "the tile path's stores are TileLang's")
@@ -231,8 +252,18 @@ def _unrolled(n: int) -> tuple:
     return tuple(range(n))
 
 
+def _table_column(first, glen, block_size, i):
+    """Block-table column of a request's row ``i`` (``pos`` clamped as in the kernel body:
+    a prefetch past the last tile reads the last row's column, and callers clamp the
+    column into the table row for ``gather_len == 0``). Assign it to an int32 variable
+    before indexing: inside the (int64) index expression the division becomes 64-bit,
+    about 10 registers more."""
+    return T.truncdiv(first + T.min(i, glen - 1), block_size)
+
+
 def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: int,
-                          threads: int, loads: str, min_ctas_per_sm: int, stores: str):
+                          threads: int, loads: str, min_ctas_per_sm: int, stores: str,
+                          prefetch: int):
     """The CUDA schedules ``loads="ldg<W>x<L>"`` of :func:`build_dequant_gather` (same
     arguments, same results on every cache the quantiser writes).
 
@@ -299,6 +330,7 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
             raw = T.alloc_local([R * words], T.uint32)
             ok = T.alloc_local([R], T.int32)
             row = T.alloc_local([R], T.int64)  # element offset of the row in Out
+            next_blk = T.alloc_local([R], T.int32)  # prefetch: block ids of the next tile
             deq = T.alloc_local([16], T.bfloat16)
             tx = T.get_thread_binding()
             j = tx // L  # the thread's row slot within a pass
@@ -317,6 +349,11 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
             p = T.alloc_var(T.int32)  # the row's slot in its block
             rec = T.alloc_var(T.int64)  # byte offset of the row's data record
             scl = T.alloc_var(T.int64)  # byte offset of the row's scale record
+
+            if prefetch:
+                for u in _unrolled(R):
+                    col = _table_column(first, glen, block_size, g * TB + j + u * slots)
+                    next_blk[u] = BlockTable[r, T.max(T.min(col, max_blocks - 1), 0)]
             for k in T.serial(T.max(T.ceildiv(T.ceildiv(glen, TB) - g, workers), 0)):
                 i0 = (g + k * workers) * TB + j
                 # All loads of the thread's R rows first.
@@ -325,7 +362,10 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
                     # Rows past glen are never stored; clamping keeps 0 <= pos < seq_len.
                     pos = first + T.min(i, glen - 1)
                     col = T.truncdiv(pos, block_size)
-                    blk = BlockTable[r, T.min(col, max_blocks - 1)]
+                    if prefetch:
+                        blk = next_blk[u]
+                    else:
+                        blk = BlockTable[r, T.min(col, max_blocks - 1)]
                     ok[u] = T.if_then_else((i < glen) and (col < max_blocks) and (blk >= 0)
                                            and (blk < num_blocks), 1, 0)
                     p = T.if_then_else(ok[u] == 1, pos - col * block_size, 0)
@@ -351,6 +391,10 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
                                       T.access_ptr(raw[base + nope_words + 4 * v], "w", 4))
                     T.call_extern("handle", "dsv4_ldg8", T.access_ptr(CacheU8[scl], "r", 8),
                                   T.access_ptr(raw[base + scale_word], "w", 2))
+                if prefetch:  # issued now, consumed by the next iteration
+                    for u in _unrolled(R):
+                        col = _table_column(first, glen, block_size, i0 + workers * TB + u * slots)
+                        next_blk[u] = BlockTable[r, T.max(T.min(col, max_blocks - 1), 0)]
                 # Then dequantise and store them.
                 for u in _unrolled(R):
                     if i0 + u * slots < glen:
@@ -359,7 +403,7 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
                             scale_byte = ((raw[base + scale_word + t // 4] >> T.uint32(8 * (t % 4)))
                                           & T.uint32(0xFF))
                             for c in _unrolled(per_tile):
-                                T.call_extern("handle", f"dsv4_dequant<{W // 4}>",
+                                T.call_extern("handle", f"dsv4_gather_dequant<{W // 4}>",
                                               T.access_ptr(raw[base + (t * per_tile + c) * (W // 4)],
                                                            "r", W // 4),
                                               scale_byte, T.uint32(restore_exp), ok[u],
@@ -389,4 +433,6 @@ LOWERING_EXAMPLES: list = [
     {"builder": "build_dequant_gather", "kwargs": {"fp8_format": "e4m3fnuz", "loads": "ldg8x8",
                                                    "tokens_per_block": 64, "min_ctas_per_sm": 4,
                                                    "stores": "cs"}},
+    {"builder": "build_dequant_gather", "kwargs": {"loads": "ldg8x8", "tokens_per_block": 32,
+                                                   "prefetch": 1}},
 ]
