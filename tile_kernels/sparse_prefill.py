@@ -21,6 +21,7 @@ from .tile_math import check_tile_math
 
 from .attention_tile import (
     LOG2E,
+    M_SENTINEL,
     WS_THREADS,
     WarpSpecializedState,
     check_ws_regs,
@@ -50,6 +51,7 @@ def build_sparse_prefill(
     num_stages: int = 2,
     warp_specialized: bool = False,
     tile_math: str = "tensor_core",
+    tokens_in_m: bool = False,
 ):
     """Return the prim_func of sparse prefill.
 
@@ -64,6 +66,11 @@ def build_sparse_prefill(
             two consumer warpgroups run QKᵀ/softmax/PV (split along the 512 output dims).
             Same math and index rules; sm_90a only.
         tile_math: "tensor_core" or "simt" (``tile_math.py``; "simt" for SYCL).
+        tokens_in_m: the Hopper schedule for few heads (``heads_per_block`` 16 or 32,
+            ``threads`` 256, ``block_tokens`` 64): KV tokens in wgmma's M dimension and
+            the heads in N, so a TP head count (16, 32) runs without padding to 64. A
+            producer warpgroup gathers into ``num_stages`` (2-4) K buffers. Same math and
+            index rules; sm_90a only (see ``_build_tokens_in_m``).
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
     ``indices``, ``lengths`` (dense: ``topk_length [s_q] int32``; ragged: ``indptr [s_q+1]
@@ -102,6 +109,10 @@ def build_sparse_prefill(
             return indices[row, col]
 
     check_tile_math(tile_math)
+    if tokens_in_m:
+        _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
+        return _build_tokens_in_m(num_heads, BI, HB, num_stages, row_length, index_at,
+                                  idx_shape, len_shape, s_q, s_kv)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -290,8 +301,190 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
+
+# Tokens-in-M schedule (``tokens_in_m=True``): registers of its two warpgroups are those of a
+# 256-thread launch (65536 / 256), so no setmaxnreg is needed.
+TOKENS_IN_M_THREADS = 256
+# wgmma N = heads per CTA. Oᵀ [512, N] fp32 in one warpgroup is 4·N registers per thread:
+# N 32 already takes the compiler to its 255 (no spills); each thread holds N / 4 columns.
+TOKENS_IN_M_HEADS = (16, 32)
+
+
+def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages):
+    """ValueError naming the schedule knob that the tokens-in-M schedule cannot take."""
+    if tile_math != "tensor_core" or warp_specialized:
+        raise ValueError("tokens_in_m: needs tile_math 'tensor_core' and warp_specialized "
+                         f"False, got {tile_math!r} and {warp_specialized}")
+    if threads != TOKENS_IN_M_THREADS:
+        raise ValueError(f"tokens_in_m: needs threads {TOKENS_IN_M_THREADS}, got {threads}")
+    if BI != 64:
+        raise ValueError(f"tokens_in_m: needs block_tokens 64 (one wgmma M block), got {BI}")
+    if HB not in TOKENS_IN_M_HEADS:
+        raise ValueError(f"tokens_in_m: heads_per_block must be one of {TOKENS_IN_M_HEADS} "
+                         f"(wgmma N), got {HB}")
+    # K buffers (1 KiB per token), Q (1 KiB per head), P, and ~1 KiB of flags and the
+    # reduction's workspace, against the 227 KiB of an sm_90a block.
+    smem_kib = num_stages * BI + HB + HB * BI * 2 / 1024 + 1
+    if not 2 <= num_stages <= 4 or smem_kib > 227:
+        raise ValueError("tokens_in_m: num_stages (K buffers) must be in [2, 4] and fit in "
+                         f"shared memory (~{smem_kib:.0f} KiB > 227), got {num_stages}")
+
+
+def _build_tokens_in_m(num_heads, BI, HB, NB, row_length, index_at, idx_shape, len_shape,
+                       s_q, s_kv):
+    """Sparse prefill for few heads (TP head counts, ``heads_per_block`` 16 or 32): the heads
+    are wgmma's N dimension and the KV tokens its M dimension, so no head is padded to 64.
+
+    Per tile of ``BI`` gathered KV rows ``K [BI, 512]`` (V = K):
+    ``Sᵀ [BI, HB] = K · Qᵀ`` (A = K tile, K-major; B = Q [HB, 512]), an online softmax down
+    the token dimension (columns of Sᵀ; TileLang's reduce over dim 0 crosses the four warps
+    through shared memory), then ``Oᵀ [512, HB] += Kᵀ · Pᵀ`` (A = the same K tile read
+    MN-major, B = P [HB, BI]). ``Oᵀ`` is 4·HB fp32 registers per thread, so one math
+    warpgroup holds all 512 output dims.
+
+    Threads 0-127: the math warpgroup. Threads 128-255: the producer, which resolves each
+    tile's indices (clamped reads, validity flags) and gathers its rows with per-thread
+    16-byte cp.async copies predicated on validity (an invalid row is zero-filled, never
+    read) into ``NB`` K buffers guarded by mbarriers; the gather of the next tiles overlaps
+    the math of this one. Tile ``t`` uses buffer ``t % NB``; each buffer's barriers complete
+    once per round of ``NB`` tiles (parity ``round & 1``). Tiles past the row's last are
+    skipped by both roles (only in the last round, so no later phase is disturbed).
+
+    The softmax sum is kept per thread in the layout of Sᵀ (``l_part``, rescaled with the
+    rows) and reduced across the warpgroup once, in the epilogue: one cross-warp reduction
+    (the max) per tile instead of two.
+    """
+    D = HEAD_DIM
+    head_groups = (num_heads + HB - 1) // HB
+    full_groups = num_heads % HB == 0
+    buffers = tuple(range(NB))  # a tuple: the loops over it unroll at trace time
+
+    @T.prim_func
+    def sparse_prefill(
+        Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
+        KV: T.Tensor([s_kv, D], T.bfloat16),
+        Indices: T.Tensor(idx_shape, T.int32),
+        Lengths: T.Tensor(len_shape, T.int32),
+        Sink: T.Tensor([num_heads], T.float32),
+        Out: T.Tensor([s_q, num_heads, D], T.bfloat16),
+        MaxLogits: T.Tensor([s_q, num_heads], T.float32),
+        Lse: T.Tensor([s_q, num_heads], T.float32),
+        sm_scale: T.float32,
+    ):
+        with T.Kernel(s_q, head_groups, threads=TOKENS_IN_M_THREADS) as (row, hg):
+            Q_shared = T.alloc_shared([HB, D], T.bfloat16)  # also the output's staging tile
+            K_shared = [T.alloc_shared([BI, D], T.bfloat16) for _ in range(NB)]
+            valid = [T.alloc_shared([BI], T.bool, scope="shared") for _ in range(NB)]
+            P_shared = T.alloc_shared([HB, BI], T.bfloat16)
+            acc_s = T.alloc_fragment([BI, HB], T.float32)  # Sᵀ, then Pᵀ
+            l_part = T.alloc_fragment([BI, HB], T.float32)  # per-thread partial sums
+            acc_o = T.alloc_fragment([D, HB], T.float32)  # Oᵀ
+            m_i = T.alloc_fragment([HB], T.float32)
+            m_prev = T.alloc_fragment([HB], T.float32)
+            alpha = T.alloc_fragment([HB], T.float32)
+            l_i = T.alloc_fragment([HB], T.float32)
+            inv = T.alloc_fragment([HB], T.float32)
+            kv_row = T.alloc_local([1], T.int32)
+            # k_ready: two arrivals per producer thread (its cp.async copies landed, and a
+            # plain arrive releasing its stores of the validity flags).
+            k_ready = [T.alloc_barrier(arrive_count=256) for _ in range(NB)]
+            k_free = [T.alloc_barrier(arrive_count=128) for _ in range(NB)]
+
+            tx = T.get_thread_binding()
+            h0 = hg * HB
+            scale_log2 = sm_scale * LOG2E
+            length = row_length(Lengths, row)
+            tiles = T.ceildiv(length, BI)
+            rounds = T.ceildiv(tiles, NB)
+
+            if tx < 128:
+                for i, d in T.Parallel(HB, D):
+                    Q_shared[i, d] = T.if_then_else(
+                        h0 + i < num_heads, Q[row, T.min(h0 + i, num_heads - 1), d], 0)
+                T.fence_proxy_async()  # each thread's Q stores, before wgmma reads them
+                T.fill(acc_o, 0)
+                T.fill(l_part, 0)
+                T.fill(m_i, M_SENTINEL)
+                for rnd in T.serial(rounds):
+                    for b in buffers:
+                        if rnd * NB + b < tiles:
+                            T.barrier_wait(k_ready[b], rnd & 1)
+                            # cp.async wrote the tile (generic proxy); wgmma reads it
+                            # through the async proxy.
+                            T.fence_proxy_async()
+                            for j, i in T.Parallel(BI, HB):
+                                acc_s[j, i] = T.if_then_else(valid[b][j], 0,
+                                                             -T.infinity(T.float32))
+                            T.gemm(K_shared[b], Q_shared, acc_s, transpose_B=True)
+                            T.copy(m_i, m_prev)
+                            # batch: the thread's HB / 4 columns share one set of
+                            # barriers (one set per column was 5 barriers each).
+                            T.reduce_max(acc_s, m_i, dim=0, clear=False, batch=HB // 4)
+                            for i in T.Parallel(HB):
+                                alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
+                            for j, i in T.Parallel(BI, HB):
+                                acc_s[j, i] = T.exp2(acc_s[j, i] * scale_log2
+                                                     - m_i[i] * scale_log2)
+                                l_part[j, i] = l_part[j, i] * alpha[i] + acc_s[j, i]
+                            for d, i in T.Parallel(D, HB):
+                                acc_o[d, i] *= alpha[i]
+                            for j, i in T.Parallel(BI, HB):
+                                P_shared[i, j] = T.cast(acc_s[j, i], T.bfloat16)
+                            T.fence_proxy_async()  # P is read by wgmma (async proxy)
+                            T.gemm(K_shared[b], P_shared, acc_o, transpose_A=True,
+                                   transpose_B=True)
+                            T.barrier_arrive(k_free[b])
+                # Epilogue. max_logits/lse exclude the sink; out divides by Σe^s + e^sink.
+                T.reduce_sum(l_part, l_i, dim=0, batch=HB // 4)
+                for i in T.Parallel(HB):
+                    has = l_i[i] > 0
+                    if h0 + i < num_heads:
+                        MaxLogits[row, h0 + i] = T.if_then_else(
+                            has, m_i[i] * sm_scale, -T.infinity(T.float32))
+                        Lse[row, h0 + i] = T.if_then_else(
+                            has, T.log(l_i[i]) + m_i[i] * sm_scale, T.infinity(T.float32))
+                    inv[i] = T.if_then_else(
+                        has,
+                        1.0 / (l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                               - m_i[i] * scale_log2)),
+                        1.0)
+                # Oᵀ is transposed through shared memory (Q's tile, free after the last
+                # QKᵀ) so that the global stores run along the 512 dims of each head.
+                for d, i in T.Parallel(D, HB):
+                    Q_shared[i, d] = T.cast(acc_o[d, i] * inv[i], T.bfloat16)
+                for i, d in T.Parallel(HB, D):
+                    if full_groups or h0 + i < num_heads:
+                        Out[row, h0 + i, d] = Q_shared[i, d]
+            else:
+                p = tx - 128
+                for rnd in T.serial(rounds):
+                    for b in buffers:
+                        if rnd * NB + b < tiles:
+                            T.barrier_wait(k_free[b], (rnd & 1) ^ 1)
+                            for r in T.serial(BI // 16):
+                                j = r * 16 + p // 8
+                                col = (rnd * NB + b) * BI + j
+                                # Address clamped into the row's window.
+                                kv_row[0] = index_at(Indices, Lengths, row,
+                                                     T.max(T.min(col, length - 1), 0))
+                                ok = (col < length) and (kv_row[0] >= 0) and (kv_row[0] < s_kv)
+                                valid[b][j] = ok
+                                kv_row[0] = T.if_then_else(ok, kv_row[0], 0)
+                                # 8 threads per row, each 16 bytes per step: a warp reads
+                                # four 128-byte segments per instruction.
+                                for u in T.serial(D // 64):
+                                    c = 64 * u + (p % 8) * 8
+                                    T.ptx_cp_async(T.access_ptr(K_shared[b][j, c], "w", 8),
+                                                   T.access_ptr(KV[kv_row[0], c], "r", 8), 8,
+                                                   ok)
+                            T.cp_async_barrier_noinc(k_ready[b])
+                            T.barrier_arrive(k_ready[b])
+
+    return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+
+
 # Representative builds for the lowering smoke test (tests/test_lowering.py): the sm_90a
-# warp-specialised schedule, DSv4 head counts,
+# warp-specialised and tokens-in-M schedules, DSv4 head counts,
 # an unpadded head count, and both index forms.
 LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill",
@@ -299,4 +492,11 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 128, "ragged": False}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 64, "ragged": False}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 16, "ragged": True}},
+    # tokens-in-M (TP head counts): 16 heads dense; 24 heads padded to 32, ragged
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 16, "ragged": False, "tokens_in_m": True, "heads_per_block": 16,
+                "threads": 256, "num_stages": 3}},
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 24, "ragged": True, "tokens_in_m": True, "heads_per_block": 32,
+                "threads": 256, "num_stages": 2}},
 ]
