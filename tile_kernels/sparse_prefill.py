@@ -357,7 +357,8 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, row_length, index_at, idx_shape, l
     D = HEAD_DIM
     head_groups = (num_heads + HB - 1) // HB
     full_groups = num_heads % HB == 0
-    buffers = tuple(range(NB))  # a tuple: the loops over it unroll at trace time
+    buffers = tuple(range(NB))  # tuples: the loops over them unroll at trace time
+    rows_of_thread = tuple(range(BI // 16))
 
     @T.prim_func
     def sparse_prefill(
@@ -385,6 +386,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, row_length, index_at, idx_shape, l
             l_i = T.alloc_fragment([HB], T.float32)
             inv = T.alloc_fragment([HB], T.float32)
             kv_row = T.alloc_local([1], T.int32)
+            kv_rows = T.alloc_local([BI // 16], T.int32)  # the producer's next row indices
             # k_ready: two arrivals per producer thread (its cp.async copies landed, and a
             # plain arrive releasing its stores of the validity flags).
             k_ready = [T.alloc_barrier(arrive_count=256) for _ in range(NB)]
@@ -457,28 +459,41 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, row_length, index_at, idx_shape, l
                         Out[row, h0 + i, d] = Q_shared[i, d]
             else:
                 p = tx - 128
+                # Thread p gathers rows r * 16 + p // 8 (r < BI / 16) of each tile. Their
+                # KV row indices are loaded one tile ahead (a dependent global load per row
+                # was a full memory latency before each row's copies could start); a tile's
+                # loads are only issued when the tile exists, so an empty ragged window
+                # reads nothing.
+                if tiles > 0:
+                    for r in rows_of_thread:
+                        col = r * 16 + p // 8
+                        # Address clamped into the row's window.
+                        kv_rows[r] = index_at(Indices, Lengths, row, T.min(col, length - 1))
                 for rnd in T.serial(rounds):
                     for b in buffers:
-                        if rnd * NB + b < tiles:
+                        t = rnd * NB + b
+                        if t < tiles:
                             T.barrier_wait(k_free[b], (rnd & 1) ^ 1)
-                            for r in T.serial(BI // 16):
+                            for r in rows_of_thread:
                                 j = r * 16 + p // 8
-                                col = (rnd * NB + b) * BI + j
-                                # Address clamped into the row's window.
-                                kv_row[0] = index_at(Indices, Lengths, row,
-                                                     T.max(T.min(col, length - 1), 0))
-                                ok = (col < length) and (kv_row[0] >= 0) and (kv_row[0] < s_kv)
+                                col = t * BI + j
+                                ok = (col < length) and (kv_rows[r] >= 0) and (kv_rows[r] < s_kv)
                                 valid[b][j] = ok
-                                kv_row[0] = T.if_then_else(ok, kv_row[0], 0)
+                                kv_row[0] = T.if_then_else(ok, kv_rows[r], 0)
                                 # 8 threads per row, each 16 bytes per step: a warp reads
                                 # four 128-byte segments per instruction.
-                                for u in T.serial(D // 64):
+                                for u in T.unroll(D // 64):
                                     c = 64 * u + (p % 8) * 8
                                     T.ptx_cp_async(T.access_ptr(K_shared[b][j, c], "w", 8),
                                                    T.access_ptr(KV[kv_row[0], c], "r", 8), 8,
                                                    ok)
                             T.cp_async_barrier_noinc(k_ready[b])
                             T.barrier_arrive(k_ready[b])
+                            if t + 1 < tiles:
+                                for r in rows_of_thread:
+                                    col = (t + 1) * BI + r * 16 + p // 8
+                                    kv_rows[r] = index_at(Indices, Lengths, row,
+                                                          T.min(col, length - 1))
 
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
