@@ -489,8 +489,11 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                             for j, i in T.Parallel(BI, HB):
                                 acc_s[j, i] = T.if_then_else(valid[b][j], 0,
                                                              -T.infinity(T.float32))
-                            T.gemm(K_l[b], Q_l, acc_s, transpose_B=True)
-                            T.gemm(K_r[b], Q_r, acc_s, transpose_B=True)
+                            # both halves issued before one wait (a wait per half left
+                            # the tensor cores idle between them)
+                            T.wgmma_gemm(K_l[b], Q_l, acc_s, transpose_B=True)
+                            T.wgmma_gemm(K_r[b], Q_r, acc_s, transpose_B=True)
+                            T.wait_wgmma(0)
                             if two:
                                 # warpgroup 1 is done with this P tile of NB tiles ago
                                 # (parity 1 on the first round: a fresh barrier's previous
@@ -506,8 +509,14 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                             else:
                                 softmax_step(acc_s, m_i, m_prev, alpha, l_part, P_tiles[0],
                                              scale_log2)
-                                pv_half(acc_o_l, alpha, K_l[b], P_tiles[0])
-                                pv_half(acc_o_r, alpha, K_r[b], P_tiles[0])
+                                for d, i in T.Parallel(DH, HB):
+                                    acc_o_l[d, i] *= alpha[i]
+                                    acc_o_r[d, i] *= alpha[i]
+                                T.wgmma_gemm(K_l[b], P_tiles[0], acc_o_l, transpose_A=True,
+                                             transpose_B=True)
+                                T.wgmma_gemm(K_r[b], P_tiles[0], acc_o_r, transpose_A=True,
+                                             transpose_B=True)
+                                T.wait_wgmma(0)
                             T.barrier_arrive(k_free[b])
                 # Epilogue. max_logits/lse exclude the sink; out divides by Σe^s + e^sink.
                 T.reduce_sum(l_part, l_i, dim=0, batch=HB // 4)
