@@ -13,7 +13,8 @@
 :func:`schedule_for` resolves a call's features to a config: the first bucket whose ranges
 all contain the call's features (a bucket naming a feature the caller does not pass does not
 match); its config is the logged best of that bucket when ``tuning_logs/<target>/<op>.jsonl``
-has a valid entry for this TileLang version (:mod:`dsv4_tl.tuning_log`), else the default
+has a valid entry for this TileLang version (:mod:`dsv4_tl.tuning_log`; knobs added to the
+file's default since then take their default value), else the default
 merged with the bucket's ``config``, with a warning naming the bucket (once per bucket per
 process). No bucket matching: the default. So the kernel definitions in ``tile_kernels/``
 never hard-code a schedule.
@@ -96,8 +97,10 @@ def _logged_config(target_dir: str, op: str, spec: dict, bucket: dict, index: in
     entry = tuning_log.select_entry(target_dir, op, name, match=bucket["match"])
     if entry is not None:
         best = entry["best"]
-        if set(best) == set(spec["default"]):
-            return dict(best), "log"
+        if set(best) <= set(spec["default"]):
+            # A knob added to the file after the entry was logged takes the default's value
+            # (a new knob's default keeps the kernel the entry measured).
+            return {**spec["default"], **best}, "log"
         _warn_once(("knobs", target_dir, op, name),
                    f"schedule: the tuning log entry of {target_dir}/{op} bucket {name!r} "
                    f"has knobs {sorted(best)}, the schedule file {sorted(spec['default'])}: "

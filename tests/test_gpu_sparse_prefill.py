@@ -11,8 +11,11 @@ import math
 import pytest
 import torch
 
+from dsv4_tl import tune
 from dsv4_tl.ops import sparse_prefill, sparse_prefill_ragged
+from dsv4_tl.ops._dispatch import schedule_of
 from dsv4_tl.reference import sparse_prefill_ragged_ref, sparse_prefill_ref
+from dsv4_tl.targets import target_for_device
 from dsv4_tl.testing import check_attention, clamped_csr_as_dense, random_k
 
 pytestmark = [
@@ -150,3 +153,58 @@ def test_prefill_empty_kv():
     out, ml, lse = sparse_prefill(q, kv, idx, SCALE)
     assert torch.equal(out, torch.zeros_like(out))
     assert bool((ml == -math.inf).all()) and bool((lse == math.inf).all())
+
+
+# --- tokens-in-M schedule (TP head counts: heads in wgmma N, KV tokens in M) ----------------
+def _prefill_schedule(h, topk):
+    return schedule_of("sparse_prefill", torch.device(DEV), h=h, topk=topk)
+
+
+@pytest.mark.parametrize(
+    "s_q,h,s_kv,topk",
+    [(37, 16, 4096, 1152), (29, 32, 5000, 640), (21, 8, 3000, 200), (19, 24, 2048, 333),
+     (5, 1, 1024, 64)],
+    ids=lambda v: str(v),
+)
+def test_prefill_tp_heads_run_tokens_in_m(s_q, h, s_kv, topk, seed):
+    """h <= 32 resolves to the tokens-in-M schedule on sm_90a, and it matches the reference:
+    per-row lengths (a full row, a lonely row), -1 and out-of-range entries, garbage past
+    the length, sinks -inf / +inf / finite; 8, 24 and 1 heads are padded inside the head
+    group (16 or 32), and tile counts are not multiples of the K buffers."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the tokens-in-M schedule is the sm_90a schedule of these head counts")
+    assert _prefill_schedule(h, topk)["tokens_in_m"]
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, kv, idx, lens, sink = _inputs(s_q, h, s_kv, topk, gen)
+    outs = _poisoned(s_q, h)
+    sparse_prefill(q, kv, idx, SCALE, sink, lens, out=outs[0], max_logits=outs[1], lse=outs[2])
+    torch.cuda.synchronize()
+    _check(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
+
+
+@pytest.mark.parametrize("h,num_stages,threads",
+                         [(16, 2, 256), (16, 3, 256), (32, 2, 256), (16, 2, 384), (16, 3, 384),
+                          (32, 2, 384)])
+def test_prefill_tokens_in_m_each_layout_dense_and_ragged(h, num_stages, threads, seed):
+    """Every K-buffer count the schedule takes (the barrier phases of each buffer cycle per
+    round of num_stages tiles; the last round is partial) with one or two math warpgroups,
+    dense and ragged, with the schedule forced; ragged and dense give the same bits."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the tokens-in-M schedule needs sm_90a")
+    config = {**_prefill_schedule(h, 640), "num_stages": num_stages, "threads": threads}
+    assert config["tokens_in_m"] and config["heads_per_block"] == h
+    gen = torch.Generator(DEV).manual_seed(seed)
+    s_q, topk = 23, 1000  # 16 tiles of 64 for a full row
+    q, kv, idx, lens, sink = _inputs(s_q, h, 6000, topk, gen)
+    flat, indptr = _to_csr(idx, lens)
+    with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill", config):
+        dense = _poisoned(s_q, h)
+        sparse_prefill(q, kv, idx, SCALE, sink, lens, out=dense[0], max_logits=dense[1],
+                       lse=dense[2])
+        ragged = _poisoned(s_q, h)
+        sparse_prefill_ragged(q, kv, flat, indptr, SCALE, sink, out=ragged[0],
+                              max_logits=ragged[1], lse=ragged[2])
+        torch.cuda.synchronize()
+    _check(dense, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
+    for name, a, b in zip(("out", "max_logits", "lse"), ragged, dense):
+        assert torch.equal(a, b), f"{name}: ragged and dense kernels differ"

@@ -50,6 +50,7 @@ def build_sparse_prefill(
     num_stages: int = 2,
     warp_specialized: bool = False,
     tile_math: str = "tensor_core",
+    tokens_in_m: bool = False,
 ):
     """Return the prim_func of sparse prefill.
 
@@ -65,6 +66,12 @@ def build_sparse_prefill(
             and accumulate both tiles' P·V into their half of the 512 output dims. Same
             math and index rules; sm_90a only.
         tile_math: "tensor_core" or "simt" (``tile_math.py``; "simt" for SYCL).
+        tokens_in_m: the Hopper schedule for few heads (``heads_per_block`` 16 or 32,
+            ``block_tokens`` 64): KV tokens in wgmma's M dimension and the heads in N, so a
+            TP head count (16, 32) runs without padding to 64. ``threads`` 256: one math
+            warpgroup, 384: two (the second takes half of P·V); a producer warpgroup
+            gathers into ``num_stages`` (2-4) K buffers. Same math and
+            index rules; sm_90a only (see ``_build_tokens_in_m``).
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
     ``indices``, ``lengths`` (dense: ``topk_length [s_q] int32``; ragged: ``indptr [s_q+1]
@@ -103,6 +110,10 @@ def build_sparse_prefill(
             return indices[row, col]
 
     check_tile_math(tile_math)
+    if tokens_in_m:
+        _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
+        return _build_tokens_in_m(num_heads, BI, HB, num_stages, threads, row_length,
+                                  index_at, idx_shape, len_shape, s_q, s_kv)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -489,8 +500,308 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
+
+# Tokens-in-M schedule (``tokens_in_m=True``). Threads: one or two math warpgroups, then
+# the producer warpgroup. With 256 threads every thread may use 255 registers (65536 / 256);
+# with 384 the launch gives 168 and the roles re-balance them with setmaxnreg (rules in
+# attention_tile.WS_LAUNCH_REGS: a sum of at most 3 * 168, below 168 only by a decrease):
+# warpgroup 0 holds Sᵀ, the partial sums and half of Oᵀ, warpgroup 1 half of Oᵀ.
+TOKENS_IN_M_THREADS = (256, 384)
+TOKENS_IN_M_REGS = check_ws_regs((240, 184, 80))
+# wgmma N = heads per CTA. Oᵀ [512, N] fp32 over the math warpgroups is 4·N (one) or 2·N
+# (two) registers per thread; N 32 on one warpgroup already takes ptxas to 255 (no spills).
+# Each thread holds N / 4 columns of Sᵀ.
+TOKENS_IN_M_HEADS = (16, 32)
+
+
+def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages):
+    """ValueError naming the schedule knob that the tokens-in-M schedule cannot take."""
+    if tile_math != "tensor_core" or warp_specialized:
+        raise ValueError("tokens_in_m: needs tile_math 'tensor_core' and warp_specialized "
+                         f"False, got {tile_math!r} and {warp_specialized}")
+    if threads not in TOKENS_IN_M_THREADS:
+        raise ValueError(f"tokens_in_m: threads must be one of {TOKENS_IN_M_THREADS} (one or "
+                         f"two math warpgroups + the producer), got {threads}")
+    if BI != 64:
+        raise ValueError(f"tokens_in_m: needs block_tokens 64 (one wgmma M block), got {BI}")
+    if HB not in TOKENS_IN_M_HEADS:
+        raise ValueError(f"tokens_in_m: heads_per_block must be one of {TOKENS_IN_M_HEADS} "
+                         f"(wgmma N), got {HB}")
+    # K buffers (1 KiB per token), Q (1 KiB per head), P tiles, and ~1 KiB of flags and the
+    # reduction's workspace, against the 227 KiB of an sm_90a block.
+    p_tiles = 1 if threads == 256 else num_stages
+    smem_kib = num_stages * BI + HB + p_tiles * HB * BI * 2 / 1024 + 1
+    if not 2 <= num_stages <= 4 or smem_kib > 227:
+        raise ValueError("tokens_in_m: num_stages (K buffers) must be in [2, 4] and fit in "
+                         f"shared memory (~{smem_kib:.0f} KiB > 227), got {num_stages}")
+
+
+def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx_shape,
+                       len_shape, s_q, s_kv):
+    """Sparse prefill for few heads (TP head counts, ``heads_per_block`` 16 or 32): the heads
+    are wgmma's N dimension and the KV tokens its M dimension, so no head is padded to 64.
+
+    Per tile of ``BI`` gathered KV rows ``K [BI, 512]`` (V = K):
+    ``Sᵀ [BI, HB] = K · Qᵀ`` (A = K tile, K-major; B = Q [HB, 512]), an online softmax down
+    the token dimension (columns of Sᵀ; TileLang's reduce over dim 0 crosses the four warps
+    through shared memory), then ``Oᵀ [512, HB] += Kᵀ · Pᵀ`` (A = the same K tile read
+    MN-major, B = P [HB, BI]). K and Q are stored as two 256-dim halves.
+
+    Warpgroups: ``threads`` 256: warpgroup 0 does all the math. ``threads`` 384: warpgroup 0
+    does Sᵀ, the softmax and Oᵀ's dims [0, 256); warpgroup 1 Oᵀ's dims [256, 512) with
+    warpgroup 0's P tile and rescale row of the same K buffer (handed over through the P
+    barriers), so its P·V overlaps warpgroup 0's next Sᵀ. The last warpgroup is the
+    producer: it resolves each tile's indices (clamped reads, validity flags; the row
+    indices one tile ahead) and gathers its rows with per-thread 16-byte cp.async copies
+    predicated on validity (an invalid row is zero-filled, never read) into ``NB`` K buffers
+    guarded by mbarriers. Tile ``t`` uses buffer (and P tile) ``t % NB``; each buffer's
+    barriers complete once per round of ``NB`` tiles (parity ``round & 1``). Tiles past the
+    row's last are skipped by every role (only in the last round, so no later phase is
+    disturbed).
+
+    The softmax sum is kept per thread in the layout of Sᵀ (``l_part``, rescaled with the
+    rows) and reduced across the warpgroup once, in the epilogue: one cross-warp reduction
+    (the max) per tile instead of two.
+    """
+    D = HEAD_DIM
+    DH = D // 2
+    two = threads == 384  # two math warpgroups
+    producer0 = threads - 128
+    head_groups = (num_heads + HB - 1) // HB
+    full_groups = num_heads % HB == 0
+    buffers = tuple(range(NB))  # tuples: the loops over them unroll at trace time
+    rows_of_thread = tuple(range(BI // 16))
+
+    @T.macro
+    def softmax_step(s, m_i, m_prev, alpha, l_part, P_tile, scale_log2):
+        """Online softmax of one tile's Sᵀ ``s`` (masked raw scores, in place): running max
+        down the tokens, the rescale ``alpha`` of the previous tiles, partial sums, and Pᵀ
+        (bf16) into ``P_tile`` for wgmma (fenced for the async proxy)."""
+        T.copy(m_i, m_prev)
+        # batch: the thread's HB / 4 columns share one set of barriers (one set per column
+        # was 5 barriers each)
+        T.reduce_max(s, m_i, dim=0, clear=False, batch=HB // 4)
+        for i in T.Parallel(HB):
+            alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
+        for j, i in T.Parallel(BI, HB):
+            s[j, i] = T.exp2(s[j, i] * scale_log2 - m_i[i] * scale_log2)
+            l_part[j, i] = l_part[j, i] * alpha[i] + s[j, i]
+        for j, i in T.Parallel(BI, HB):
+            P_tile[i, j] = T.cast(s[j, i], T.bfloat16)
+        T.fence_proxy_async()  # P is read by wgmma (async proxy)
+
+    @T.macro
+    def pv_half(acc_o, alpha, K_half, P_tile):
+        """Oᵀ half ``[256, HB]``: rescale by the tile's ``alpha``, then += K_halfᵀ · Pᵀ."""
+        for d, i in T.Parallel(DH, HB):
+            acc_o[d, i] *= alpha[i]
+        T.gemm(K_half, P_tile, acc_o, transpose_A=True, transpose_B=True)
+
+    @T.macro
+    def store_half(acc_o, inv, stage, Out, row, h0, d0):
+        """Oᵀ half times the heads' reciprocal denominators, transposed through ``stage``
+        (this warpgroup's Q half, free after the last QKᵀ) so that the global stores run
+        along the dims of each head."""
+        for d, i in T.Parallel(DH, HB):
+            stage[i, d] = T.cast(acc_o[d, i] * inv[i], T.bfloat16)
+        for i, d in T.Parallel(HB, DH):
+            if full_groups or h0 + i < num_heads:
+                Out[row, h0 + i, d0 + d] = stage[i, d]
+
+    @T.prim_func
+    def sparse_prefill(
+        Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
+        KV: T.Tensor([s_kv, D], T.bfloat16),
+        Indices: T.Tensor(idx_shape, T.int32),
+        Lengths: T.Tensor(len_shape, T.int32),
+        Sink: T.Tensor([num_heads], T.float32),
+        Out: T.Tensor([s_q, num_heads, D], T.bfloat16),
+        MaxLogits: T.Tensor([s_q, num_heads], T.float32),
+        Lse: T.Tensor([s_q, num_heads], T.float32),
+        sm_scale: T.float32,
+    ):
+        with T.Kernel(s_q, head_groups, threads=threads) as (row, hg):
+            Q_l = T.alloc_shared([HB, DH], T.bfloat16)  # Q halves, then the output's stages
+            Q_r = T.alloc_shared([HB, DH], T.bfloat16)
+            K_l = [T.alloc_shared([BI, DH], T.bfloat16) for _ in buffers]
+            K_r = [T.alloc_shared([BI, DH], T.bfloat16) for _ in buffers]
+            valid = [T.alloc_shared([BI], T.bool, scope="shared") for _ in buffers]
+            # One P tile; with two math warpgroups one per K buffer (and its rescale row),
+            # so warpgroup 0 writes tile t's while warpgroup 1 still reads tile t-1's.
+            P_tiles = [T.alloc_shared([HB, BI], T.bfloat16) for _ in (buffers if two else (0,))]
+            alpha_shared = [T.alloc_shared([HB], T.float32, scope="shared")
+                            for _ in (buffers if two else ())]
+            # 1 / denominator per head, from warpgroup 0 to warpgroup 1 at the end
+            inv_shared = T.alloc_shared([HB], T.float32, scope="shared") if two else None
+            acc_s = T.alloc_fragment([BI, HB], T.float32)  # Sᵀ, then Pᵀ
+            l_part = T.alloc_fragment([BI, HB], T.float32)  # per-thread partial sums
+            acc_o_l = T.alloc_fragment([DH, HB], T.float32)  # Oᵀ dims [0, 256)
+            acc_o_r = T.alloc_fragment([DH, HB], T.float32)  # Oᵀ dims [256, 512)
+            m_i = T.alloc_fragment([HB], T.float32)
+            m_prev = T.alloc_fragment([HB], T.float32)
+            alpha = T.alloc_fragment([HB], T.float32)
+            # Warpgroup 1's copy of the rescale row (its own fragment: a copy into warpgroup
+            # 0's was dropped from the generated code)
+            alpha_r = T.alloc_fragment([HB], T.float32) if two else None
+            l_i = T.alloc_fragment([HB], T.float32)
+            inv = T.alloc_fragment([HB], T.float32)
+            inv_r = T.alloc_fragment([HB], T.float32) if two else None  # warpgroup 1's
+            kv_row = T.alloc_local([1], T.int32)
+            kv_rows = T.alloc_local([BI // 16], T.int32)  # the producer's next row indices
+            # k_ready: two arrivals per producer thread (its cp.async copies landed, and a
+            # plain arrive releasing its stores of the validity flags). k_free: every math
+            # thread. p_ready / p_free: warpgroup 0 -> 1 and back, per P tile.
+            k_ready = [T.alloc_barrier(arrive_count=256) for _ in buffers]
+            k_free = [T.alloc_barrier(arrive_count=producer0) for _ in buffers]
+            p_ready = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
+            p_free = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
+            bar_done = T.alloc_barrier(arrive_count=256) if two else None
+
+            tx = T.get_thread_binding()
+            h0 = hg * HB
+            scale_log2 = sm_scale * LOG2E
+            length = row_length(Lengths, row)
+            tiles = T.ceildiv(length, BI)
+            rounds = T.ceildiv(tiles, NB)
+
+            if tx < 128:
+                if two:
+                    ws_set_regs(TOKENS_IN_M_REGS[0])
+                for i, d in T.Parallel(HB, DH):
+                    hh = T.min(h0 + i, num_heads - 1)
+                    Q_l[i, d] = T.if_then_else(h0 + i < num_heads, Q[row, hh, d], 0)
+                    Q_r[i, d] = T.if_then_else(h0 + i < num_heads, Q[row, hh, DH + d], 0)
+                T.fence_proxy_async()  # each thread's Q stores, before wgmma reads them
+                T.fill(acc_o_l, 0)
+                T.fill(l_part, 0)
+                T.fill(m_i, M_SENTINEL)
+                if not two:
+                    T.fill(acc_o_r, 0)
+                for rnd in T.serial(rounds):
+                    for b in buffers:
+                        if rnd * NB + b < tiles:
+                            T.barrier_wait(k_ready[b], rnd & 1)
+                            # cp.async wrote the tile (generic proxy); wgmma reads it
+                            # through the async proxy.
+                            T.fence_proxy_async()
+                            for j, i in T.Parallel(BI, HB):
+                                acc_s[j, i] = T.if_then_else(valid[b][j], 0,
+                                                             -T.infinity(T.float32))
+                            # both halves issued before one wait (a wait per half left
+                            # the tensor cores idle between them)
+                            T.wgmma_gemm(K_l[b], Q_l, acc_s, transpose_B=True)
+                            T.wgmma_gemm(K_r[b], Q_r, acc_s, transpose_B=True)
+                            T.wait_wgmma(0)
+                            if two:
+                                # warpgroup 1 is done with this P tile of NB tiles ago
+                                # (parity 1 on the first round: a fresh barrier's previous
+                                # phase counts as complete)
+                                T.barrier_wait(p_free[b], (rnd & 1) ^ 1)
+                                softmax_step(acc_s, m_i, m_prev, alpha, l_part, P_tiles[b],
+                                             scale_log2)
+                                T.copy(alpha, alpha_shared[b])
+                                # P and alpha go to warpgroup 1 before the left P·V, so that
+                                # both halves run together
+                                T.barrier_arrive(p_ready[b])
+                                pv_half(acc_o_l, alpha, K_l[b], P_tiles[b])
+                            else:
+                                softmax_step(acc_s, m_i, m_prev, alpha, l_part, P_tiles[0],
+                                             scale_log2)
+                                for d, i in T.Parallel(DH, HB):
+                                    acc_o_l[d, i] *= alpha[i]
+                                    acc_o_r[d, i] *= alpha[i]
+                                T.wgmma_gemm(K_l[b], P_tiles[0], acc_o_l, transpose_A=True,
+                                             transpose_B=True)
+                                T.wgmma_gemm(K_r[b], P_tiles[0], acc_o_r, transpose_A=True,
+                                             transpose_B=True)
+                                T.wait_wgmma(0)
+                            T.barrier_arrive(k_free[b])
+                # Epilogue. max_logits/lse exclude the sink; out divides by Σe^s + e^sink.
+                T.reduce_sum(l_part, l_i, dim=0, batch=HB // 4)
+                for i in T.Parallel(HB):
+                    has = l_i[i] > 0
+                    if h0 + i < num_heads:
+                        MaxLogits[row, h0 + i] = T.if_then_else(
+                            has, m_i[i] * sm_scale, -T.infinity(T.float32))
+                        Lse[row, h0 + i] = T.if_then_else(
+                            has, T.log(l_i[i]) + m_i[i] * sm_scale, T.infinity(T.float32))
+                    inv[i] = T.if_then_else(
+                        has,
+                        1.0 / (l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                               - m_i[i] * scale_log2)),
+                        1.0)
+                if two:
+                    T.copy(inv, inv_shared)
+                    T.barrier_arrive(bar_done)
+                else:
+                    store_half(acc_o_r, inv, Q_r, Out, row, h0, DH)
+                store_half(acc_o_l, inv, Q_l, Out, row, h0, 0)
+            elif two and tx < 256:
+                ws_set_regs(TOKENS_IN_M_REGS[1])
+                T.fill(acc_o_r, 0)
+                for rnd in T.serial(rounds):
+                    for b in buffers:
+                        if rnd * NB + b < tiles:
+                            T.barrier_wait(p_ready[b], rnd & 1)
+                            T.fence_proxy_async()
+                            T.copy(alpha_shared[b], alpha_r)
+                            pv_half(acc_o_r, alpha_r, K_r[b], P_tiles[b])
+                            T.barrier_arrive(k_free[b])
+                            T.barrier_arrive(p_free[b])
+                # Warpgroup 0's last QKᵀ has read Q_r (its P of the last tile came after
+                # it), and bar_done brings the heads' reciprocal denominators.
+                T.barrier_arrive(bar_done)
+                T.barrier_wait(bar_done, 0)
+                T.copy(inv_shared, inv_r)
+                store_half(acc_o_r, inv_r, Q_r, Out, row, h0, DH)
+            else:
+                if two:
+                    ws_set_regs(TOKENS_IN_M_REGS[2])
+                p = tx - producer0
+                # Thread p gathers rows r * 16 + p // 8 (r < BI / 16) of each tile. Their
+                # KV row indices are loaded one tile ahead (a dependent global load per row
+                # was a full memory latency before each row's copies could start); a tile's
+                # loads are only issued when the tile exists, so an empty ragged window
+                # reads nothing.
+                if tiles > 0:
+                    for r in rows_of_thread:
+                        col = r * 16 + p // 8
+                        # Address clamped into the row's window.
+                        kv_rows[r] = index_at(Indices, Lengths, row, T.min(col, length - 1))
+                for rnd in T.serial(rounds):
+                    for b in buffers:
+                        t = rnd * NB + b
+                        if t < tiles:
+                            T.barrier_wait(k_free[b], (rnd & 1) ^ 1)
+                            for r in rows_of_thread:
+                                j = r * 16 + p // 8
+                                col = t * BI + j
+                                ok = (col < length) and (kv_rows[r] >= 0) and (kv_rows[r] < s_kv)
+                                valid[b][j] = ok
+                                kv_row[0] = T.if_then_else(ok, kv_rows[r], 0)
+                                # 8 threads per row, each 16 bytes per step: a warp reads
+                                # four 128-byte segments per instruction.
+                                for u in T.unroll(DH // 64):
+                                    c = 64 * u + (p % 8) * 8
+                                    T.ptx_cp_async(T.access_ptr(K_l[b][j, c], "w", 8),
+                                                   T.access_ptr(KV[kv_row[0], c], "r", 8), 8,
+                                                   ok)
+                                    T.ptx_cp_async(T.access_ptr(K_r[b][j, c], "w", 8),
+                                                   T.access_ptr(KV[kv_row[0], DH + c], "r", 8),
+                                                   8, ok)
+                            T.cp_async_barrier_noinc(k_ready[b])
+                            T.barrier_arrive(k_ready[b])
+                            if t + 1 < tiles:
+                                for r in rows_of_thread:
+                                    col = (t + 1) * BI + r * 16 + p // 8
+                                    kv_rows[r] = index_at(Indices, Lengths, row,
+                                                          T.min(col, length - 1))
+
+    return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+
+
 # Representative builds for the lowering smoke test (tests/test_lowering.py): the sm_90a
-# warp-specialised schedule, DSv4 head counts,
+# warp-specialised and tokens-in-M schedules, DSv4 head counts,
 # an unpadded head count, and both index forms.
 LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill",
@@ -498,4 +809,12 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 128, "ragged": False}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 64, "ragged": False}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 16, "ragged": True}},
+    # tokens-in-M (TP head counts): 16 heads dense, one math warpgroup; 24 heads padded to
+    # 32, ragged, two math warpgroups
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 16, "ragged": False, "tokens_in_m": True, "heads_per_block": 16,
+                "threads": 256, "num_stages": 3}},
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 24, "ragged": True, "tokens_in_m": True, "heads_per_block": 32,
+                "threads": 384, "num_stages": 2}},
 ]

@@ -115,6 +115,11 @@ def smem_bytes(op: str, config: dict) -> int:
         hb, bi = c["heads_per_block"], c["block_tokens"]
         if c.get("warp_specialized"):
             return _ws_smem(hb, bi)  # decode's producer stages raw bytes in registers
+        if c.get("tokens_in_m"):  # Q, num_stages K buffers, P (one per K buffer with two
+            nb = c["num_stages"]  # math warpgroups)
+            p_tiles = nb if c["threads"] == 384 else 1
+            return (_buffers(hb * HEAD_DIM * 2, *(bi * HEAD_DIM * 2,) * nb,
+                             *(hb * bi * 2,) * p_tiles) + _REDUCE_SCRATCH)
         common = (hb * HEAD_DIM * 2, bi * HEAD_DIM * 2, hb * bi * 2)  # Q, K, P (bf16)
         if op == "sparse_decode":  # row offsets (int64), 7 scales (fp32), flags
             return _buffers(*common, bi * 8, bi * 7 * 4, bi) + _REDUCE_SCRATCH
@@ -141,6 +146,10 @@ def acc_registers(op: str, config: dict) -> int:
     c = config
     if op in ("sparse_decode", "sparse_prefill"):
         hb, bi = c["heads_per_block"], c["block_tokens"]
+        if c.get("tokens_in_m"):  # math warpgroup 0: Oᵀ (all, or half of it with two math
+            # warpgroups), Sᵀ and the partial sums
+            o_dims = HEAD_DIM if c["threads"] == 256 else HEAD_DIM // 2
+            return (hb * o_dims + 2 * hb * bi) // 128 + _REG_OVERHEAD
         if c.get("warp_specialized"):  # consumer warpgroup 0: O[:, :256] and S over 128 threads
             return (hb * 256 + hb * bi) // 128 + _REG_OVERHEAD
         return (hb * HEAD_DIM + hb * bi) // c["threads"] + _REG_OVERHEAD
@@ -165,7 +174,18 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
         hb, bi = c["heads_per_block"], c["block_tokens"]
         if bi % 16 or hb % 16:
             return f"tile: block_tokens {bi} and heads_per_block {hb} must be multiples of 16 (MMA)"
-        if c.get("warp_specialized"):
+        if c.get("tokens_in_m"):
+            # tile_kernels/sparse_prefill._check_tokens_in_m
+            if op != "sparse_prefill" or (arch and not arch.wgmma):
+                return "tokens_in_m: a Hopper (wgmma) schedule of sparse_prefill"
+            if (c.get("warp_specialized") or threads not in (256, 384) or bi != 64
+                    or hb not in (16, 32)):
+                return ("tokens_in_m: needs warp_specialized false, threads 256 or 384, "
+                        "block_tokens 64 and heads_per_block 16 or 32 (got "
+                        f"{c.get('warp_specialized')}, {threads}, {bi}, {hb})")
+            if not 2 <= c["num_stages"] <= 4:
+                return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} outside [2, 4]"
+        elif c.get("warp_specialized"):
             if arch and not arch.wgmma:
                 return f"warp_specialized: the Hopper schedule needs wgmma ({target_dir} has none)"
             if hb != 64 or threads != 384 or bi % 32:
@@ -307,7 +327,9 @@ def _dsv4_suite() -> dict:
         for kind in ("swa", "c4a", "c128a"):
             for tag, b in by_range.items():
                 decode[f"h{h}_{kind}_{tag}"] = DecodeShape(h, b, kind)
-    prefill = {}
+    # TP head counts (V4-Pro TP8 = 16 heads, TP4 = 32), Flash C4A width
+    prefill = {"h16_tp": PrefillShape(16, 4096, 640, 32768),
+               "h32_tp": PrefillShape(32, 4096, 640, 32768)}
     for h in (64, 128):
         prefill[f"h{h}_topk1_256"] = PrefillShape(h, 4096, 128, 32768)
         prefill[f"h{h}_topk257_1024"] = PrefillShape(h, 4096, 640, 32768)
