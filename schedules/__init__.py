@@ -20,8 +20,9 @@ process). No bucket matching: the default. So the kernel definitions in ``tile_k
 never hard-code a schedule.
 
 :func:`forced_schedule` pins one config for every shape of an op (``dsv4-tl tune`` uses it to
-run candidates through the front ends); callers that memoise resolutions (``ops/_dispatch``)
-must drop their caches around it (:func:`dsv4_tl.tune.forcing` does).
+run candidates through the front ends). Both it and :func:`clear_caches` call
+:func:`dsv4_tl.kernels.kernels_changed`, so no memoised resolution or launch plan of the
+front ends (``ops/``) outlives them.
 """
 
 import contextlib
@@ -33,6 +34,7 @@ from importlib import resources
 from typing import Iterator, List, Optional, Tuple
 
 from .. import tuning_log
+from ..kernels import kernels_changed
 
 
 @lru_cache(maxsize=None)
@@ -44,7 +46,8 @@ def load_schedule_file(target_dir: str, op: str) -> dict:
     return json.loads(path.read_text())
 
 
-def _in_range(value, rng) -> bool:
+def in_range(value, rng) -> bool:
+    """Whether a feature value lies in a bucket's ``match`` range (or list of strings)."""
     if isinstance(value, str) or (rng and all(isinstance(v, str) for v in rng)):
         return value in rng
     lo, hi = rng
@@ -54,7 +57,7 @@ def _in_range(value, rng) -> bool:
 def _matches(match: dict, features: dict) -> bool:
     for name, rng in match.items():
         value = features.get(name)
-        if value is None or not _in_range(value, rng):
+        if value is None or not in_range(value, rng):
             return False
     return True
 
@@ -132,6 +135,7 @@ def forced_schedule(target_dir: str, op: str, config: dict) -> Iterator[None]:
     key = (target_dir, op)
     previous = _forced.get(key)
     _forced[key] = dict(config)
+    kernels_changed()
     try:
         yield
     finally:
@@ -139,6 +143,7 @@ def forced_schedule(target_dir: str, op: str, config: dict) -> Iterator[None]:
             _forced.pop(key, None)
         else:
             _forced[key] = previous
+        kernels_changed()
 
 
 def schedule_for(target_dir: str, op: str, **features) -> dict:
@@ -156,8 +161,10 @@ def schedule_for(target_dir: str, op: str, **features) -> dict:
 
 
 def clear_caches() -> None:
-    """Re-read schedule files and logs, and warn again (tests)."""
+    """Re-read schedule files and logs (after swapping ``$DSV4_TL_TUNING_LOGS`` or editing a
+    log in a running process), warn again, and drop the front ends' memoised resolutions."""
     load_schedule_file.cache_clear()
     tuning_log.clear_caches()
     with _lock:
         _no_log_warned.clear()
+    kernels_changed()

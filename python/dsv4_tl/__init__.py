@@ -17,7 +17,12 @@ Public functions (shapes and dtypes in their docstrings; definitions in
 They are ``torch.library`` custom ops (``torch.ops.dsv4_tl.*``): they work under
 ``torch.compile(fullgraph=True)`` and in CUDA graphs. ``dsv4_tl.ops`` has the same functions
 with preallocated-output arguments; :func:`raw_kernel` returns the compiled kernel callables
-themselves, which take any DLPack tensor (JAX, CuPy, ...).
+themselves, which take any DLPack tensor (JAX, CuPy, ...), their arguments in the order of
+``dsv4_tl.kernels.KERNELS[op].params``.
+
+Following an op down: ``dsv4_tl.sparse_decode`` (:mod:`dsv4_tl.library`) ->
+``dsv4_tl.ops.sparse_decode`` (the front end) -> ``dsv4_tl.kernels.SPARSE_DECODE`` (its spec)
+-> ``dsv4_tl.tile_kernels.sparse_decode.build_sparse_decode`` (the kernel definition).
 """
 
 from . import vllm_compat

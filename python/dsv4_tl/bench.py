@@ -506,6 +506,190 @@ def ours_insert(x: dict):
     return lambda: insert_k_cache(x["k_cache"], x["k"], x["slot_mapping"])
 
 
+# ----------------------------------------------------------------------------- host suite
+HOST_CALLS = 200  # back-to-back calls per timed run
+HOST_REPEATS = 9  # timed runs per implementation (the median is reported)
+HOST_GOALS = {"dsv4_tl.ops": 0.4, "dsv4_tl": 0.7}  # issue 17: host time vs FlashMLA's op
+
+
+def host_time_us(fn: Callable[[], object], calls: int = HOST_CALLS,
+                 repeats: int = HOST_REPEATS, device="cuda") -> dict:
+    """Host time of one call of ``fn``: the wall time of ``calls`` back-to-back calls on the
+    host divided by ``calls`` (the device drained before each run, Python's garbage
+    collector paused), median (``us``) and best of ``repeats`` runs; ``cpu_us``: the
+    calling thread's CPU time per call (median), which other processes on a busy host
+    disturb less. ``wall_us`` (CUDA): the device timeline of the same calls (CUDA events)
+    per call, about the host time when the host is what bounds the calls (their kernels
+    finish faster than they are issued)."""
+    import gc
+    import time
+
+    cuda = torch.device(device).type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(20):
+        fn()
+    sync()
+    host, cpu, wall = [], [], []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            sync()
+            if cuda:
+                start, end = (torch.cuda.Event(enable_timing=True),
+                              torch.cuda.Event(enable_timing=True))
+                start.record()
+            c0, t0 = time.thread_time(), time.perf_counter()
+            for _ in range(calls):
+                fn()
+            t1, c1 = time.perf_counter(), time.thread_time()
+            host.append((t1 - t0) / calls * 1e6)
+            cpu.append((c1 - c0) / calls * 1e6)
+            if cuda:
+                end.record()
+                end.synchronize()
+                wall.append(start.elapsed_time(end) * 1e3 / calls)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {"us": statistics.median(host), "us_best": min(host), "cpu_us": statistics.median(cpu),
+            "wall_us": statistics.median(wall) if wall else None}
+
+
+def host_rows(device="cuda", flashmla=None) -> list:
+    """The host suite's rows: ``(shape, {impl: zero-argument call})`` at shapes whose
+    kernels take less device time than a call takes on the host (decode b8 of each scope,
+    a small prefill). ``flashmla``: the loaded FlashMLA peer (its op called bare, the
+    decode scheduler metadata reused across calls as vLLM does), or None."""
+    import dsv4_tl
+    from . import ops
+    from .kernels import SPARSE_PREFILL
+    from .ops._dispatch import kernel_for
+
+    gen = torch.Generator(device).manual_seed(0)
+    rows = []
+    for kind in ("swa", "c4a"):
+        x = decode_inputs(DecodeShape(64, 8, kind), gen, 1, device)[0]
+        args = (x["q"], x["k_cache"], x["indices"], x["topk_length"], SCALE, x["attn_sink"],
+                x["extra_k_cache"], x["extra_indices"], x["extra_topk_length"])
+        calls = {"dsv4_tl": lambda args=args: dsv4_tl.sparse_decode(*args),
+                 "dsv4_tl.ops": lambda args=args: ops.sparse_decode(*args)}
+        if flashmla is not None:
+            calls["flashmla"] = _flashmla_decode(flashmla, x)
+        rows.append((f"decode h64 b8 window {WINDOW}" + ("" if kind == "swa" else " + C4A 512"),
+                     calls))
+    shape = PrefillShape(64, 64, 256, 2048)
+    x = prefill_inputs(shape, gen, 1, device)[0]
+    args = (x["q"], x["kv"], x["indices"], SCALE, x["attn_sink"], x["topk_length"])
+    calls = {"dsv4_tl": lambda: dsv4_tl.sparse_prefill(*args),
+             "dsv4_tl.ops": lambda: ops.sparse_prefill(*args)}
+    if flashmla is not None:
+        calls["flashmla"] = lambda: flashmla.ops.sparse_prefill_fwd(
+            x["q"], x["kv"], x["indices"], SCALE, 512, x["attn_sink"], x["topk_length"], None)
+    # floors: the loaded prefill kernel called with ready arguments (by its parameter
+    # names), and one eager torch op
+    kernel = kernel_for("sparse_prefill", torch.device(device), dict(num_heads=64, ragged=False),
+                        h=64, topk=shape.topk)
+    out, max_logits, lse = ops.sparse_prefill(*args)
+    named = {"Q": x["q"], "KV": x["kv"].view(shape.s_kv, 512),
+             "Indices": x["indices"].view(shape.s_q, shape.topk), "Lengths": x["topk_length"],
+             "Sink": x["attn_sink"], "Out": out, "MaxLogits": max_logits, "Lse": lse,
+             "sm_scale": SCALE}
+    raw = [named[p] for p in SPARSE_PREFILL.params]
+    calls["raw kernel"] = lambda: kernel(*raw)
+    rows.append((shape.name, calls))
+    small = torch.zeros(8, device=device)
+    rows.append(("floor: one eager torch op", {"torch x.add_(1)": lambda: small.add_(1)}))
+    return rows
+
+
+def _flashmla_decode(peer, x: dict) -> Callable[[], tuple]:
+    """FlashMLA's sparse decode op called bare (no slicing of its outputs), its scheduler
+    metadata made by the first call and reused (vLLM computes it once per step)."""
+    state = {"meta": None, "splits": None}
+    extra = x["extra_k_cache"]
+    k_cache = x["k_cache"].unsqueeze(-2)
+    extra = None if extra is None else extra.unsqueeze(-2)
+    out = torch.empty_like(x["q"])
+
+    def run():
+        result = peer.ops.sparse_decode_fwd(
+            x["q"], k_cache, x["indices"], x["topk_length"], x["attn_sink"], state["meta"],
+            state["splits"], extra, x["extra_indices"], x["extra_topk_length"], 512, SCALE,
+            out)
+        state["meta"], state["splits"] = result[2], result[3]
+        return result
+    return run
+
+
+def run_host_suite(peers_dir: Optional[str], peer_names: Optional[Sequence[str]] = None,
+                   device="cuda") -> dict:
+    """Host time per call of ``dsv4_tl.<op>`` (the custom op), ``dsv4_tl.ops.<op>`` and
+    FlashMLA's ``torch.ops._flashmla_C`` op, in this process (see :func:`host_time_us`),
+    with each kernel's device time (graph replay) to show that the host is what bounds."""
+    import platform
+
+    props = torch.cuda.get_device_properties(device)
+    report = {"suite": "host", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+              "cpu": platform.processor() or platform.machine(), "calls": HOST_CALLS,
+              "repeats": HOST_REPEATS, "goals": HOST_GOALS, "rows": [], "peer_errors": {}}
+    names = [n for n in (parse_peer_names(None) if peer_names is None else peer_names)
+             if n == "flashmla"]
+    peers, report["peer_errors"] = load_peers(names, peers_dir)
+    flashmla = peers[0] if peers else None
+    for shape, calls in host_rows(device, flashmla):
+        row = {"suite": "host", "shape": shape, "results": []}
+        for impl, fn in calls.items():
+            entry = {"impl": impl}
+            try:
+                entry.update(host_time_us(fn))
+                entry["gpu_us"] = graph_time_us([fn], reps=10) if impl != "raw kernel" else None
+            except Exception as exc:  # reported in the table, never dropped
+                entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            row["results"].append(entry)
+        by = {e["impl"]: e for e in row["results"]}
+        fm = by.get("flashmla", {})
+        for e in row["results"]:
+            if "us" in fm and "us" in e and e["impl"] in HOST_GOALS:
+                e["vs_flashmla"] = e["us"] / fm["us"]
+                e["meets_goal"] = e["vs_flashmla"] <= HOST_GOALS[e["impl"]]
+        report["rows"].append(row)
+    return report
+
+
+def _host_line(shape: str, e: dict, goals: dict) -> str:
+    """One implementation's line of the host table."""
+    if "error" in e:
+        return f"{shape[:44]:44s} {e['impl']:16s} ERROR {e['error']}"
+
+    def num(key: str, width: int) -> str:
+        return f"{e[key]:{width}.1f}" if e.get(key) is not None else " " * width
+
+    ratio = f"{e['vs_flashmla']:.2f}x" if "vs_flashmla" in e else ""
+    goal = (f"<= {goals[e['impl']]}x {'met' if e['meets_goal'] else 'NOT met'}"
+            if "meets_goal" in e else "")
+    return (f"{shape[:44]:44s} {e['impl']:16s} {num('us', 8)} {num('us_best', 7)} "
+            f"{num('cpu_us', 7)} {num('wall_us', 8)} {num('gpu_us', 7)} {ratio:>11s}  {goal}")
+
+
+def format_host_table(report: dict) -> str:
+    head = (f"{'shape':44s} {'impl':16s} {'host us':>8s} {'best':>7s} {'cpu us':>7s} "
+            f"{'wall us':>8s} {'gpu us':>7s} {'vs flashmla':>11s}  goal")
+    return "\n".join([
+        f"{report['device']} ({report['sms']} SMs), {report['date']}, torch {report['torch']}, "
+        f"cpu {report['cpu']}; host time per call: median of {report['repeats']} runs of "
+        f"{report['calls']} back-to-back calls",
+        *(f"peer {name} failed to load: {err}" for name, err in report["peer_errors"].items()),
+        head, "-" * len(head),
+        *(_host_line(row["shape"], e, report["goals"]) for row in report["rows"]
+          for e in row["results"]),
+        "host us = host wall time per call (median; best of the runs beside it); cpu us = the "
+        "thread's CPU time per call; wall us = device timeline per call of the same calls; gpu "
+        "us = the call's kernels alone (graph replay); vs flashmla = host us / FlashMLA's host "
+        "us (< 1: cheaper)"])
+
+
 def save_plot(report: dict, path: str) -> None:
     """Bar chart: per shape, µs of each implementation (log scale)."""
     import matplotlib
@@ -557,8 +741,9 @@ def format_table(report: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="dsv4-tl bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=["decode", "prefill", "gather", "insert", "all"],
-                        default="all")
+    parser.add_argument("--suite", choices=["decode", "prefill", "gather", "insert", "all",
+                                            "host"], default="all",
+                        help="all: the kernel-time suites; host: host time per call")
     parser.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR"),
                         help="unpacked peer bundle (…/dsv4_peers); default $PEERS_DIR")
     parser.add_argument("--peers", default="all",
@@ -575,9 +760,13 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("dsv4-tl bench: needs a CUDA device", file=sys.stderr)
         return 2
-    suites = ["decode", "prefill", "gather", "insert"] if args.suite == "all" else [args.suite]
-    report = run_bench(suites, args.peers_dir, args.quick, peer_names=peer_names)
-    table = format_table(report)
+    if args.suite == "host":
+        report = run_host_suite(args.peers_dir, peer_names)
+        table = format_host_table(report)
+    else:
+        suites = ["decode", "prefill", "gather", "insert"] if args.suite == "all" else [args.suite]
+        report = run_bench(suites, args.peers_dir, args.quick, peer_names=peer_names)
+        table = format_table(report)
     report["table"] = table
     if args.json:
         with open(args.json, "w") as f:

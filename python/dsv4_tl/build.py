@@ -45,28 +45,11 @@ def fp8_formats_for(target: Target) -> tuple:
     return ("e4m3fn", "e4m3fnuz") if target.name == "hip:gfx942" else ("e4m3fn",)
 
 
-# Bucket feature -> (static parameter, does a static value fall in the bucket's range?):
-# a bucket whose match excludes a static parameter set never selects that variant at run
-# time, so the build does not compile it (features the table does not name constrain nothing).
-_FEATURE_OF_STATIC = {
-    "sparse_decode": {
-        "h": ("num_heads", lambda value, rng: rng[0] <= value and (rng[1] is None or value < rng[1])),
-        # scope "swa" = no extra cache; "c4a" / "c128a" = with one
-        "scope": ("has_extra", lambda value, scopes: any((s != "swa") == value for s in scopes)),
-    },
-    "sparse_prefill": {
-        "h": ("num_heads", lambda value, rng: rng[0] <= value and (rng[1] is None or value < rng[1])),
-    },
-}
-
-
 def _bucket_admits(op: str, match: dict, static: Optional[dict]) -> bool:
-    if static is None:
-        return True
-    for feature, (param, admits) in _FEATURE_OF_STATIC.get(op, {}).items():
-        if feature in match and param in static and not admits(static[param], match[feature]):
-            return False
-    return True
+    """A bucket whose match excludes a static parameter set never selects that variant at
+    run time, so the build does not compile it (the op's spec relates features to static
+    parameters: :meth:`~dsv4_tl.kernels.KernelSpec.admits`)."""
+    return static is None or KERNELS[op].admits(match, static)
 
 
 def schedules_of(target: Target, op: str, static: Optional[dict] = None) -> list:

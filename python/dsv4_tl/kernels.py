@@ -1,40 +1,345 @@
-"""Kernel variants: which TileLang builder makes which compiled kernel.
+"""One spec per op: which TileLang builder makes its kernel, how the kernel is called, and what
+a call of its front end resolves to.
 
-A :class:`Variant` is one compiled kernel: the op, its static parameters (head count, index
-widths, fp8 flavour, ...) and its schedule. Its :attr:`Variant.key` names the artifact file,
-the tuning-log entry and the build-manifest entry, so one string identifies a kernel
-everywhere.
+A :class:`KernelSpec` holds, for one op (the name of ``schedules/<target>/<op>.json``, of its
+tuning log, of its artifacts and of its kernel symbol):
+
+* ``build``: the TileLang builder of ``tile_kernels/<module>.py``, which the spec's build
+  function imports when a kernel is built (importing TileLang costs about a second of CPU,
+  which ``import dsv4_tl`` does not pay);
+* ``params``: the kernel's parameters in call order (the prim_func's; a test checks them
+  against the builder), so the front ends fill kernel arguments by name;
+* ``static(**call)``: the static parameters of the variant a call needs (head count,
+  ragged, fp8 flavour, ...) and ``features(target_dir, **call)``: the shape-bucket features
+  ``schedule_for`` picks the schedule by; ``call`` describes one call of the front end (the
+  keywords of each spec below). The front ends (``dsv4_tl/ops``) and ``dsv4-tl build``
+  derive them here, and so should ``dsv4-tl tune``; :meth:`KernelSpec.variant` does both
+  plus the schedule lookup;
+* ``feature_values(static)``: the feature values a call with those static parameters can
+  have (``dsv4-tl build`` leaves out buckets that can never select a variant);
+* ``front_ends`` / ``references``: the names of the op in ``dsv4_tl`` / ``dsv4_tl.ops`` and
+  in ``dsv4_tl.reference``, which differ from the kernel's (``global_topk`` is
+  ``compute_global_topk_indices_and_lens``); a test keeps them in step.
+
+A :class:`Variant` is one compiled kernel: the op, its static parameters and its schedule.
+Its :attr:`Variant.key` names the artifact file, the tuning-log entry and the build-manifest
+entry, so one string identifies a kernel everywhere.
+
+What a front end resolved (its launch plans, ``dsv4_tl/ops``) is valid until the kernels may
+change: :func:`kernels_changed` empties every cache registered with
+:func:`on_kernels_changed`. A new :class:`~dsv4_tl.loader.KernelLoader`,
+:func:`dsv4_tl.schedules.clear_caches` (call it after swapping ``$DSV4_TL_TUNING_LOGS`` or
+editing a log in a running process) and :func:`dsv4_tl.schedules.forced_schedule` call it.
 """
 
 import hashlib
-import importlib
 import json
+import math
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Optional, Tuple
 
 
+# ------------------------------------------------------------------------------ invalidation
+_hooks: list = []
+_hooks_lock = threading.Lock()
+
+
+def on_kernels_changed(hook: Callable[[], None]) -> Callable[[], None]:
+    """Register ``hook`` (no arguments) to run whenever the kernels a call resolves to may
+    change; returns it (usable as a decorator)."""
+    with _hooks_lock:
+        _hooks.append(hook)
+    return hook
+
+
+def kernels_changed() -> None:
+    """The kernels or schedules may have changed (new loader, another kernel directory, a
+    swapped or edited tuning log, a forced schedule): drop every memoised resolution and
+    launch plan. Call it after changing any of them in a running process."""
+    with _hooks_lock:
+        hooks = list(_hooks)
+    for hook in hooks:
+        hook()
+
+
+# ------------------------------------------------------------------------------ helpers
+def pow2_ceil(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for n <= 1): bucket features that grow with the
+    input are rounded so, which bounds the memo of resolved kernels."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _no_features(target_dir: str, **_call) -> dict:
+    return {}
+
+
+def _any_feature(static: dict) -> dict:
+    return {}
+
+
+# ------------------------------------------------------------------------------ the spec
 @dataclass(frozen=True)
 class KernelSpec:
-    """Where the definition of ``op`` lives: ``dsv4_tl.tile_kernels.<module>.<builder>``."""
+    """Everything the package knows about one op's kernel (see the module docstring)."""
 
-    module: str
-    builder: str
+    op: str
     entry: str  # the prim_func's name = the function symbol in the compiled library
+    build: Callable[..., Any]  # (**static, **schedule) -> TileLang prim_func
+    params: Tuple[str, ...]  # kernel parameters in call order
+    static: Callable[..., dict]  # (**call) -> static parameters
+    features: Callable[..., dict] = _no_features  # (target_dir, **call) -> bucket features
+    feature_values: Callable[[dict], dict] = _any_feature  # static -> {feature: values}
+    front_ends: Tuple[str, ...] = ()  # names in dsv4_tl (custom ops) and dsv4_tl.ops
+    references: Tuple[str, ...] = ()  # names in dsv4_tl.reference
+
+    def variant(self, target_dir: str, **call) -> "Variant":
+        """The variant a call described by ``call`` runs on ``target_dir``: its static
+        parameters and the schedule of the bucket its features fall in."""
+        from .schedules import schedule_for
+
+        schedule = schedule_for(target_dir, self.op, **self.features(target_dir, **call))
+        return Variant.make(self.op, self.static(**call), schedule)
+
+    def admits(self, match: dict, static: dict) -> bool:
+        """Whether a schedule bucket with ``match`` can select a variant with ``static``
+        parameters (a feature the bucket does not name constrains nothing)."""
+        from .schedules import in_range
+
+        for feature, values in self.feature_values(static).items():
+            if feature in match and not any(in_range(v, match[feature]) for v in values):
+                return False
+        return True
 
 
-KERNELS: dict = {
-    "sparse_decode": KernelSpec("sparse_decode", "build_sparse_decode", "sparse_decode"),
-    "sparse_decode_combine": KernelSpec(
-        "sparse_decode", "build_sparse_decode_combine", "sparse_decode_combine"
-    ),
-    "sparse_prefill": KernelSpec("sparse_prefill", "build_sparse_prefill", "sparse_prefill"),
-    "dequant_gather": KernelSpec("dequant_gather", "build_dequant_gather", "dequant_gather"),
-    "global_topk": KernelSpec("index_helpers", "build_global_topk", "global_topk"),
-    "combine_topk_swa": KernelSpec("index_helpers", "build_combine_topk_swa", "combine_topk_swa"),
-    "insert_k_cache": KernelSpec("insert_k_cache", "build_insert_k_cache", "insert_k_cache"),
-}
+# ------------------------------------------------------------------------------ sparse decode
+def _build_sparse_decode(**params):
+    from .tile_kernels.sparse_decode import build_sparse_decode
+
+    return build_sparse_decode(**params)
 
 
+def decode_scope(extra_block_size: Optional[int]) -> str:
+    """The decode bucket feature ``scope`` of a call: ``"swa"`` without an extra cache, then by
+    the extra cache's block size: 2-token blocks (C128A) ``"c128a"``, else ``"c4a"``."""
+    if extra_block_size is None:
+        return "swa"
+    return "c128a" if extra_block_size <= 2 else "c4a"
+
+
+def _decode_static(*, h: int, scope: str, fp8_format: str = "e4m3fn", **_call) -> dict:
+    return dict(num_heads=h, has_extra=scope != "swa", fp8_format=fp8_format)
+
+
+def _decode_features(target_dir: str, *, h: int, b: int, scope: str, s_q: int = 1,
+                     batch_invariant: bool = False, **_call) -> dict:
+    """Head count, scope and CTA count ``b * s_q * ceil(h / heads_per_block)`` (the default
+    schedule's heads per CTA); batch-invariant calls count 1 CTA whatever the batch, so the
+    split count cannot follow the batch (a CTA splits its row by the row's own lengths)."""
+    from .schedules import schedule_for
+
+    if batch_invariant:
+        ctas = 1
+    else:
+        ctas = b * s_q * math.ceil(h / schedule_for(target_dir, "sparse_decode")["heads_per_block"])
+    return {"ctas": ctas, "h": h, "scope": scope}
+
+
+def _decode_feature_values(static: dict) -> dict:
+    values = {}
+    if "num_heads" in static:
+        values["h"] = (static["num_heads"],)
+    if "has_extra" in static:
+        values["scope"] = ("c4a", "c128a") if static["has_extra"] else ("swa",)
+    return values
+
+
+SPARSE_DECODE = KernelSpec(
+    op="sparse_decode",
+    entry="sparse_decode",
+    build=_build_sparse_decode,
+    params=("Q", "MainFp8", "MainBf16", "MainU8", "MainIndices", "MainLength",
+            "ExtraFp8", "ExtraBf16", "ExtraU8", "ExtraIndices", "ExtraLength", "Sink",
+            "Out", "Lse", "OPartial", "LsePartial", "sm_scale",
+            "main_block_size", "main_block_stride", "main_num_blocks",
+            "extra_block_size", "extra_block_stride", "extra_num_blocks"),
+    static=_decode_static,
+    features=_decode_features,
+    feature_values=_decode_feature_values,
+    front_ends=("sparse_decode",),
+    references=("sparse_decode_ref",),
+)
+"""call: ``h``, ``b``, ``s_q`` (1), ``scope`` (:func:`decode_scope`), ``batch_invariant``
+(False), ``fp8_format`` ("e4m3fn")."""
+
+
+def _build_sparse_decode_combine(**params):
+    from .tile_kernels.sparse_decode import build_sparse_decode_combine
+
+    return build_sparse_decode_combine(**params)
+
+
+def _combine_static(*, h: int, num_splits: int, **_call) -> dict:
+    return dict(num_heads=h, num_splits=num_splits)
+
+
+SPARSE_DECODE_COMBINE = KernelSpec(
+    op="sparse_decode_combine",
+    entry="sparse_decode_combine",
+    build=_build_sparse_decode_combine,
+    params=("OPartial", "LsePartial", "Sink", "Out", "Lse"),
+    static=_combine_static,
+    front_ends=("sparse_decode",),  # the second launch of split-KV decode
+)
+"""call: ``h``, ``num_splits`` (the decode schedule's, > 1)."""
+
+
+# ------------------------------------------------------------------------------ sparse prefill
+def _build_sparse_prefill(**params):
+    from .tile_kernels.sparse_prefill import build_sparse_prefill
+
+    return build_sparse_prefill(**params)
+
+
+def _prefill_static(*, h: int, ragged: bool = False, **_call) -> dict:
+    return dict(num_heads=h, ragged=ragged)
+
+
+def _prefill_features(target_dir: str, *, h: int, topk: int, ragged: bool = False,
+                      **_call) -> dict:
+    """Head count and row width: ``topk`` of a dense call; of a ragged call the mean row
+    length (``ceil(nnz / s_q)``) rounded up to a power of two, which bounds the memo."""
+    return {"h": h, "topk": pow2_ceil(topk) if ragged else topk}
+
+
+def _prefill_feature_values(static: dict) -> dict:
+    return {"h": (static["num_heads"],)} if "num_heads" in static else {}
+
+
+SPARSE_PREFILL = KernelSpec(
+    op="sparse_prefill",
+    entry="sparse_prefill",
+    build=_build_sparse_prefill,
+    params=("Q", "KV", "Indices", "Lengths", "Sink", "Out", "MaxLogits", "Lse", "sm_scale"),
+    static=_prefill_static,
+    features=_prefill_features,
+    feature_values=_prefill_feature_values,
+    front_ends=("sparse_prefill", "sparse_prefill_ragged"),
+    references=("sparse_prefill_ref", "sparse_prefill_ragged_ref"),
+)
+"""call: ``h``, ``topk`` (dense: the index width; ragged: ``ceil(nnz / s_q)``), ``ragged``
+(False)."""
+
+
+# ------------------------------------------------------------------------------ dequant-gather
+def _build_dequant_gather(**params):
+    from .tile_kernels.dequant_gather import build_dequant_gather
+
+    return build_dequant_gather(**params)
+
+
+def _fp8_static(*, fp8_format: str = "e4m3fn", **_call) -> dict:
+    return dict(fp8_format=fp8_format)
+
+
+def _gather_features(target_dir: str, *, rows: int, **_call) -> dict:
+    """Rows the call may write (``num_reqs * (max_tokens - offset)``), rounded up to a power
+    of two."""
+    return {"rows": pow2_ceil(rows)}
+
+
+DEQUANT_GATHER = KernelSpec(
+    op="dequant_gather",
+    entry="dequant_gather",
+    build=_build_dequant_gather,
+    params=("Out", "CacheFp8", "CacheBf16", "CacheU8", "SeqLens", "GatherLens", "BlockTable",
+            "block_size", "block_stride16", "num_blocks", "offset", "max_tokens",
+            "out_stride0_8", "out_stride1_8"),
+    static=_fp8_static,
+    features=_gather_features,
+    front_ends=("dequantize_and_gather_k_cache",),
+    references=("dequantize_and_gather_k_cache_ref",),
+)
+"""call: ``rows``, ``fp8_format`` ("e4m3fn")."""
+
+
+# ------------------------------------------------------------------------------ KV insert
+def _build_insert_k_cache(**params):
+    from .tile_kernels.insert_k_cache import build_insert_k_cache
+
+    return build_insert_k_cache(**params)
+
+
+def _insert_features(target_dir: str, *, tokens: int, **_call) -> dict:
+    """Rows of the call, rounded up to a power of two."""
+    return {"tokens": pow2_ceil(tokens)}
+
+
+INSERT_K_CACHE = KernelSpec(
+    op="insert_k_cache",
+    entry="insert_k_cache",
+    build=_build_insert_k_cache,
+    params=("K", "SlotMapping", "Cache", "k_stride8", "block_size", "block_stride16",
+            "num_slots"),
+    static=_fp8_static,
+    features=_insert_features,
+    front_ends=("insert_k_cache",),
+    references=(),  # the torch writer dsv4_tl.cache_format.insert_k defines it
+)
+"""call: ``tokens``, ``fp8_format`` ("e4m3fn")."""
+
+
+# ------------------------------------------------------------------------------ index helpers
+def _build_global_topk(**params):
+    from .tile_kernels.index_helpers import build_global_topk
+
+    return build_global_topk(**params)
+
+
+def _ragged_static(*, ragged: bool = False, **_call) -> dict:
+    return dict(ragged=ragged)
+
+
+GLOBAL_TOPK = KernelSpec(
+    op="global_topk",
+    entry="global_topk",
+    build=_build_global_topk,
+    params=("TopkIndices", "TokenToReq", "BlockTable", "IsValid", "Lens", "Indptr", "Out",
+            "block_size", "phase"),
+    static=_ragged_static,
+    front_ends=("compute_global_topk_indices_and_lens",
+                "compute_global_topk_ragged_indices_and_indptr"),
+    references=("compute_global_topk_indices_and_lens_ref",
+                "compute_global_topk_ragged_indices_and_indptr_ref"),
+)
+"""call: ``ragged`` (False)."""
+
+
+def _build_combine_topk_swa(**params):
+    from .tile_kernels.index_helpers import build_combine_topk_swa
+
+    return build_combine_topk_swa(**params)
+
+
+COMBINE_TOPK_SWA = KernelSpec(
+    op="combine_topk_swa",
+    entry="combine_topk_swa",
+    build=_build_combine_topk_swa,
+    params=("TopkIndices", "QueryStartLoc", "SeqLens", "GatherLens", "Lens", "Indptr", "Out",
+            "window", "compress_ratio", "topk", "M", "N", "phase"),
+    static=_ragged_static,
+    front_ends=("combine_topk_swa_indices", "combine_topk_swa_ragged_indices"),
+    references=("combine_topk_swa_indices_ref", "combine_topk_swa_ragged_indices_ref"),
+)
+"""call: ``ragged`` (False)."""
+
+
+KERNELS: Dict[str, KernelSpec] = {spec.op: spec for spec in (
+    SPARSE_DECODE, SPARSE_DECODE_COMBINE, SPARSE_PREFILL, DEQUANT_GATHER, INSERT_K_CACHE,
+    GLOBAL_TOPK, COMBINE_TOPK_SWA)}
+
+
+# ------------------------------------------------------------------------------ variants
 def _canonical(items: dict) -> tuple:
     return tuple(sorted(items.items()))
 
@@ -69,7 +374,4 @@ class Variant:
 
     def build(self) -> Any:
         """The TileLang prim_func of this variant (imports TileLang)."""
-        module = importlib.import_module(f"dsv4_tl.tile_kernels.{self.spec.module}")
-        builder: Callable = getattr(module, self.spec.builder)
-        return builder(**dict(self.static), **dict(self.schedule))
-
+        return self.spec.build(**dict(self.static), **dict(self.schedule))

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .file_lock import locked, temporary_name, write_atomic
-from .kernels import Variant
+from .kernels import Variant, kernels_changed
 from .manifest import MANIFEST_NAME, read_manifest
 from .provenance import fingerprint, record_for, sha256_file, stale_reason
 from .targets import Target, parse_target
@@ -206,6 +206,7 @@ class KernelLoader:
         self._failures: dict = {}  # variant -> the KernelCompileError of its failed compile
         self._manifest: Optional[dict] = None
         self._warned: set = set()
+        kernels_changed()  # a new loader may load other kernels: front ends re-resolve
 
     def _fix(self, variant: Optional[Variant] = None) -> str:
         heads = dict(variant.static).get("num_heads") if variant is not None else None

@@ -1,4 +1,7 @@
-"""Front-end ops: validate inputs once, pick the schedule bucket, launch the kernel."""
+"""Front-end ops: per input signature, validate once and resolve a launch plan (kernel
+variant of the schedule bucket, split count, argument layout, outputs); per call, run the
+plan on the data (see :mod:`dsv4_tl.ops._dispatch`). Each op's kernel, schedule features and
+names: its spec in :mod:`dsv4_tl.kernels`."""
 
 from .dequant_gather import dequantize_and_gather_k_cache
 from .indices import (

@@ -1,19 +1,122 @@
-"""Shared plumbing of the front-end ops: schedule lookup, variant, loaded kernel."""
+"""Shared plumbing of the front-end ops: launch plans, resolved kernels, reusable arguments.
+
+A front end does its work in two parts. Once per input *signature* (each tensor's dtype,
+shape and device and the strides its checks read, the static options and scalars: everything
+its checks read that is not data) it validates the arguments and resolves a **launch plan**:
+the target, the kernel variant (static parameters from the op's
+:class:`~dsv4_tl.kernels.KernelSpec`, the schedule of the shape bucket its features fall in),
+the split count, the argument layout (:class:`Launch`), the output shapes and the
+placeholders. Plans live in a :class:`PlanCache` keyed by the signature, so a signature that
+failed validation never gets one. Per call the plan does only what depends on the data:
+16-byte alignment of the buffers the kernels address directly (and the routing of CPU
+tensors, which follows the environment), contiguous inputs (free when they are), the
+outputs' and scratch buffers' allocation, and the launch.
+
+Every memo here (plans, resolved kernels, targets, schedules) is dropped by
+:func:`dsv4_tl.kernels.kernels_changed` (a new loader, cleared schedule caches, a forced
+schedule: see :mod:`dsv4_tl.kernels`); their ``cache_clear()`` does the same.
+"""
 
 import functools
 import math
+import operator
+import weakref
 from typing import Callable, Tuple
 
 import torch
 
-from ..kernels import Variant
-from ..validation import check_tensor
+from ..kernels import KernelSpec, Variant, kernels_changed, on_kernels_changed
+from ..validation import check_kernel_device, check_tensor
 from ..loader import loader_for
 from ..schedules import schedule_for
-from ..targets import Target, target_for_device
+from ..targets import Target, sycl_runs_cpu_tensors, target_for_device
 
 
-@functools.lru_cache(maxsize=None)
+# ------------------------------------------------------------------------------ memos
+class _Memo:
+    """Memoised function of hashable arguments with ``functools.lru_cache``'s
+    ``cache_clear()``, emptied by :func:`~dsv4_tl.kernels.kernels_changed` (which
+    ``cache_clear()`` calls, so clearing one clears every resolution and plan)."""
+
+    def __init__(self, fn: Callable):
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._cache: dict = {}
+        on_kernels_changed(self._drop)
+
+    def _drop(self) -> None:
+        self._cache = {}  # a resolution under way stores into the dropped dict
+
+    def __call__(self, *args):
+        cache = self._cache
+        try:
+            return cache[args]
+        except KeyError:
+            pass
+        value = cache[args] = self._fn(*args)
+        return value
+
+    def cache_clear(self) -> None:
+        kernels_changed()
+
+
+class PlanCache:
+    """Launch plans of one front end by signature (at most ``maxsize``, oldest dropped
+    first), emptied by :func:`~dsv4_tl.kernels.kernels_changed`. ``plans.get(key)`` is the
+    per-call lookup; :meth:`make` builds, validating, and stores a plan."""
+
+    def __init__(self, maxsize: int = 512):
+        self.maxsize = maxsize
+        self.plans: dict = {}
+        on_kernels_changed(self.clear)
+
+    def clear(self) -> None:
+        self.plans = {}  # a plan under way is stored into the dropped dict
+
+    def make(self, key, plan_type, *args):
+        """``plan_type(*args)`` (which validates the call and raises its errors), stored
+        under ``key`` unless ``key`` is None (arguments that make no signature)."""
+        plans = self.plans
+        plan = plan_type(*args)
+        if key is not None:
+            if len(plans) >= self.maxsize:
+                try:
+                    plans.pop(next(iter(plans)), None)
+                except (RuntimeError, StopIteration):  # another thread changed it meanwhile
+                    pass
+            plans[key] = plan
+        return plan
+
+
+# Signatures: what a front end's checks read of each argument, so a call whose signature
+# matches a plan's passed the same checks. Each helper takes an optional tensor (None for
+# None); a non-tensor raises (AttributeError, ...) and the front end's checks then name it.
+# Strides are read only where a check reads them: a check of the last stride only
+# (``last_dim_contiguous``) reads ``stride(-1)``, a contiguity check ``is_contiguous()``, the
+# cache and stride rules every stride; the plans make inputs contiguous per call, as the
+# kernels need (free when they are).
+def meta(t) -> tuple:
+    """dtype, shape, device."""
+    return None if t is None else (t.dtype, t.shape, t.device)
+
+
+def meta_last(t) -> tuple:
+    """dtype, shape, last stride, device (a ``last_dim_contiguous`` check)."""
+    return None if t is None else (t.dtype, t.shape, t.stride(-1), t.device)
+
+
+def meta_contiguous(t) -> tuple:
+    """dtype, shape, contiguity, device (a ``contiguous`` check)."""
+    return None if t is None else (t.dtype, t.shape, t.is_contiguous(), t.device)
+
+
+def meta_strides(t) -> tuple:
+    """dtype, shape, every stride, device (the cache's and other stride rules)."""
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.device)
+
+
+# ------------------------------------------------------------------------------ resolution
+@_Memo
 def _target_of(device_type: str, index: int) -> Target:
     return target_for_device(torch.device(device_type, index))
 
@@ -26,16 +129,21 @@ def _target(device: torch.device) -> Target:
     return _target_of(device.type, index)
 
 
-@functools.lru_cache(maxsize=None)
+@_Memo
 def _resolve(op: str, target: Target, static: tuple, features: tuple) -> Tuple[Callable, dict]:
     schedule = schedule_for(target.dirname, op, **dict(features))
     return loader_for(target).get(Variant.make(op, dict(static), schedule)), schedule
 
 
+@_Memo
+def _schedule_of(op: str, target: Target, features: tuple) -> dict:
+    return schedule_for(target.dirname, op, **dict(features))
+
+
 def kernel_for(op: str, device: torch.device, static: dict, **features: int) -> Callable:
     """The loaded kernel of ``op`` for ``device``: schedule of the shape bucket that
     ``features`` fall in (from ``schedules/<target>/<op>.json``), compiled or loaded once.
-    Resolutions are memoised: the per-call cost is one dictionary lookup."""
+    Resolutions are memoised. Arguments in the order of ``KERNELS[op].params``."""
     return _resolve(op, _target(device), tuple(sorted(static.items())),
                     tuple(sorted(features.items())))[0]
 
@@ -45,16 +153,80 @@ def schedule_of(op: str, device: torch.device, **features: int) -> dict:
     return _schedule_of(op, _target(device), tuple(sorted(features.items())))
 
 
-@functools.lru_cache(maxsize=None)
-def _schedule_of(op: str, target: Target, features: tuple) -> dict:
-    return schedule_for(target.dirname, op, **dict(features))
+def resolve(spec: KernelSpec, target: Target, **call) -> Tuple[Callable, dict]:
+    """``(loaded kernel, schedule)`` of the variant ``spec`` needs for a call described by
+    ``call`` (see the spec's keywords) on ``target``."""
+    features = spec.features(target.dirname, **call)
+    return _resolve(spec.op, target, tuple(sorted(spec.static(**call).items())),
+                    tuple(sorted(features.items())))
 
 
-@functools.lru_cache(maxsize=None)
+class Launch:
+    """A kernel with its arguments filled by name (``spec.params``, the prim_func's): the
+    ``fixed`` ones resolved with the plan, the rest passed per call, as ``dynamic`` names
+    them, in that order."""
+
+    __slots__ = ("kernel", "fixed", "order")
+
+    def __init__(self, kernel: Callable, spec: KernelSpec, dynamic: Tuple[str, ...], **fixed):
+        names = tuple(dynamic) + tuple(fixed)
+        if sorted(names) != sorted(spec.params):
+            raise TypeError(f"{spec.op}: kernel arguments {sorted(names)} do not match the "
+                            f"kernel's parameters {sorted(spec.params)}")
+        self.kernel = kernel
+        self.fixed = tuple(fixed.values())
+        self.order = operator.itemgetter(*(names.index(p) for p in spec.params))
+
+    def __call__(self, *values) -> None:
+        self.kernel(*self.order(values + self.fixed))
+
+
+def routed_per_call(device: torch.device) -> bool:
+    """Whether a plan must check its device on every call: CPU tensors run on the SYCL
+    target only while ``$DSV4_TL_SYCL_DEVICE`` is set (:func:`recheck_device`)."""
+    return device.type not in ("cuda", "xpu")
+
+
+def recheck_device(name: str, t: torch.Tensor) -> None:
+    """:func:`~dsv4_tl.validation.check_kernel_device` of a CPU tensor, whose routing
+    follows the environment."""
+    if not sycl_runs_cpu_tensors():
+        check_kernel_device(name, t)
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream (then no
+    tensor with data may be created for reuse: the capture records its fill, it does not
+    run it)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
     """``attn_sink`` = -inf for every head: e^-inf = 0 adds nothing to the denominator.
-    One read-only tensor per (head count, device), reused by every call."""
+    One read-only tensor per (head count, device), reused by every call (made per call
+    while a CUDA graph is captured)."""
+    if capturing(device):
+        return torch.full((num_heads,), -math.inf, dtype=torch.float32, device=device)
+    return _no_sink(num_heads, device)
+
+
+@_Memo
+def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
     return torch.full((num_heads,), -math.inf, dtype=torch.float32, device=device)
+
+
+def reusable_no_sink(num_heads: int, device: torch.device):
+    """A plan's :func:`no_sink` (None while a CUDA graph is captured: no reusable tensor with
+    data is made then, the capture records its fill without running it)."""
+    return None if capturing(device) else _no_sink(num_heads, device)
+
+
+def sink_argument(attn_sink, reusable, num_heads: int, device: torch.device) -> torch.Tensor:
+    """The kernels' ``Sink``: ``attn_sink`` (contiguous), else -inf per head, the plan's
+    ``reusable`` one when it has one."""
+    if attn_sink is not None:
+        return attn_sink.contiguous()
+    return reusable if reusable is not None else no_sink(num_heads, device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,19 +237,31 @@ def placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torch
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+# ------------------------------------------------------------------------------ buffers
 def output_tensor(name: str, given, shape: tuple, dtype: torch.dtype,
                   device: torch.device) -> torch.Tensor:
     """``given`` checked as a contiguous output of ``shape``/``dtype`` on ``device``, or a new
     uninitialised tensor when None."""
     if given is None:
         return torch.empty(shape, dtype=dtype, device=device)
+    check_output(name, given, shape, dtype, device)
+    check_aligned_output(name, given)
+    return given
+
+
+def check_output(name: str, given, shape: tuple, dtype: torch.dtype,
+                 device: torch.device) -> None:
+    """What a signature determines of a preallocated output (dtype, shape, device,
+    contiguous); :func:`check_aligned_output` is the per-call rest."""
     check_tensor(name, given, dtype=dtype, shape=shape, device=device, contiguous=True)
+
+
+def check_aligned_output(name: str, given: torch.Tensor) -> None:
     if given.data_ptr() % 16:
         # The attention kernels store full head groups of ``out`` by TMA, whose global
         # address must be 16-byte aligned (a view starting mid-buffer may not be).
         raise ValueError(f"{name}: expected a 16-byte aligned start, got address "
                          f"{given.data_ptr():#x} (a view at an offset of the buffer?)")
-    return given
 
 
 def aligned16(t: torch.Tensor) -> torch.Tensor:
@@ -85,3 +269,27 @@ def aligned16(t: torch.Tensor) -> torch.Tensor:
     kernels load q by TMA, whose global address must be 16-byte aligned."""
     t = t.contiguous()
     return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+_views: dict = {}  # (id(cache), span, dtypes) -> (weak reference, data_ptr, views)
+
+
+def cache_views(cache: torch.Tensor, span: int, dtypes: tuple, misaligned: str) -> tuple:
+    """The kernels' flat views of the ``span`` bytes of a validated fp8_ds_mla cache, from
+    its first byte, as each of ``dtypes`` (views of the same bytes: writes land in the
+    cache). ``misaligned``: the ValueError's message (``{ptr}``: the address) when that byte
+    is not 16-byte aligned (the kernels address records as 16-byte vectors). Memoised while
+    the same cache tensor stays at the same address (a layer's cache is passed call after
+    call); dropped with the tensor."""
+    key = (id(cache), span, dtypes)
+    ptr = cache.data_ptr()
+    hit = _views.get(key)
+    if hit is not None and hit[1] == ptr and hit[0]() is cache:
+        return hit[2]
+    if ptr % 16:
+        raise ValueError(misaligned.format(ptr=ptr))
+    u8 = cache if cache.dtype == torch.uint8 else cache.view(torch.uint8)
+    flat = u8.as_strided((span,), (1,), u8.storage_offset())
+    views = tuple(flat if dtype == torch.uint8 else flat.view(dtype) for dtype in dtypes)
+    _views[key] = (weakref.ref(cache, lambda _ref, key=key: _views.pop(key, None)), ptr, views)
+    return views

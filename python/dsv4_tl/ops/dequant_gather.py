@@ -7,29 +7,16 @@ from typing import Optional
 
 import torch
 
-from ..cache_format import HEAD_DIM, TOKEN_DATA_BYTES, block_bytes, cache_geometry
-from ..validation import (
-    check_kernel_device,
-    check_block_size,
-    check_dim_match,
-    check_fp8_format,
-    check_int,
-    check_optional_tensor,
-    check_same_device,
-    check_tensor,
-)
-from ._dispatch import kernel_for
+from ..cache_format import HEAD_DIM, TOKEN_DATA_BYTES, block_bytes
+from ..kernels import DEQUANT_GATHER
+from ..reference.dequant_gather import check_gather_args
+from ..validation import check_kernel_device, check_tensor
+from ._dispatch import (Launch, PlanCache, _target, cache_views, meta, meta_contiguous,
+                        meta_strides, recheck_device, resolve, routed_per_call)
 
 _INT32_MAX = 2**31 - 1
 _VEC_ELEMS = 8  # bf16 elements in one 16-byte vector store
 _VEC_BYTES = 16
-
-
-def _out_flat_view(out: torch.Tensor) -> torch.Tensor:
-    """1-D bf16 view of every element the kernel may address, starting at ``out[0, 0, 0]``."""
-    r, mt, d = out.shape
-    span = (r - 1) * out.stride(0) + (mt - 1) * out.stride(1) + d
-    return out.as_strided((span,), (1,), out.storage_offset())
 
 
 def _check_out(out: torch.Tensor) -> None:
@@ -54,24 +41,14 @@ def check_dequantize_and_gather_args(out: torch.Tensor, k_cache: torch.Tensor,
                                      block_table: torch.Tensor, block_size: int, offset: int,
                                      fp8_format: str = "e4m3fn") -> tuple:
     """Every check of :func:`dequantize_and_gather_k_cache` that reads no tensor data (so the
-    fake implementation runs them too). Returns ``(cache geometry, block size, offset,
-    fp8 format)``."""
+    fake implementation runs them too): the reference's (:func:`check_gather_args`) plus
+    the kernel's limits on ``out``. Returns ``(cache geometry, block size, offset, fp8
+    format)``."""
     _check_out(out)
-    num_reqs, max_tokens = out.shape[0], out.shape[1]
-    geom = cache_geometry(k_cache, "k_cache")
-    check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(num_reqs,))
-    check_optional_tensor("gather_lens", gather_lens, dtype=torch.int32, shape=(num_reqs,))
-    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, contiguous=True)
-    check_dim_match("block_table", block_table, 0, num_reqs, "num_reqs of out")
-    bs = check_block_size("block_size", block_size)
-    if bs != geom.block_size:
-        raise ValueError(f"block_size: expected {geom.block_size} (block size of k_cache), got {bs}")
-    offset = check_int("offset", offset, min_value=0, max_value=max_tokens)
-    fmt = check_fp8_format("fp8_format", fp8_format)
-    check_same_device(out=out, k_cache=k_cache, seq_lens=seq_lens, gather_lens=gather_lens,
-                      block_table=block_table)
-    if max_tokens > _INT32_MAX - 64:
-        raise ValueError(f"out: expected max_tokens < 2^31 - 64, got {max_tokens}")
+    geom, bs, offset, fmt = check_gather_args(out, k_cache, seq_lens, gather_lens, block_table,
+                                              block_size, offset, fp8_format)
+    if out.shape[1] > _INT32_MAX - 64:
+        raise ValueError(f"out: expected max_tokens < 2^31 - 64, got {out.shape[1]}")
     if geom.num_blocks > _INT32_MAX:
         raise ValueError(f"k_cache: expected num_blocks <= {_INT32_MAX}, got {geom.num_blocks}")
     return geom, bs, offset, fmt
@@ -112,41 +89,84 @@ def dequantize_and_gather_k_cache(
     zeros. Nothing else of ``out`` is written. No value of seq_lens / gather_lens /
     block_table reads out of bounds.
     """
-    geom, bs, offset, fmt = check_dequantize_and_gather_args(
-        out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, fp8_format)
-    check_kernel_device("out", out)
-    num_reqs, max_tokens = out.shape[0], out.shape[1]
-    if num_reqs == 0 or max_tokens == offset:
-        return  # nothing can be written
+    try:
+        key = (meta_strides(out), meta_strides(k_cache), meta(seq_lens), meta(gather_lens),
+               meta_contiguous(block_table), block_size.__class__, block_size,
+               offset.__class__, offset, fp8_format)
+        plan = _PLANS.plans.get(key)
+    except Exception:  # not a tensor, unhashable, ...: the checks name the argument
+        key = plan = None
+    if plan is None:
+        plan = _PLANS.make(key, _Plan, out, k_cache, seq_lens, gather_lens, block_table,
+                           block_size, offset, fp8_format)
+    plan(out, k_cache, seq_lens, gather_lens, block_table)
+
+
+_PLANS = PlanCache()
+_MISALIGNED = "k_cache: expected a 16-byte aligned first byte, got {ptr:#x}"
+# Kernel arguments passed per call, in this order; the rest are fixed by the plan.
+_DYNAMIC = ("Out", "CacheFp8", "CacheBf16", "CacheU8", "SeqLens", "GatherLens", "BlockTable")
+
+
+class _Plan:
+    """What one input signature of :func:`dequantize_and_gather_k_cache` resolves to."""
+
+    def __init__(self, out, k_cache, seq_lens, gather_lens, block_table, block_size, offset,
+                 fp8_format):
+        geom, bs, offset, fmt = check_dequantize_and_gather_args(
+            out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, fp8_format)
+        check_kernel_device("out", out)
+        self.device = dev = out.device
+        self.check_device = routed_per_call(dev)
+        num_reqs, max_tokens = out.shape[0], out.shape[1]
+        self.launch = None
+        if num_reqs == 0 or max_tokens == offset:
+            return  # nothing can be written
+        _check_aligned_out(out)
+        r, mt, d = out.shape
+        self.out_span = (r - 1) * out.stride(0) + (mt - 1) * out.stride(1) + d
+        self.fp8 = torch.float8_e4m3fn if fmt == "e4m3fn" else torch.float8_e4m3fnuz
+        self.dtypes = (self.fp8, torch.bfloat16, torch.uint8)
+        self.span = geom.flat.numel() if geom.num_blocks > 0 else 0
+        if self.span:
+            cache_views(k_cache, self.span, self.dtypes, _MISALIGNED)
+        else:
+            # No block is valid, every gathered row becomes zeros; the kernel still reads the
+            # (discarded) first token record of an invalid row, so give it one zero block.
+            self.zero_block = block_bytes(bs)
+        self.no_table = (num_reqs, 1) if block_table.shape[1] == 0 else None  # all zero rows
+        assert TOKEN_DATA_BYTES % _VEC_BYTES == 0
+        kernel, _ = resolve(DEQUANT_GATHER, _target(dev), fp8_format=fmt,
+                            rows=num_reqs * (max_tokens - offset))
+        self.launch = Launch(
+            kernel, DEQUANT_GATHER, _DYNAMIC, block_size=bs,
+            block_stride16=geom.stride0 // _VEC_BYTES if geom.num_blocks > 1 else 0,
+            num_blocks=geom.num_blocks, offset=offset, max_tokens=max_tokens,
+            out_stride0_8=out.stride(0) // _VEC_ELEMS, out_stride1_8=out.stride(1) // _VEC_ELEMS)
+
+    def __call__(self, out, k_cache, seq_lens, gather_lens, block_table):
+        if self.check_device:
+            recheck_device("out", out)
+        if self.launch is None:
+            return
+        _check_aligned_out(out)
+        dev = self.device
+        if self.span:
+            views = cache_views(k_cache, self.span, self.dtypes, _MISALIGNED)
+        else:
+            flat = torch.zeros(self.zero_block, dtype=torch.uint8, device=dev)
+            views = (flat.view(self.fp8), flat.view(torch.bfloat16), flat)
+        if self.no_table is not None:
+            block_table = torch.full(self.no_table, -1, dtype=torch.int32, device=dev)
+        seq_lens = seq_lens.contiguous()
+        gather_lens = seq_lens if gather_lens is None else gather_lens.contiguous()
+        flat_out = out.as_strided((self.out_span,), (1,), out.storage_offset())
+        self.launch(flat_out, *views, seq_lens, gather_lens, block_table)
+
+
+def _check_aligned_out(out: torch.Tensor) -> None:
     if out.data_ptr() % _VEC_BYTES:
         raise ValueError(f"out: expected a 16-byte aligned data pointer, got {out.data_ptr():#x}")
-
-    dev = out.device
-    if geom.num_blocks > 0:
-        flat = geom.flat
-        if flat.data_ptr() % _VEC_BYTES:
-            raise ValueError(f"k_cache: expected a 16-byte aligned first byte, got {flat.data_ptr():#x}")
-    else:
-        # No block is valid, every gathered row becomes zeros; the kernel still reads the
-        # (discarded) first token record of an invalid row, so give it one zero block.
-        flat = torch.zeros(block_bytes(bs), dtype=torch.uint8, device=dev)
-    stride16 = geom.stride0 // _VEC_BYTES if geom.num_blocks > 1 else 0
-    assert TOKEN_DATA_BYTES % _VEC_BYTES == 0
-    fp8_view = flat.view(torch.float8_e4m3fn if fmt == "e4m3fn" else torch.float8_e4m3fnuz)
-    views = (fp8_view, flat.view(torch.bfloat16), flat)
-
-    if block_table.shape[1] == 0:  # no column is in the table: every row is a zero row
-        block_table = torch.full((num_reqs, 1), -1, dtype=torch.int32, device=dev)
-    seq_lens = seq_lens.contiguous()
-    gather_lens = seq_lens if gather_lens is None else gather_lens.contiguous()
-
-    # Shape-bucket feature (schedules/<target>/dequant_gather.json): rows this call may write,
-    # rounded up to a power of two (bounds the memo of resolved kernels).
-    rows = 1 << (num_reqs * (max_tokens - offset) - 1).bit_length()
-    kernel = kernel_for("dequant_gather", dev, dict(fp8_format=fmt), rows=rows)
-    kernel(_out_flat_view(out), *views, seq_lens, gather_lens, block_table,
-           bs, stride16, geom.num_blocks, offset, max_tokens,
-           out.stride(0) // _VEC_ELEMS, out.stride(1) // _VEC_ELEMS)
 
 
 __all__ = ["dequantize_and_gather_k_cache"]

@@ -19,7 +19,9 @@ from ..validation import (
     check_same_device,
     check_tensor,
 )
-from ._dispatch import kernel_for
+from ..kernels import COMBINE_TOPK_SWA, GLOBAL_TOPK
+from ._dispatch import (Launch, PlanCache, _target, meta, meta_contiguous, placeholder,
+                        recheck_device, resolve, routed_per_call)
 
 _INT32_MAX = 2**31 - 1
 _C_ALIGN = 128  # combined width is padded to a multiple of 128 (FlashMLA topk % 64 / 128)
@@ -29,19 +31,72 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def _placeholder(device: torch.device) -> torch.Tensor:
-    """Zero-size int32 argument of a buffer that this launch never touches."""
-    return torch.empty((0,), dtype=torch.int32, device=device)
+class _Plan:
+    """What one input signature of an index helper resolves to (validated once by the
+    subclass, which sets ``shapes`` (out, lens), ``empty`` (nothing to launch) and, with
+    :meth:`_kernel`, the launch): dense calls launch once (phase 0 writes lens and rows),
+    ragged ones twice (lens, then rows at ``indptr``)."""
+
+    inputs: Tuple[str, ...]  # the kernel's names of the four input tensors
+
+    def _setup(self, ragged: bool, inputs: tuple, outs: tuple, shapes: tuple, empty: bool):
+        self.device = dev = inputs[0].device
+        self.check_device = routed_per_call(dev)
+        self.ragged = ragged
+        self.num_tokens = inputs[0].shape[0]
+        self.shapes, self.empty = shapes, empty
+        if not ragged:
+            for name, t, shape in zip(("out", "lens"), outs, shapes):
+                if t is not None:
+                    check_tensor(name, t, dtype=torch.int32, shape=shape, device=dev,
+                                 contiguous=True)
+
+    def _kernel(self, spec, **fixed) -> None:
+        kernel, _ = resolve(spec, _target(self.device), ragged=self.ragged)
+        self.none = placeholder(self.device, torch.int32, (0,))
+        self.launch = Launch(kernel, spec, (*self.inputs, "Lens", "Indptr", "Out", "phase"),
+                             **fixed)
+
+    def _fix(self, inputs: tuple) -> tuple:
+        """The kernel's inputs: contiguous, with the helper's stand-ins (subclasses)."""
+        return tuple(t.contiguous() for t in inputs)
+
+    def __call__(self, inputs: tuple, outs: tuple):
+        if self.check_device:
+            recheck_device("topk_indices", inputs[0])
+        dev = self.device
+        if not self.ragged:
+            out, lens = (torch.empty(shape, dtype=torch.int32, device=dev) if t is None else t
+                         for t, shape in zip(outs, self.shapes))
+            if self.empty:  # no entry can be translated, no token is owned by a request
+                return out.fill_(-1), lens.zero_()
+            self.launch(*self._fix(inputs), lens, self.none, out, 0)
+            return out, lens
+        indptr = torch.zeros((self.num_tokens + 1,), dtype=torch.int32, device=dev)
+        if self.empty:
+            return torch.empty((0,), dtype=torch.int32, device=dev), indptr
+        args = self._fix(inputs)
+        lens = torch.empty((self.num_tokens,), dtype=torch.int32, device=dev)
+        self.launch(*args, lens, indptr, self.none, 0)  # phase 0: lens
+        indptr, nnz = _indptr_of(lens)
+        flat = torch.empty((nnz,), dtype=torch.int32, device=dev)
+        if nnz > 0:
+            self.launch(*args, lens, indptr, flat, 1)  # phase 1: rows
+        return flat, indptr
 
 
-def _output(name: str, given: Optional[torch.Tensor], shape: tuple,
-            device: torch.device) -> torch.Tensor:
-    """``given`` checked as a contiguous int32 output of ``shape`` on ``device``, or a new
-    uninitialised tensor when None."""
-    if given is None:
-        return torch.empty(shape, dtype=torch.int32, device=device)
-    check_tensor(name, given, dtype=torch.int32, shape=shape, device=device, contiguous=True)
-    return given
+def _run(plans: PlanCache, plan_type, ragged: bool, inputs: tuple, scalars: tuple,
+         outs: tuple = (None, None)):
+    """The plan of this call's signature (made, validating, when new) run on its data."""
+    try:
+        key = (ragged, *map(meta, inputs), *((v.__class__, v) for v in scalars),
+               *map(meta_contiguous, outs))
+        plan = plans.plans.get(key)
+    except Exception:  # not a tensor, unhashable, ...: the checks name the argument
+        key = plan = None
+    if plan is None:
+        plan = plans.make(key, plan_type, ragged, inputs, scalars, outs)
+    return plan(inputs, outs)
 
 
 def _indptr_of(lens: torch.Tensor) -> Tuple[torch.Tensor, int]:
@@ -70,14 +125,31 @@ def check_global_topk_args(topk_indices, token_to_req, block_table, block_size, 
     return bs
 
 
-def _global_topk_args(topk_indices, token_to_req, block_table, is_valid_token):
-    """Contiguous kernel inputs; a table without columns becomes one column of -1 (every
-    lookup fails either way)."""
-    dev = topk_indices.device
-    if block_table.shape[1] == 0:
-        block_table = torch.full((block_table.shape[0], 1), -1, dtype=torch.int32, device=dev)
-    return (topk_indices.contiguous(), token_to_req.contiguous(), block_table.contiguous(),
-            is_valid_token.contiguous().view(torch.uint8))
+class _GlobalTopkPlan(_Plan):
+    inputs = ("TopkIndices", "TokenToReq", "BlockTable", "IsValid")
+
+    def __init__(self, ragged, inputs, scalars, outs):
+        topk_indices, token_to_req, block_table, is_valid_token = inputs
+        bs = check_global_topk_args(topk_indices, token_to_req, block_table, *scalars,
+                                    is_valid_token)
+        check_kernel_device("topk_indices", topk_indices)
+        num_tokens, k = topk_indices.shape
+        num_reqs = block_table.shape[0]
+        self._setup(ragged, inputs, outs, ((num_tokens, k), (num_tokens,)),
+                    num_tokens == 0 or k == 0 or num_reqs == 0)
+        if not self.empty:
+            # a table without columns: one column of -1 (every lookup fails either way)
+            self.no_table = (num_reqs, 1) if block_table.shape[1] == 0 else None
+            self._kernel(GLOBAL_TOPK, block_size=bs)
+
+    def _fix(self, inputs: tuple) -> tuple:
+        topk_indices, token_to_req, block_table, is_valid_token = super()._fix(inputs)
+        if self.no_table is not None:
+            block_table = torch.full(self.no_table, -1, dtype=torch.int32, device=self.device)
+        return topk_indices, token_to_req, block_table, is_valid_token.view(torch.uint8)
+
+
+_GLOBAL_TOPK_PLANS = PlanCache()
 
 
 def compute_global_topk_indices_and_lens(
@@ -107,20 +179,9 @@ def compute_global_topk_indices_and_lens(
         lens: [T], int32: ``#(l >= 0)`` in the row (not compacted: valid entries must be a
             prefix for topk_length semantics), 0 for invalid tokens and bad requests.
     """
-    bs = check_global_topk_args(topk_indices, token_to_req, block_table, block_size, is_valid_token)
-    check_kernel_device("topk_indices", topk_indices)
-    num_tokens, k = topk_indices.shape
-    dev = topk_indices.device
-    num_reqs = block_table.shape[0]
-    out = _output("out", out, (num_tokens, k), dev)
-    lens = _output("lens", lens, (num_tokens,), dev)
-    if num_tokens == 0 or k == 0 or num_reqs == 0:
-        # No entry can be translated (or there is none): rows of -1, lengths 0.
-        return out.fill_(-1), lens.zero_()
-    kernel = kernel_for("global_topk", dev, dict(ragged=False))
-    kernel(*_global_topk_args(topk_indices, token_to_req, block_table, is_valid_token),
-           lens, _placeholder(dev), out, bs, 0)
-    return out, lens
+    return _run(_GLOBAL_TOPK_PLANS, _GlobalTopkPlan, False,
+                (topk_indices, token_to_req, block_table, is_valid_token), (block_size,),
+                (out, lens))
 
 
 def compute_global_topk_ragged_indices_and_indptr(
@@ -136,22 +197,8 @@ def compute_global_topk_ragged_indices_and_indptr(
         flat: [sum(lens)], int32: the first ``lens[t]`` entries of each dense row, rows in order.
         indptr: [T + 1], int32: exclusive cumsum of lens (``torch.cumsum``; one host sync).
     """
-    bs = check_global_topk_args(topk_indices, token_to_req, block_table, block_size, is_valid_token)
-    check_kernel_device("topk_indices", topk_indices)
-    num_tokens, k = topk_indices.shape
-    dev = topk_indices.device
-    indptr = torch.zeros((num_tokens + 1,), dtype=torch.int32, device=dev)
-    if num_tokens == 0 or k == 0 or block_table.shape[0] == 0:
-        return torch.empty((0,), dtype=torch.int32, device=dev), indptr
-    args = _global_topk_args(topk_indices, token_to_req, block_table, is_valid_token)
-    lens = torch.empty((num_tokens,), dtype=torch.int32, device=dev)
-    kernel = kernel_for("global_topk", dev, dict(ragged=True))
-    kernel(*args, lens, indptr, _placeholder(dev), bs, 0)  # phase 0: lens
-    indptr, nnz = _indptr_of(lens)
-    flat = torch.empty((nnz,), dtype=torch.int32, device=dev)
-    if nnz > 0:
-        kernel(*args, lens, indptr, flat, bs, 1)  # phase 1: rows
-    return flat, indptr
+    return _run(_GLOBAL_TOPK_PLANS, _GlobalTopkPlan, True,
+                (topk_indices, token_to_req, block_table, is_valid_token), (block_size,))
 
 
 # ---------------------------------------------------------------------------------------
@@ -184,13 +231,33 @@ def check_combine_args(topk_indices, query_start_loc, seq_lens, gather_lens, win
     return num_reqs, window, cr, topk, M, N
 
 
-def _combine_inputs(topk_indices, query_start_loc, seq_lens, gather_lens):
-    """Contiguous kernel inputs; a width-0 top-k (SWA-only) becomes a 1x1 dummy that the
-    kernel never uses (topk_len is 0) but whose clamped address stays in bounds."""
-    if topk_indices.shape[0] == 0 or topk_indices.shape[1] == 0:
-        topk_indices = torch.full((1, 1), -1, dtype=torch.int32, device=topk_indices.device)
-    return (topk_indices.contiguous(), query_start_loc.contiguous(), seq_lens.contiguous(),
-            gather_lens.contiguous())
+class _CombinePlan(_Plan):
+    inputs = ("TopkIndices", "QueryStartLoc", "SeqLens", "GatherLens")
+
+    def __init__(self, ragged, inputs, scalars, outs):
+        num_reqs, window, cr, topk, M, N = check_combine_args(*inputs, *scalars)
+        topk_indices = inputs[0]
+        check_kernel_device("topk_indices", topk_indices)
+        num_tokens = topk_indices.shape[0]
+        width = _round_up(topk + window, _C_ALIGN)
+        self._setup(ragged, inputs, outs, ((num_tokens, width), (num_tokens,)),
+                    num_tokens == 0 or num_reqs == 0)  # no token is owned by a request
+        if not self.empty:
+            # a width-0 top-k (SWA-only): a 1x1 dummy that the kernel never uses (topk_len
+            # is 0) but whose clamped address stays in bounds
+            self.no_topk = topk_indices.shape[1] == 0
+            self._kernel(COMBINE_TOPK_SWA, window=window, compress_ratio=cr, topk=topk, M=M,
+                         N=N)
+
+    def _fix(self, inputs: tuple) -> tuple:
+        inputs = super()._fix(inputs)
+        if self.no_topk:
+            dummy = torch.full((1, 1), -1, dtype=torch.int32, device=self.device)
+            return (dummy, *inputs[1:])
+        return inputs
+
+
+_COMBINE_PLANS = PlanCache()
 
 
 def combine_topk_swa_indices(
@@ -231,20 +298,9 @@ def combine_topk_swa_indices(
             callers guarantee none). Values are computed in int64 and wrap to int32.
         lens: [Tc], int32, ``topk_len + swa_len``.
     """
-    num_reqs, window, cr, topk, M, N = check_combine_args(
-        topk_indices, query_start_loc, seq_lens, gather_lens, window, compress_ratio, topk, M, N)
-    check_kernel_device("topk_indices", topk_indices)
-    num_tokens = topk_indices.shape[0]
-    dev = topk_indices.device
-    width = _round_up(topk + window, _C_ALIGN)
-    out = _output("out", out, (num_tokens, width), dev)
-    lens = _output("lens", lens, (num_tokens,), dev)
-    if num_tokens == 0 or num_reqs == 0:  # no token is owned by a request
-        return out.fill_(-1), lens.zero_()
-    kernel = kernel_for("combine_topk_swa", dev, dict(ragged=False))
-    kernel(*_combine_inputs(topk_indices, query_start_loc, seq_lens, gather_lens),
-           lens, _placeholder(dev), out, window, cr, topk, M, N, 0)
-    return out, lens
+    return _run(_COMBINE_PLANS, _CombinePlan, False,
+                (topk_indices, query_start_loc, seq_lens, gather_lens),
+                (window, compress_ratio, topk, M, N), (out, lens))
 
 
 def combine_topk_swa_ragged_indices(
@@ -264,23 +320,9 @@ def combine_topk_swa_ragged_indices(
         flat: [sum(lens)], int32: row t (its first ``lens[t]`` columns) at ``indptr[t]``.
         indptr: [Tc + 1], int32: exclusive cumsum of lens (``torch.cumsum``; one host sync).
     """
-    num_reqs, window, cr, topk, M, N = check_combine_args(
-        topk_indices, query_start_loc, seq_lens, gather_lens, window, compress_ratio, topk, M, N)
-    check_kernel_device("topk_indices", topk_indices)
-    num_tokens = topk_indices.shape[0]
-    dev = topk_indices.device
-    indptr = torch.zeros((num_tokens + 1,), dtype=torch.int32, device=dev)
-    if num_tokens == 0 or num_reqs == 0:
-        return torch.empty((0,), dtype=torch.int32, device=dev), indptr
-    args = _combine_inputs(topk_indices, query_start_loc, seq_lens, gather_lens)
-    lens = torch.empty((num_tokens,), dtype=torch.int32, device=dev)
-    kernel = kernel_for("combine_topk_swa", dev, dict(ragged=True))
-    kernel(*args, lens, indptr, _placeholder(dev), window, cr, topk, M, N, 0)  # phase 0: lens
-    indptr, nnz = _indptr_of(lens)
-    flat = torch.empty((nnz,), dtype=torch.int32, device=dev)
-    if nnz > 0:
-        kernel(*args, lens, indptr, flat, window, cr, topk, M, N, 1)  # phase 1: rows
-    return flat, indptr
+    return _run(_COMBINE_PLANS, _CombinePlan, True,
+                (topk_indices, query_start_loc, seq_lens, gather_lens),
+                (window, compress_ratio, topk, M, N))
 
 
 __all__ = [

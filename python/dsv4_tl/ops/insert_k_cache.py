@@ -12,15 +12,16 @@ host.)
 import torch
 
 from ..cache_format import HEAD_DIM, cache_geometry
+from ..kernels import INSERT_K_CACHE
 from ..validation import (
     check_fp8_format,
     check_kernel_device,
     check_same_device,
     check_tensor,
 )
-from ._dispatch import kernel_for
+from ._dispatch import (Launch, PlanCache, _target, cache_views, meta, meta_last, meta_strides,
+                        recheck_device, resolve, routed_per_call)
 
-_WORD = 4  # the kernel writes the cache as 32-bit words
 _VEC_BYTES = 16  # K rows and cache records are addressed in 16-byte units
 _VEC_ELEMS = 8  # bf16 elements in 16 bytes
 
@@ -73,26 +74,53 @@ def insert_k_cache(
     token change. With duplicate slots, which row wins is unspecified. Non-finite values in
     a 64-dim tile give unspecified bytes for that token (in bounds).
     """
-    geom, fmt = check_insert_k_cache_args(k_cache, k, slot_mapping, fp8_format)
-    check_kernel_device("k_cache", k_cache)
-    n = k.shape[0]
-    if n == 0 or geom.num_blocks == 0:
-        return  # nothing can be written
-    flat = geom.flat
-    if flat.data_ptr() % _VEC_BYTES:
-        raise ValueError(f"k_cache: expected a 16-byte aligned first byte, got {flat.data_ptr():#x}")
-    words = flat.view(torch.int32)  # span = (nb - 1) * stride0 + bs * 584: a multiple of 8 bytes
-    if k.stride(0) % _VEC_ELEMS or k.data_ptr() % _VEC_BYTES:
-        k = k.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
-    slots = slot_mapping.to(torch.int64).contiguous()  # no copy when already int64, contiguous
+    try:
+        key = (meta_strides(k_cache), meta_last(k), meta(slot_mapping), fp8_format)
+        plan = _PLANS.plans.get(key)
+    except Exception:  # not a tensor, unhashable, ...: the checks name the argument
+        key = plan = None
+    if plan is None:
+        plan = _PLANS.make(key, _Plan, k_cache, k, slot_mapping, fp8_format)
+    plan(k_cache, k, slot_mapping)
 
-    # Shape-bucket feature (schedules/<target>/insert_k_cache.json): rows of this call rounded
-    # up to a power of two (bounds the memo of resolved kernels).
-    tokens = 1 << (n - 1).bit_length()
-    kernel = kernel_for("insert_k_cache", k.device, dict(fp8_format=fmt), tokens=tokens)
-    stride16 = geom.stride0 // _VEC_BYTES if geom.num_blocks > 1 else 0
-    kernel(_k_flat_view(k), slots, words, k.stride(0) // _VEC_ELEMS, geom.block_size, stride16,
-           geom.num_slots)
+
+_PLANS = PlanCache()
+_MISALIGNED = "k_cache: expected a 16-byte aligned first byte, got {ptr:#x}"
+_WORDS = (torch.int32,)  # the kernel writes the cache as 32-bit words
+# Kernel arguments passed per call, in this order; the rest are fixed by the plan.
+_DYNAMIC = ("K", "SlotMapping", "Cache", "k_stride8")
+
+
+class _Plan:
+    """What one input signature of :func:`insert_k_cache` resolves to (validated once)."""
+
+    def __init__(self, k_cache, k, slot_mapping, fp8_format):
+        geom, fmt = check_insert_k_cache_args(k_cache, k, slot_mapping, fp8_format)
+        check_kernel_device("k_cache", k_cache)
+        self.check_device = routed_per_call(k_cache.device)
+        n = k.shape[0]
+        self.launch = None
+        if n == 0 or geom.num_blocks == 0:
+            return  # nothing can be written
+        # span = (nb - 1) * stride0 + bs * 584: a multiple of 8 bytes, whole int32 words
+        self.span = geom.flat.numel()
+        cache_views(k_cache, self.span, _WORDS, _MISALIGNED)
+        kernel, _ = resolve(INSERT_K_CACHE, _target(k.device), fp8_format=fmt, tokens=n)
+        self.launch = Launch(
+            kernel, INSERT_K_CACHE, _DYNAMIC, block_size=geom.block_size,
+            block_stride16=geom.stride0 // _VEC_BYTES if geom.num_blocks > 1 else 0,
+            num_slots=geom.num_slots)
+
+    def __call__(self, k_cache, k, slot_mapping):
+        if self.check_device:
+            recheck_device("k_cache", k_cache)
+        if self.launch is None:
+            return
+        words, = cache_views(k_cache, self.span, _WORDS, _MISALIGNED)
+        if k.stride(0) % _VEC_ELEMS or k.data_ptr() % _VEC_BYTES:
+            k = k.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
+        slots = slot_mapping.to(torch.int64).contiguous()  # no copy when already int64, contiguous
+        self.launch(_k_flat_view(k), slots, words, k.stride(0) // _VEC_ELEMS)
 
 
 __all__ = ["check_insert_k_cache_args", "insert_k_cache"]

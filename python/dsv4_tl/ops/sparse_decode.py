@@ -1,6 +1,5 @@
 """Front end of sparse FP8 decode (spec §3). Definition: ``dsv4_tl/reference/sparse_decode.py``."""
 
-import math
 from typing import Optional, Tuple
 
 import torch
@@ -14,7 +13,11 @@ from ..validation import (
     check_same_device,
     check_tensor,
 )
-from ._dispatch import aligned16, kernel_for, no_sink, output_tensor, placeholder, schedule_of
+from ..kernels import SPARSE_DECODE, SPARSE_DECODE_COMBINE, decode_scope
+from ._dispatch import (Launch, PlanCache, _target, aligned16, cache_views, capturing,
+                        check_aligned_output, check_output, meta, meta_contiguous, meta_last,
+                        meta_strides, placeholder, recheck_device, resolve, reusable_no_sink,
+                        routed_per_call, sink_argument)
 
 
 def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
@@ -33,23 +36,6 @@ def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: to
         raise ValueError(f"{idx_name}: expected width >= 1, got shape {list(indices.shape)}")
     check_optional_tensor(length_name, topk_length, dtype=torch.int32, shape=(b,))
     return geom
-
-
-def _scope_args(name: str, geom, indices: torch.Tensor, topk_length: Optional[torch.Tensor]):
-    """Kernel arguments of one validated scope: the cache's three flat views, indices,
-    lengths, geometry."""
-    if topk_length is None:
-        topk_length = torch.full((indices.shape[0],), indices.shape[-1], dtype=torch.int32,
-                                 device=indices.device)
-    flat = geom.flat
-    if flat.data_ptr() % 16:
-        # The kernel reads token records as 16-byte vectors (records and block strides are
-        # multiples of 16 bytes by the layout); only the base needs checking.
-        raise ValueError(f"{name}: the cache must start on a 16-byte boundary, got address "
-                         f"{flat.data_ptr():#x}")
-    # flat spans (nb - 1) * stride0 + bs * 584 bytes: always even, so the bf16 view is whole.
-    views = (flat.view(torch.float8_e4m3fn), flat.view(torch.bfloat16), flat)
-    return views, indices.contiguous(), topk_length.contiguous(), geom
 
 
 def check_sparse_decode_args(
@@ -137,54 +123,149 @@ def sparse_decode(
         lse: [b, h_q, s_q], float32, natural log of Σe^score, sink excluded; +inf for a row
             with no valid token (whose out is 0).
     """
-    b, s_q, h, scale, m_geom, e_geom = check_sparse_decode_args(
-        q, k_cache, indices, topk_length, softmax_scale, attn_sink, extra_k_cache,
-        extra_indices, extra_topk_length, fp8_format)
-    if not isinstance(batch_invariant, bool):
-        raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
-    check_kernel_device("q", q)
-    dev = q.device
-    out = output_tensor("out", out, (b, s_q, h, HEAD_DIM), torch.bfloat16, dev)
-    lse = output_tensor("lse", lse, (b, h, s_q), torch.float32, dev)
-    if b == 0 or s_q == 0:
+    try:
+        key = (meta_last(q), meta_strides(k_cache), meta_last(indices), meta(topk_length),
+               softmax_scale.__class__, softmax_scale, meta(attn_sink),
+               meta_strides(extra_k_cache), meta_last(extra_indices), meta(extra_topk_length),
+               fp8_format, batch_invariant.__class__, batch_invariant, meta_contiguous(out),
+               meta_contiguous(lse))
+        plan = _PLANS.plans.get(key)
+    except Exception:  # not a tensor, unhashable, ...: the checks name the argument
+        key = plan = None
+    if plan is None:
+        plan = _PLANS.make(key, _Plan, q, k_cache, indices, topk_length, softmax_scale,
+                           attn_sink, extra_k_cache, extra_indices, extra_topk_length,
+                           fp8_format, batch_invariant, out, lse)
+    return plan(q, k_cache, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
+                extra_topk_length, out, lse)
+
+
+_PLANS = PlanCache()
+_MISALIGNED = "{}: the cache must start on a 16-byte boundary, got address {{ptr:#x}}"
+_MAIN_MISALIGNED = _MISALIGNED.format("k_cache")
+_EXTRA_MISALIGNED = _MISALIGNED.format("extra_k_cache")
+_VIEWS = (torch.float8_e4m3fn, torch.bfloat16, torch.uint8)  # a cache's views (fp8 is bytes)
+# Kernel arguments passed per call, in this order; the rest are fixed by the plan.
+_DYNAMIC = ("Q", "MainFp8", "MainBf16", "MainU8", "MainIndices", "MainLength", "ExtraFp8",
+            "ExtraBf16", "ExtraU8", "ExtraIndices", "ExtraLength", "Sink", "Out", "Lse",
+            "OPartial", "LsePartial")
+
+
+class _Plan:
+    """What one input signature of :func:`sparse_decode` resolves to: validated once, the
+    variant, split count, combine, argument layout, output shapes and placeholders resolved
+    once; per call the outputs and split-KV partials are allocated, buffers aligned and the
+    kernels launched."""
+
+    def __init__(self, q, k_cache, indices, topk_length, softmax_scale, attn_sink,
+                 extra_k_cache, extra_indices, extra_topk_length, fp8_format, batch_invariant,
+                 out, lse):
+        b, s_q, h, scale, m_geom, e_geom = check_sparse_decode_args(
+            q, k_cache, indices, topk_length, softmax_scale, attn_sink, extra_k_cache,
+            extra_indices, extra_topk_length, fp8_format)
+        if not isinstance(batch_invariant, bool):
+            raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
+        check_kernel_device("q", q)
+        self.device = dev = q.device
+        self.check_device = routed_per_call(dev)
+        self.out_shape, self.lse_shape = (b, s_q, h, HEAD_DIM), (b, h, s_q)
+        self.f32 = placeholder(dev, torch.float32, (0,))
+        for name, given, shape, dtype in (("out", out, self.out_shape, torch.bfloat16),
+                                          ("lse", lse, self.lse_shape, torch.float32)):
+            if given is not None:
+                check_output(name, given, shape, dtype, dev)
+                check_aligned_output(name, given)
+        self.launch = None
+        if b == 0 or s_q == 0:
+            return
+        self.m_span = m_geom.flat.numel()
+        cache_views(k_cache, self.m_span, _VIEWS, _MAIN_MISALIGNED)
+        self.m_len = _Lengths(b, indices.shape[-1], topk_length, dev)
+        self.has_extra = extra_k_cache is not None
+        if self.has_extra:
+            self.e_span = e_geom.flat.numel()
+            cache_views(extra_k_cache, self.e_span, _VIEWS, _EXTRA_MISALIGNED)
+            self.e_len = _Lengths(b, extra_indices.shape[-1], extra_topk_length, dev)
+            e_scalars = (e_geom.block_size, e_geom.stride0, e_geom.num_blocks)
+        else:
+            u8 = placeholder(dev, torch.uint8, (0,))
+            self.e_none = (u8.view(torch.float8_e4m3fn), placeholder(dev, torch.bfloat16, (0,)),
+                           u8, placeholder(dev, torch.int32, (0, 0, 1)),
+                           placeholder(dev, torch.int32, (0,)))
+            e_scalars = (1, 0, 0)
+        self.sink = None if attn_sink is not None else reusable_no_sink(h, dev)
+
+        target = _target(dev)
+        scope = decode_scope(None if e_geom is None else e_geom.block_size)
+        kernel, schedule = resolve(SPARSE_DECODE, target, h=h, b=b, s_q=s_q, scope=scope,
+                                   batch_invariant=batch_invariant, fp8_format=fp8_format)
+        self.splits = splits = schedule["num_splits"]
+        if splits == 1:
+            self.partials = (placeholder(dev, torch.float32, (0, 0, 1, h, HEAD_DIM)),
+                             placeholder(dev, torch.float32, (0, 0, 1, h)))
+        else:
+            self.o_part_shape = (b, s_q, splits, h, HEAD_DIM)
+            self.lse_part_shape = (b, s_q, splits, h)
+            self.no_out = (placeholder(dev, torch.bfloat16, (0, 0, h, HEAD_DIM)),
+                           placeholder(dev, torch.float32, (0, h, 0)))
+            combine, _ = resolve(SPARSE_DECODE_COMBINE, target, h=h, num_splits=splits)
+            self.combine = Launch(combine, SPARSE_DECODE_COMBINE, SPARSE_DECODE_COMBINE.params)
+        self.launch = Launch(
+            kernel, SPARSE_DECODE, _DYNAMIC, sm_scale=scale, main_block_size=m_geom.block_size,
+            main_block_stride=m_geom.stride0, main_num_blocks=m_geom.num_blocks,
+            extra_block_size=e_scalars[0], extra_block_stride=e_scalars[1],
+            extra_num_blocks=e_scalars[2])
+
+    def __call__(self, q, k_cache, indices, topk_length, attn_sink, extra_k_cache,
+                 extra_indices, extra_topk_length, out, lse):
+        if self.check_device:
+            recheck_device("q", q)
+        # (new_empty of a tensor of the dtype and device: cheaper to call than torch.empty)
+        if out is None:
+            out = q.new_empty(self.out_shape)
+        else:
+            check_aligned_output("out", out)
+        if lse is None:
+            lse = self.f32.new_empty(self.lse_shape)
+        else:
+            check_aligned_output("lse", lse)
+        if self.launch is None:
+            return out, lse
+        main = cache_views(k_cache, self.m_span, _VIEWS, _MAIN_MISALIGNED)
+        if self.has_extra:
+            extra = (*cache_views(extra_k_cache, self.e_span, _VIEWS, _EXTRA_MISALIGNED),
+                     extra_indices.contiguous(), self.e_len(extra_topk_length))
+        else:
+            extra = self.e_none
+        sink = sink_argument(attn_sink, self.sink, q.shape[2], self.device)
+        q = aligned16(q)
+        if self.splits == 1:
+            self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
+                        out, lse, *self.partials)
+            return out, lse
+        o_part = self.f32.new_empty(self.o_part_shape)
+        lse_part = self.f32.new_empty(self.lse_part_shape)
+        self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
+                    *self.no_out, o_part, lse_part)
+        self.combine(o_part, lse_part, sink, out, lse)
         return out, lse
 
-    main, m_idx, m_len, _ = _scope_args("k_cache", m_geom, indices, topk_length)
-    if extra_k_cache is not None:
-        extra, e_idx, e_len, _ = _scope_args("extra_k_cache", e_geom, extra_indices,
-                                             extra_topk_length)
-        e_scalars = (e_geom.block_size, e_geom.stride0, e_geom.num_blocks)
-    else:
-        u8 = placeholder(dev, torch.uint8, (0,))
-        extra = (u8.view(torch.float8_e4m3fn), placeholder(dev, torch.bfloat16, (0,)), u8)
-        e_idx = placeholder(dev, torch.int32, (0, 0, 1))
-        e_len = placeholder(dev, torch.int32, (0,))
-        e_scalars = (1, 0, 0)
-    sink = no_sink(h, dev) if attn_sink is None else attn_sink.contiguous()
 
-    static = dict(num_heads=h, has_extra=extra_k_cache is not None, fp8_format=fp8_format)
-    # Shape-bucket features (schedules/<target>/sparse_decode.json): head count, scope of the
-    # extra cache (none: swa; 2-token blocks, 256 / 128: c128a; else c4a) and CTA count
-    # (batch-invariant: 1 whatever the batch, so the split count cannot follow the batch; a
-    # CTA splits its row by the row's own lengths).
-    scope = "swa" if extra_k_cache is None else "c128a" if e_geom.block_size <= 2 else "c4a"
-    ctas = 1 if batch_invariant else (
-        b * s_q * math.ceil(h / schedule_of("sparse_decode", dev)["heads_per_block"]))
-    kernel = kernel_for("sparse_decode", dev, static, ctas=ctas, h=h, scope=scope)
-    splits = schedule_of("sparse_decode", dev, ctas=ctas, h=h, scope=scope)["num_splits"]
-    if splits == 1:
-        o_part = placeholder(dev, torch.float32, (0, 0, 1, h, HEAD_DIM))
-        lse_part = placeholder(dev, torch.float32, (0, 0, 1, h))
-        out_k, lse_k = out, lse
-    else:
-        o_part = torch.empty((b, s_q, splits, h, HEAD_DIM), dtype=torch.float32, device=dev)
-        lse_part = torch.empty((b, s_q, splits, h), dtype=torch.float32, device=dev)
-        out_k = placeholder(dev, torch.bfloat16, (0, 0, h, HEAD_DIM))
-        lse_k = placeholder(dev, torch.float32, (0, h, 0))
-    q_c = aligned16(q)
-    kernel(q_c, *main, m_idx, m_len, *extra, e_idx, e_len, sink, out_k, lse_k, o_part, lse_part,
-           scale, m_geom.block_size, m_geom.stride0, m_geom.num_blocks, *e_scalars)
-    if splits > 1:
-        combine = kernel_for("sparse_decode_combine", dev, dict(num_heads=h, num_splits=splits))
-        combine(o_part, lse_part, sink, out, lse)
-    return out, lse
+class _Lengths:
+    """A scope's lengths argument: the given ``[b]`` lengths (contiguous), or, when None,
+    ``[b]`` full lengths: one reusable tensor per plan (a new one per call while a CUDA
+    graph is captured, whose capture records the fill without running it)."""
+
+    __slots__ = ("b", "width", "device", "full")
+
+    def __init__(self, b: int, width: int, given, device: torch.device):
+        self.b, self.width, self.device = b, width, device
+        self.full = None if given is not None or capturing(device) else self._fill()
+
+    def _fill(self) -> torch.Tensor:
+        return torch.full((self.b,), self.width, dtype=torch.int32, device=self.device)
+
+    def __call__(self, given):
+        if given is not None:
+            return given.contiguous()
+        return self.full if self.full is not None else self._fill()

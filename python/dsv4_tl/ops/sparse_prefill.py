@@ -13,7 +13,11 @@ from ..validation import (
     check_same_device,
     check_tensor,
 )
-from ._dispatch import aligned16, kernel_for, no_sink, output_tensor
+from ..kernels import SPARSE_PREFILL
+from ._dispatch import (Launch, PlanCache, _target, aligned16, capturing, check_aligned_output,
+                        check_output, meta, meta_contiguous, meta_last, placeholder,
+                        recheck_device, resolve, reusable_no_sink, routed_per_call,
+                        sink_argument)
 
 
 def _check_q_kv(q: torch.Tensor, kv: torch.Tensor) -> Tuple[int, int, int]:
@@ -58,40 +62,115 @@ def check_sparse_prefill_ragged_args(q: torch.Tensor, kv: torch.Tensor, indices:
     return check_float("sm_scale", sm_scale)
 
 
-def _outputs(s_q: int, h: int, device: torch.device, outs):
-    out, max_logits, lse = outs
-    return (output_tensor("out", out, (s_q, h, HEAD_DIM), torch.bfloat16, device),
-            output_tensor("max_logits", max_logits, (s_q, h), torch.float32, device),
-            output_tensor("lse", lse, (s_q, h), torch.float32, device))
+_PLANS = PlanCache()
+# Kernel arguments passed per call, in this order; sm_scale is fixed by the plan.
+_DYNAMIC = ("Q", "KV", "Indices", "Lengths", "Sink", "Out", "MaxLogits", "Lse")
 
 
-def _no_kv_rows(out, max_logits, lse):
-    """s_kv == 0: every row is lonely (no index can be valid), nothing to launch."""
-    out.zero_()
-    max_logits.fill_(-math.inf)
-    lse.fill_(math.inf)
-    return out, max_logits, lse
+class _Plan:
+    """What one input signature of :func:`sparse_prefill` (dense rows) or
+    :func:`sparse_prefill_ragged` resolves to: validated once, variant, argument layout and
+    output shapes resolved once. ``lengths``: the dense ``topk_length`` or the ragged
+    ``indptr``."""
 
+    def __init__(self, ragged, q, kv, indices, lengths, sm_scale, attn_sink, out, max_logits,
+                 lse):
+        if ragged:
+            sm_scale = check_sparse_prefill_ragged_args(q, kv, indices, lengths, sm_scale,
+                                                        attn_sink)
+        else:
+            _, sm_scale = check_sparse_prefill_args(q, kv, indices, sm_scale, attn_sink,
+                                                    lengths)
+        check_kernel_device("q", q)
+        self.device = dev = q.device
+        self.check_device = routed_per_call(dev)
+        s_q, h, s_kv = q.shape[0], q.shape[1], kv.shape[0]
+        self.shapes = ((s_q, h, HEAD_DIM), (s_q, h), (s_q, h))
+        self.f32 = placeholder(dev, torch.float32, (0,))
+        for name, given, shape, dtype in zip(("out", "max_logits", "lse"),
+                                             (out, max_logits, lse), self.shapes,
+                                             (torch.bfloat16, torch.float32, torch.float32)):
+            if given is not None:
+                check_output(name, given, shape, dtype, dev)
+                check_aligned_output(name, given)
+        self.launch = None
+        self.no_kv = s_q > 0 and s_kv == 0  # every row is lonely (no valid index): no launch
+        if s_q == 0 or self.no_kv:
+            return
+        self.ragged = ragged
+        self.kv_shape = (s_kv, HEAD_DIM)
+        if ragged:
+            width = -(-indices.numel() // s_q)  # the mean row length
+            self.no_indices = indices.numel() == 0  # then a 1-element buffer of -1 (kernel ABI)
+            self.full = None
+        else:
+            width = indices.shape[-1]
+            self.indices_shape = (s_q, width)
+            # (no reusable tensor with data is made while a CUDA graph is captured: the
+            # capture records its fill without running it)
+            self.full = None if lengths is not None or capturing(dev) else \
+                torch.full((s_q,), width, dtype=torch.int32, device=dev)
+        self.sink = None if attn_sink is not None else reusable_no_sink(h, dev)
+        kernel, _ = resolve(SPARSE_PREFILL, _target(dev), h=h, topk=width, ragged=ragged)
+        self.launch = Launch(kernel, SPARSE_PREFILL, _DYNAMIC, sm_scale=sm_scale)
 
-def _launch(ragged: bool, q, kv, indices, lengths, sm_scale, attn_sink, outs):
-    s_q, h, s_kv = q.shape[0], q.shape[1], kv.shape[0]
-    out, max_logits, lse = _outputs(s_q, h, q.device, outs)
-    if s_q == 0:
+    def __call__(self, q, kv, indices, lengths, attn_sink, out, max_logits, lse):
+        dev = self.device
+        if self.check_device:
+            recheck_device("q", q)
+        # (new_empty of a tensor of the dtype and device: cheaper to call than torch.empty)
+        shapes = self.shapes
+        if out is None:
+            out = q.new_empty(shapes[0])
+        else:
+            check_aligned_output("out", out)
+        if max_logits is None:
+            max_logits = self.f32.new_empty(shapes[1])
+        else:
+            check_aligned_output("max_logits", max_logits)
+        if lse is None:
+            lse = self.f32.new_empty(shapes[2])
+        else:
+            check_aligned_output("lse", lse)
+        if self.launch is None:
+            if self.no_kv:
+                out.zero_()
+                max_logits.fill_(-math.inf)
+                lse.fill_(math.inf)
+            return out, max_logits, lse
+        if not self.ragged:
+            indices = indices.reshape(self.indices_shape).contiguous()
+        elif self.no_indices:
+            indices = torch.full((1,), -1, dtype=torch.int32, device=dev)
+        else:
+            indices = indices.contiguous()
+        if lengths is not None:
+            lengths = lengths.contiguous()
+        elif self.full is not None:
+            lengths = self.full
+        else:
+            lengths = torch.full(self.indices_shape[:1], self.indices_shape[1],
+                                 dtype=torch.int32, device=dev)
+        sink = sink_argument(attn_sink, self.sink, q.shape[1], dev)
+        q = aligned16(q)
+        kv = kv.view(self.kv_shape) if kv.is_contiguous() else \
+            kv.reshape(self.kv_shape).contiguous()
+        self.launch(q, kv, indices, lengths, sink, out, max_logits, lse)
         return out, max_logits, lse
-    if s_kv == 0:
-        return _no_kv_rows(out, max_logits, lse)
-    sink = no_sink(h, q.device) if attn_sink is None else attn_sink.contiguous()
-    # Shape-bucket features (schedules/<target>/sparse_prefill.json): head count and row
-    # width (ragged: the mean row length rounded up to a power of two, which bounds the
-    # memo of resolved kernels).
-    width = (1 << max(0, -(-indices.numel() // s_q) - 1).bit_length() if ragged
-             else indices.shape[1])
-    kernel = kernel_for("sparse_prefill", q.device, dict(num_heads=h, ragged=ragged),
-                        h=h, topk=width)
-    kernel(aligned16(q), kv.view(s_kv, HEAD_DIM) if kv.is_contiguous() else
-           kv.reshape(s_kv, HEAD_DIM).contiguous(), indices, lengths, sink, out, max_logits, lse,
-           sm_scale)
-    return out, max_logits, lse
+
+
+def _run(ragged, q, kv, indices, lengths, sm_scale, attn_sink, out, max_logits, lse):
+    try:
+        key = (ragged, meta_last(q), meta_last(kv), meta_last(indices), meta(lengths),
+               sm_scale.__class__, sm_scale, meta(attn_sink), meta_contiguous(out),
+               meta_contiguous(max_logits), meta_contiguous(lse))
+        plan = _PLANS.plans.get(key)
+    except Exception:  # not a tensor, unhashable, ...: the checks name the argument
+        key = plan = None
+    if plan is None:
+        plan = _PLANS.make(key, _Plan, ragged, q, kv, indices, lengths, sm_scale, attn_sink,
+                           out, max_logits, lse)
+    return plan(q, kv, indices, lengths, attn_sink, out, max_logits, lse)
 
 
 def sparse_prefill(
@@ -123,13 +202,7 @@ def sparse_prefill(
         max_logits: [s_q, h_q], float32, max scaled logit (-inf if no token).
         lse: [s_q, h_q], float32, natural-log ``ln Σ e^P`` without the sink (+inf if no token).
     """
-    s_q, sm_scale = check_sparse_prefill_args(q, kv, indices, sm_scale, attn_sink, topk_length)
-    check_kernel_device("q", q)
-    topk = indices.shape[-1]
-    if topk_length is None:
-        topk_length = torch.full((s_q,), topk, dtype=torch.int32, device=q.device)
-    return _launch(False, q, kv, indices.reshape(s_q, topk).contiguous(), topk_length.contiguous(),
-                   sm_scale, attn_sink, (out, max_logits, lse))
+    return _run(False, q, kv, indices, topk_length, sm_scale, attn_sink, out, max_logits, lse)
 
 
 def sparse_prefill_ragged(
@@ -154,9 +227,4 @@ def sparse_prefill_ragged(
 
     Returns: as :func:`sparse_prefill`.
     """
-    sm_scale = check_sparse_prefill_ragged_args(q, kv, indices, indptr, sm_scale, attn_sink)
-    check_kernel_device("q", q)
-    if indices.numel() == 0:  # every row empty; keep a 1-element buffer for the kernel ABI
-        indices = torch.full((1,), -1, dtype=torch.int32, device=q.device)
-    return _launch(True, q, kv, indices.contiguous(), indptr.contiguous(), sm_scale, attn_sink,
-                   (out, max_logits, lse))
+    return _run(True, q, kv, indices, indptr, sm_scale, attn_sink, out, max_logits, lse)

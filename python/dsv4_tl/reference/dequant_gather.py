@@ -48,6 +48,28 @@ from ..validation import (
 _CHUNK_ROWS = 1 << 15
 
 
+def check_gather_args(out: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor,
+                      gather_lens: Optional[torch.Tensor], block_table: torch.Tensor,
+                      block_size: int, offset: int, fp8_format: str) -> tuple:
+    """The argument checks of dequantize-and-gather after ``out``'s own (``out`` is a checked
+    ``[num_reqs, max_tokens, 512]`` bfloat16 tensor; the front end asks more of it). No
+    tensor data is read. Returns ``(cache geometry, block size, offset, fp8 format)``."""
+    num_reqs, max_tokens = out.shape[0], out.shape[1]
+    geom = cache_geometry(k_cache, "k_cache")
+    check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(num_reqs,))
+    check_optional_tensor("gather_lens", gather_lens, dtype=torch.int32, shape=(num_reqs,))
+    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, contiguous=True)
+    check_dim_match("block_table", block_table, 0, num_reqs, "num_reqs of out")
+    bs = check_block_size("block_size", block_size)
+    if bs != geom.block_size:
+        raise ValueError(f"block_size: expected {geom.block_size} (block size of k_cache), got {bs}")
+    offset = check_int("offset", offset, min_value=0, max_value=max_tokens)
+    fmt = check_fp8_format("fp8_format", fp8_format)
+    check_same_device(out=out, k_cache=k_cache, seq_lens=seq_lens, gather_lens=gather_lens,
+                      block_table=block_table)
+    return geom, bs, offset, fmt
+
+
 def dequantize_and_gather_k_cache_ref(
     out: torch.Tensor,
     k_cache: torch.Tensor,
@@ -60,19 +82,9 @@ def dequantize_and_gather_k_cache_ref(
 ) -> None:
     """Dequantize the last ``gather_len`` tokens of each request into ``out[r, offset:]`` (in place)."""
     check_tensor("out", out, dtype=torch.bfloat16, shape=(None, None, HEAD_DIM), last_dim_contiguous=True)
+    geom, bs, offset, fmt = check_gather_args(out, k_cache, seq_lens, gather_lens, block_table,
+                                              block_size, offset, fp8_format)
     num_reqs, max_tokens = out.shape[0], out.shape[1]
-    geom = cache_geometry(k_cache, "k_cache")
-    check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(num_reqs,))
-    check_optional_tensor("gather_lens", gather_lens, dtype=torch.int32, shape=(num_reqs,))
-    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, contiguous=True)
-    check_dim_match("block_table", block_table, 0, num_reqs, "num_reqs of out")
-    bs = check_block_size("block_size", block_size)
-    if bs != geom.block_size:
-        raise ValueError(f"block_size: expected {geom.block_size} (block size of k_cache), got {bs}")
-    offset = check_int("offset", offset, min_value=0, max_value=max_tokens)
-    fmt = check_fp8_format("fp8_format", fp8_format)
-    check_same_device(out=out, k_cache=k_cache, seq_lens=seq_lens, gather_lens=gather_lens, block_table=block_table)
-
     dev = out.device
     seq = seq_lens.to(torch.int64)
     glen = seq if gather_lens is None else gather_lens.to(torch.int64)
@@ -99,4 +111,4 @@ def dequantize_and_gather_k_cache_ref(
         out[r, offset + i_idx[e0:e1]] = rows.to(torch.bfloat16)
 
 
-__all__ = ["dequantize_and_gather_k_cache_ref"]
+__all__ = ["check_gather_args", "dequantize_and_gather_k_cache_ref"]

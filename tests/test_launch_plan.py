@@ -1,0 +1,352 @@
+"""Launch plans of the front ends and the op specs they resolve through (no GPU needed).
+
+The kernels are replaced by recording stand-ins (a loader whose kernels log their calls) and
+CPU tensors are routed to the SYCL target (``$DSV4_TL_SYCL_DEVICE``), so what is tested is
+the front ends' own work: one plan per input signature, re-made after any change of the
+kernels, the same errors on every call, kernel arguments filled by name.
+"""
+
+import importlib
+import math
+
+import pytest
+import torch
+
+import dsv4_tl
+from dsv4_tl import kernels, loader, schedules
+from dsv4_tl.cache_format import alloc_k_cache
+from dsv4_tl.kernels import KERNELS, SPARSE_DECODE, SPARSE_PREFILL, Variant, decode_scope
+from dsv4_tl.ops import _dispatch
+from dsv4_tl.targets import ENV_SYCL_DEVICE, parse_target
+
+pytestmark = pytest.mark.filterwarnings("ignore:schedule. no tuning log entry")  # sycl buckets
+BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
+SYCL = parse_target("sycl")
+decode_module = importlib.import_module("dsv4_tl.ops.sparse_decode")
+
+
+class RecordingLoader:
+    """Stands in for the process-wide loader: each kernel logs ``(variant, args)``."""
+
+    def __init__(self):
+        self.loaded, self.calls = [], []
+
+    def get(self, variant):
+        self.loaded.append(variant)
+        return lambda *args: self.calls.append((variant, args))
+
+    def launches(self, op: str = "sparse_decode") -> list:
+        return [args for variant, args in self.calls if variant.op == op]
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    monkeypatch.setenv(ENV_SYCL_DEVICE, "opencl:cpu")
+    recording = RecordingLoader()
+    monkeypatch.setattr(_dispatch, "loader_for", lambda target: recording)
+    kernels.kernels_changed()
+    yield recording
+    kernels.kernels_changed()
+
+
+@pytest.fixture
+def plans_made(monkeypatch):
+    """Counts the decode plans made (each validates and resolves once)."""
+    made = []
+    real = decode_module._Plan
+
+    class Counting(real):
+        def __init__(self, *args):
+            made.append(args)
+            super().__init__(*args)
+
+    monkeypatch.setattr(decode_module, "_Plan", Counting)
+    return made
+
+
+def _decode_args(b=2, h=4, extra=True):
+    args = dict(q=torch.zeros(b, 1, h, 512, dtype=BF16), k_cache=alloc_k_cache(2, 64),
+                indices=torch.zeros(b, 1, 8, dtype=I32), topk_length=torch.ones(b, dtype=I32),
+                softmax_scale=0.1, attn_sink=torch.zeros(h, dtype=F32))
+    if extra:
+        args.update(extra_k_cache=alloc_k_cache(4, 2), extra_indices=torch.zeros(b, 1, 4, dtype=I32),
+                    extra_topk_length=torch.ones(b, dtype=I32))
+    return args
+
+
+# ---------------------------------------------------------------------------------------
+# specs
+# ---------------------------------------------------------------------------------------
+# A call of each op (the keywords of its spec).
+SAMPLE_CALLS = {
+    "sparse_decode": dict(h=64, b=1, scope="c4a"),
+    "sparse_decode_combine": dict(h=64, num_splits=2),
+    "sparse_prefill": dict(h=64, topk=128),
+    "dequant_gather": dict(rows=100),
+    "insert_k_cache": dict(tokens=100),
+    "global_topk": dict(ragged=True),
+    "combine_topk_swa": dict(),
+}
+
+
+@pytest.mark.parametrize("op", sorted(KERNELS))
+def test_spec_params_are_the_builders(op):
+    """The spec's kernel parameters are its builder's prim_func's, in order (the front ends
+    fill arguments by these names), and its entry is the prim_func's symbol."""
+    pytest.importorskip("tilelang")
+    spec = KERNELS[op]
+    func = spec.variant("cuda_sm90a", **SAMPLE_CALLS[op]).build()
+    names = [func.buffer_map[p].name if p in func.buffer_map else str(p.name) for p in func.params]
+    assert tuple(names) == spec.params
+    assert str(func.attrs["global_symbol"]) == spec.entry
+
+
+@pytest.mark.parametrize("op", sorted(KERNELS))
+def test_spec_ties_the_names_of_each_layer(op):
+    import dsv4_tl.reference as reference
+
+    spec = KERNELS[op]
+    assert spec.op == op
+    for name in spec.front_ends:
+        assert callable(getattr(dsv4_tl.ops, name)) and callable(getattr(dsv4_tl, name))
+        assert getattr(dsv4_tl, name) is getattr(torch.ops.dsv4_tl, name).default
+    for name in spec.references:
+        assert callable(getattr(reference, name))
+    for target_dir in ("cuda_sm90a", "cuda_sm100a", "hip_gfx942", "hip_gfx950", "sycl"):
+        assert schedules.load_schedule_file(target_dir, op)["default"]
+    assert {n for s in KERNELS.values() for n in s.front_ends} == set(dsv4_tl.ops.__all__)
+
+
+def test_decode_features_and_static_parameters():
+    call = dict(h=64, b=8, scope="c4a")
+    assert SPARSE_DECODE.features("cuda_sm90a", **call) == {"ctas": 8, "h": 64, "scope": "c4a"}
+    assert SPARSE_DECODE.features("cuda_sm90a", **dict(call, h=128, s_q=2))["ctas"] == 32
+    assert SPARSE_DECODE.features("cuda_sm90a", **call, batch_invariant=True)["ctas"] == 1
+    assert SPARSE_DECODE.static(**call) == dict(num_heads=64, has_extra=True, fp8_format="e4m3fn")
+    assert [decode_scope(bs) for bs in (None, 2, 1, 64)] == ["swa", "c128a", "c128a", "c4a"]
+    assert SPARSE_PREFILL.features("sycl", h=64, topk=300, ragged=True) == {"h": 64, "topk": 512}
+    assert SPARSE_PREFILL.features("sycl", h=64, topk=300) == {"h": 64, "topk": 300}
+    assert KERNELS["dequant_gather"].features("sycl", rows=1000) == {"rows": 1024}
+    assert KERNELS["insert_k_cache"].features("sycl", tokens=1) == {"tokens": 1}
+
+
+def test_admits_relates_buckets_to_static_parameters():
+    match = {"h": [1, 65], "scope": ["swa"], "ctas": [1, 17]}
+    assert SPARSE_DECODE.admits(match, dict(num_heads=64, has_extra=False))
+    assert not SPARSE_DECODE.admits(match, dict(num_heads=128, has_extra=False))
+    assert not SPARSE_DECODE.admits(match, dict(num_heads=64, has_extra=True))
+    assert SPARSE_DECODE.admits({"h": [65, None], "scope": ["c4a", "c128a"]},
+                                dict(num_heads=128, has_extra=True))
+    assert SPARSE_PREFILL.admits({"h": [1, 65], "topk": [1, 257]}, dict(num_heads=8, ragged=True))
+    assert KERNELS["dequant_gather"].admits({"rows": [1, 16384]}, dict(fp8_format="e4m3fn"))
+
+
+def test_the_front_end_runs_the_variant_its_spec_names(rec):
+    args = _decode_args(b=3, h=4)
+    dsv4_tl.ops.sparse_decode(**args)
+    want = SPARSE_DECODE.variant("sycl", h=4, b=3, scope="c128a")
+    assert rec.calls[0][0] == want
+    assert Variant.make("sparse_decode", SPARSE_DECODE.static(h=4, scope="c128a"),
+                        dict(want.schedule)) == want
+
+
+# ---------------------------------------------------------------------------------------
+# plans
+# ---------------------------------------------------------------------------------------
+def test_one_plan_per_signature(rec, plans_made):
+    args = _decode_args()
+    for _ in range(3):
+        dsv4_tl.ops.sparse_decode(**args)
+    assert len(plans_made) == 1 and len(rec.launches()) == 3
+    dsv4_tl.sparse_decode(*args.values())  # the custom op runs the same front end
+    assert len(plans_made) == 1 and len(rec.launches()) == 4
+    dsv4_tl.ops.sparse_decode(**dict(args, q=torch.zeros(2, 1, 4, 512, dtype=BF16)))  # new data
+    assert len(plans_made) == 1
+    dsv4_tl.ops.sparse_decode(**_decode_args(b=3))  # another batch: another signature
+    assert len(plans_made) == 2
+    dsv4_tl.ops.sparse_decode(**dict(args, softmax_scale=0.2))  # scalars are in the signature
+    dsv4_tl.ops.sparse_decode(**dict(args, attn_sink=None))
+    assert len(plans_made) == 4
+
+
+@pytest.mark.parametrize("change", ["kernels_changed", "clear_caches", "forced", "loader",
+                                    "cache_clear"])
+def test_a_change_of_kernels_drops_the_plans(rec, plans_made, change):
+    args = _decode_args()
+    dsv4_tl.ops.sparse_decode(**args)
+    before = len(rec.loaded)
+    if change == "kernels_changed":
+        kernels.kernels_changed()
+    elif change == "clear_caches":
+        schedules.clear_caches()  # a swapped or edited tuning log
+    elif change == "loader":
+        loader.KernelLoader("sycl")  # another loader (tune swaps one in)
+    elif change == "cache_clear":
+        _dispatch._resolve.cache_clear()  # what tests and tune did so far
+    if change == "forced":
+        schedule = dict(rec.calls[0][0].schedule)
+        with schedules.forced_schedule("sycl", "sparse_decode", dict(schedule, num_splits=2)):
+            dsv4_tl.ops.sparse_decode(**args)
+        assert dict(rec.calls[-2][0].schedule)["num_splits"] == 2  # then the combine
+        assert rec.calls[-1][0].op == "sparse_decode_combine"
+    else:
+        dsv4_tl.ops.sparse_decode(**args)
+    assert len(plans_made) == 2 and len(rec.loaded) > before  # re-validated, re-resolved
+    dsv4_tl.ops.sparse_decode(**args)
+    assert rec.calls[-1][0] == rec.calls[0][0] or rec.calls[-2][0] == rec.calls[0][0]
+
+
+def test_plans_are_bounded():
+    cache = _dispatch.PlanCache(maxsize=3)
+    for i in range(5):
+        cache.make(i, lambda: i)
+    assert list(cache.plans) == [2, 3, 4]
+    cache.make(None, lambda: 9)  # no signature: used once, not stored
+    assert list(cache.plans) == [2, 3, 4]
+    kernels.kernels_changed()
+    assert cache.plans == {}
+
+
+def test_errors_are_raised_on_every_call(rec, plans_made, monkeypatch):
+    args = _decode_args()
+    dsv4_tl.ops.sparse_decode(**args)
+    buf = torch.zeros(2 * 4 * 512 + 8, dtype=BF16)
+    misaligned = buf[1:4097].view(2, 1, 4, 512)
+    aligned = buf[8:].view(2, 1, 4, 512)
+    for _ in range(2):  # data-dependent: checked per call, plan or not
+        with pytest.raises(ValueError, match="^out: expected a 16-byte aligned start"):
+            dsv4_tl.ops.sparse_decode(**args, out=misaligned)
+    dsv4_tl.ops.sparse_decode(**args, out=aligned)
+    for _ in range(2):  # another signature that fails validation never gets a plan
+        with pytest.raises(TypeError, match="^indices: expected dtype torch.int32"):
+            dsv4_tl.ops.sparse_decode(**dict(args, indices=torch.zeros(2, 1, 8, dtype=torch.int64)))
+        with pytest.raises(TypeError, match="^batch_invariant: expected a bool, got int"):
+            dsv4_tl.ops.sparse_decode(**args, batch_invariant=1)  # == False, but no bool
+        with pytest.raises(TypeError, match="^softmax_scale: expected a real number, got bool"):
+            dsv4_tl.ops.sparse_decode(**dict(args, softmax_scale=True))  # == 1
+        with pytest.raises(ValueError, match="^softmax_scale: expected a finite value"):
+            dsv4_tl.ops.sparse_decode(**dict(args, softmax_scale=math.nan))
+        with pytest.raises(TypeError, match="^q: expected a torch.Tensor, got list"):
+            dsv4_tl.ops.sparse_decode(**dict(args, q=[1, 2]))
+        with pytest.raises(TypeError, match="^fp8_format: expected str, got list"):
+            dsv4_tl.ops.sparse_decode(**args, fp8_format=["e4m3fn"])  # unhashable
+    monkeypatch.delenv(ENV_SYCL_DEVICE)  # CPU tensors are routed by the environment
+    with pytest.raises(ValueError, match="^q: expected a CUDA, ROCm or XPU device, got cpu"):
+        dsv4_tl.ops.sparse_decode(**args)
+    cache = args["k_cache"]
+    shifted = torch.zeros(cache.numel() + 16, dtype=torch.uint8)[16:].view(cache.shape)
+    monkeypatch.setenv(ENV_SYCL_DEVICE, "opencl:cpu")
+    dsv4_tl.ops.sparse_decode(**dict(args, k_cache=shifted))  # same signature, other data
+    with pytest.raises(ValueError, match="^k_cache: the cache must start on a 16-byte boundary"):
+        dsv4_tl.ops.sparse_decode(**dict(args, k_cache=torch.zeros(
+            cache.numel() + 8, dtype=torch.uint8)[4:-4].view(cache.shape)))
+
+
+def test_per_call_data_reaches_the_kernel(rec):
+    args = _decode_args(extra=False)
+    dsv4_tl.ops.sparse_decode(**args)
+    q2 = torch.ones(2, 1, 4, 512, dtype=BF16)
+    cache2 = alloc_k_cache(2, 64)
+    dsv4_tl.ops.sparse_decode(**dict(args, q=q2, k_cache=cache2))
+    first, second = rec.launches()[0], rec.launches()[-1]
+    params = SPARSE_DECODE.params
+    assert second[params.index("Q")] is q2
+    assert second[params.index("MainU8")].data_ptr() == cache2.data_ptr()
+    assert first[params.index("MainU8")].data_ptr() == args["k_cache"].data_ptr()
+    assert second[params.index("sm_scale")] == 0.1
+    assert second[params.index("main_block_size")] == 64
+    # q not starting on a 16-byte boundary reaches the kernel as an aligned copy
+    buf = torch.zeros(2 * 4 * 512 + 8, dtype=BF16)
+    q3 = buf[1:4097].view(2, 1, 4, 512)
+    dsv4_tl.ops.sparse_decode(**dict(args, q=q3))
+    passed = rec.launches()[-1][params.index("Q")]
+    assert passed.data_ptr() % 16 == 0 and torch.equal(passed, q3)
+
+
+def test_cache_views_follow_the_cache(rec):
+    cache = alloc_k_cache(2, 64)
+    span = cache.numel()
+    dtypes = (torch.float8_e4m3fn, torch.bfloat16, torch.uint8)
+    views = _dispatch.cache_views(cache, span, dtypes, "{ptr}")
+    assert _dispatch.cache_views(cache, span, dtypes, "{ptr}") is views  # memoised
+    assert views[2].data_ptr() == cache.data_ptr() and views[1].dtype == torch.bfloat16
+    key = (id(cache), span, dtypes)
+    assert key in _dispatch._views
+    del cache, views
+    assert key not in _dispatch._views  # dropped with the tensor
+
+
+def test_launch_fills_arguments_by_name():
+    spec = KERNELS["sparse_decode_combine"]
+    got = []
+    launch = _dispatch.Launch(lambda *a: got.append(a), spec, ("Lse", "OPartial"), Out="o",
+                              LsePartial="lp", Sink="s")
+    launch("l", "op")
+    assert got == [("op", "lp", "s", "o", "l")]
+    with pytest.raises(TypeError, match="do not match the kernel's parameters"):
+        _dispatch.Launch(lambda *a: None, spec, ("Lse",), Out="o", LsePartial="lp", Sink="s")
+    with pytest.raises(TypeError, match="do not match the kernel's parameters"):
+        _dispatch.Launch(lambda *a: None, spec, spec.params, Extra=1)
+
+
+def test_every_op_reuses_its_plan(rec, monkeypatch):
+    """Each front end makes one plan per signature: a second call with new data of the same
+    signature validates and resolves nothing and launches the same kernels."""
+    from dsv4_tl.testing import random_k
+
+    made = []
+    real_make = _dispatch.PlanCache.make
+    monkeypatch.setattr(_dispatch.PlanCache, "make",
+                        lambda self, key, *a: made.append(key) or real_make(self, key, *a))
+    gen = torch.Generator().manual_seed(0)
+    ops = dsv4_tl.ops
+    calls = [
+        lambda: ops.sparse_prefill(torch.zeros(3, 4, 512, dtype=BF16),
+                                   torch.zeros(5, 1, 512, dtype=BF16),
+                                   torch.zeros(3, 1, 8, dtype=I32), 0.1),
+        lambda: ops.sparse_prefill_ragged(torch.zeros(3, 4, 512, dtype=BF16),
+                                          torch.zeros(5, 1, 512, dtype=BF16),
+                                          torch.zeros(7, dtype=I32),
+                                          torch.tensor([0, 2, 5, 7], dtype=I32), 0.1),
+        lambda: ops.dequantize_and_gather_k_cache(
+            torch.zeros(2, 6, 512, dtype=BF16), alloc_k_cache(4, 64),
+            torch.tensor([3, 4], dtype=I32), None, torch.tensor([[0, 1], [2, 3]], dtype=I32),
+            64, 1),
+        lambda: ops.insert_k_cache(alloc_k_cache(4, 64), random_k(3, gen, "cpu"),
+                                   torch.tensor([0, -1, 5])),
+        lambda: ops.compute_global_topk_indices_and_lens(
+            torch.zeros(3, 8, dtype=I32), torch.zeros(3, dtype=I32), torch.zeros(2, 2, dtype=I32),
+            64, torch.ones(3, dtype=torch.bool)),
+        lambda: ops.combine_topk_swa_indices(
+            torch.zeros(3, 8, dtype=I32), torch.tensor([0, 3], dtype=I32),
+            torch.tensor([5], dtype=I32), torch.tensor([5], dtype=I32), 4, 4, 8, 16, 8),
+    ]
+    for call in calls:
+        made.clear()
+        call()
+        first = [(v, len(a)) for v, a in rec.calls]
+        rec.calls.clear()
+        call()
+        assert len(made) == 1 and first and [(v, len(a)) for v, a in rec.calls] == first
+        rec.calls.clear()
+
+
+def test_host_suite_rows_run_without_a_gpu(rec):
+    """``dsv4-tl bench --suite host``'s rows (and ``scripts/host_overhead.py``, which times
+    them with no-op kernels) run on CPU tensors; the table reports ratios and goals."""
+    from dsv4_tl.bench import HOST_GOALS, format_host_table, host_rows, host_time_us
+
+    rows = host_rows("cpu")
+    assert [shape.split()[0] for shape, _ in rows] == ["decode", "decode", "prefill", "floor:"]
+    for _, calls in rows:
+        for fn in calls.values():
+            timing = host_time_us(fn, calls=2, repeats=2, device="cpu")
+            assert timing["us"] > 0 and timing["cpu_us"] >= 0 and timing["wall_us"] is None
+    entry = dict(us=20.0, us_best=19.0, cpu_us=18.0, wall_us=21.0, gpu_us=9.0)
+    report = {"device": "H200", "sms": 132, "date": "today", "torch": "2", "cpu": "x86",
+              "repeats": 9, "calls": 200, "goals": HOST_GOALS, "peer_errors": {},
+              "rows": [{"shape": "decode", "results": [
+                  dict(entry, impl="dsv4_tl.ops", vs_flashmla=0.6, meets_goal=False),
+                  dict(entry, impl="flashmla", us=33.3)]}]}
+    table = format_host_table(report)
+    assert "0.60x  <= 0.4x NOT met" in table and "33.3" in table
