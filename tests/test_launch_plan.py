@@ -350,3 +350,26 @@ def test_host_suite_rows_run_without_a_gpu(rec):
                   dict(entry, impl="flashmla", us=33.3)]}]}
     table = format_host_table(report)
     assert "0.60x  <= 0.4x NOT met" in table and "33.3" in table
+
+
+def test_nothing_made_under_a_fake_mode_is_kept():
+    """A FakeTensorMode (tracing) must not leave fake tensors in the caches that real calls
+    reuse: the placeholders, the -inf sink, the plans (a GPU run caught a plan's fake
+    placeholder being reused by a real allocation)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+
+    from dsv4_tl.ops import _dispatch
+
+    cpu = torch.device("cpu")
+    with FakeTensorMode():
+        assert _dispatch.faking()
+        fake_placeholder = _dispatch.placeholder(cpu, torch.float32, (0, 3))
+        fake_sink = _dispatch.no_sink(5, cpu)
+        assert _dispatch.reusable_no_sink(5, cpu) is None
+        cache = _dispatch.PlanCache()
+        cache.make(("signature",), lambda: object())
+        assert cache.plans == {}
+    assert is_fake(fake_placeholder) and is_fake(fake_sink)
+    assert not _dispatch.faking()
+    assert not is_fake(_dispatch.placeholder(cpu, torch.float32, (0, 3)))
+    assert not is_fake(_dispatch.no_sink(5, cpu))

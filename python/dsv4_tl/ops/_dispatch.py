@@ -75,10 +75,11 @@ class PlanCache:
 
     def make(self, key, plan_type, *args):
         """``plan_type(*args)`` (which validates the call and raises its errors), stored
-        under ``key`` unless ``key`` is None (arguments that make no signature)."""
+        under ``key`` unless ``key`` is None (arguments that make no signature) or a
+        FakeTensorMode is active (the plan may hold fake tensors)."""
         plans = self.plans
         plan = plan_type(*args)
-        if key is not None:
+        if key is not None and not faking():
             if len(plans) >= self.maxsize:
                 try:
                     plans.pop(next(iter(plans)), None)
@@ -201,11 +202,18 @@ def capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+def faking() -> bool:
+    """Whether a FakeTensorMode is active (tracing, ``torch.compile``'s shape propagation):
+    then nothing made may be kept for later calls (a fake tensor cannot serve a real launch)
+    and no plan is stored."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+
+
 def no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
     """``attn_sink`` = -inf for every head: e^-inf = 0 adds nothing to the denominator.
     One read-only tensor per (head count, device), reused by every call (made per call
     while a CUDA graph is captured)."""
-    if capturing(device):
+    if capturing(device) or faking():
         return torch.full((num_heads,), -math.inf, dtype=torch.float32, device=device)
     return _no_sink(num_heads, device)
 
@@ -218,7 +226,7 @@ def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
 def reusable_no_sink(num_heads: int, device: torch.device):
     """A plan's :func:`no_sink` (None while a CUDA graph is captured: no reusable tensor with
     data is made then, the capture records its fill without running it)."""
-    return None if capturing(device) else _no_sink(num_heads, device)
+    return None if capturing(device) or faking() else _no_sink(num_heads, device)
 
 
 def sink_argument(attn_sink, reusable, num_heads: int, device: torch.device) -> torch.Tensor:
@@ -229,11 +237,18 @@ def sink_argument(attn_sink, reusable, num_heads: int, device: torch.device) -> 
     return reusable if reusable is not None else no_sink(num_heads, device)
 
 
-@functools.lru_cache(maxsize=None)
 def placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
     """A zero-size argument that this variant never touches: its dynamic dims are 0, its
     static dims (head count, widths) must still match the kernel signature. Cached: a
-    zero-size tensor holds no data, so one per (device, dtype, shape) serves every call."""
+    zero-size tensor holds no data, so one per (device, dtype, shape) serves every call
+    (not under a FakeTensorMode, whose tensors are fake)."""
+    if faking():
+        return torch.empty(shape, dtype=dtype, device=device)
+    return _placeholder(device, dtype, shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 

@@ -169,7 +169,6 @@ class _Plan:
         self.device = dev = q.device
         self.check_device = routed_per_call(dev)
         self.out_shape, self.lse_shape = (b, s_q, h, HEAD_DIM), (b, h, s_q)
-        self.f32 = placeholder(dev, torch.float32, (0,))
         for name, given, shape, dtype in (("out", out, self.out_shape, torch.bfloat16),
                                           ("lse", lse, self.lse_shape, torch.float32)):
             if given is not None:
@@ -220,13 +219,13 @@ class _Plan:
                  extra_indices, extra_topk_length, out, lse):
         if self.check_device:
             recheck_device("q", q)
-        # (new_empty of a tensor of the dtype and device: cheaper to call than torch.empty)
+        # (q.new_empty: cheaper to call than torch.empty, and fake under a FakeTensorMode)
         if out is None:
             out = q.new_empty(self.out_shape)
         else:
             check_aligned_output("out", out)
         if lse is None:
-            lse = self.f32.new_empty(self.lse_shape)
+            lse = q.new_empty(self.lse_shape, dtype=torch.float32)
         else:
             check_aligned_output("lse", lse)
         if self.launch is None:
@@ -243,8 +242,8 @@ class _Plan:
             self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
                         out, lse, *self.partials)
             return out, lse
-        o_part = self.f32.new_empty(self.o_part_shape)
-        lse_part = self.f32.new_empty(self.lse_part_shape)
+        o_part = q.new_empty(self.o_part_shape, dtype=torch.float32)
+        lse_part = q.new_empty(self.lse_part_shape, dtype=torch.float32)
         self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
                     *self.no_out, o_part, lse_part)
         self.combine(o_part, lse_part, sink, out, lse)

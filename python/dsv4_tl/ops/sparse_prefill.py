@@ -86,7 +86,6 @@ class _Plan:
         self.check_device = routed_per_call(dev)
         s_q, h, s_kv = q.shape[0], q.shape[1], kv.shape[0]
         self.shapes = ((s_q, h, HEAD_DIM), (s_q, h), (s_q, h))
-        self.f32 = placeholder(dev, torch.float32, (0,))
         for name, given, shape, dtype in zip(("out", "max_logits", "lse"),
                                              (out, max_logits, lse), self.shapes,
                                              (torch.bfloat16, torch.float32, torch.float32)):
@@ -118,18 +117,18 @@ class _Plan:
         dev = self.device
         if self.check_device:
             recheck_device("q", q)
-        # (new_empty of a tensor of the dtype and device: cheaper to call than torch.empty)
+        # (q.new_empty: cheaper to call than torch.empty, and fake under a FakeTensorMode)
         shapes = self.shapes
         if out is None:
             out = q.new_empty(shapes[0])
         else:
             check_aligned_output("out", out)
         if max_logits is None:
-            max_logits = self.f32.new_empty(shapes[1])
+            max_logits = q.new_empty(shapes[1], dtype=torch.float32)
         else:
             check_aligned_output("max_logits", max_logits)
         if lse is None:
-            lse = self.f32.new_empty(shapes[2])
+            lse = q.new_empty(shapes[2], dtype=torch.float32)
         else:
             check_aligned_output("lse", lse)
         if self.launch is None:
