@@ -126,4 +126,6 @@ def test_wheel_carries_kernels_and_schedules(tmp_path):
     expected = {f"dsv4_tl/tile_kernels/{p.name}" for p in (REPO / "tile_kernels").glob("*.py")}
     expected |= {f"dsv4_tl/schedules/{p.relative_to(REPO / 'schedules')}" for p in (REPO / "schedules").glob("*/*.json")}
     expected |= {"dsv4_tl/__init__.py", "dsv4_tl/schedules/__init__.py", "dsv4_tl/tuning_logs/__init__.py"}
+    package = REPO / "python" / "dsv4_tl"  # every module, so a subpackage pyproject misses fails
+    expected |= {f"dsv4_tl/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py")}
     assert expected <= names, f"missing from the wheel: {sorted(expected - names)}"

@@ -59,7 +59,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 from . import tuning_log
 from .kernels import Variant
 from .schedules import bucket_for, load_schedule_file, forced_schedule, schedule_for
-from .targets import Target, parse_target
+from .targets import Target, parse_target, target_for_dirname
 from .tile_kernels.layout import HEAD_DIM
 
 TUNABLE_OPS = ("sparse_decode", "sparse_prefill", "dequant_gather", "global_topk",
@@ -68,19 +68,16 @@ DEFAULT_MAX_CANDIDATES = 8
 
 
 # =============================================================================== arch limits
-@dataclasses.dataclass(frozen=True)
-class Arch:
-    smem_per_block: int  # bytes of shared memory one CTA may use (opt-in maximum)
-    max_threads: int
-    max_regs_per_thread: int
-    wgmma: bool  # the warp-specialised schedule's wgmma + setmaxnreg
-    sms: int  # SMs of the reference part (H100/H200 SXM: 132, B200: 148)
+def arch_limits(target_dir: str):
+    """The limits the estimates below are checked against: the CUDA arch's
+    (:data:`dsv4_tl.cuda.backend.ARCH_LIMITS`; the estimates are of the generated CUDA), None
+    for the other targets, whose candidates only the layout rules prune."""
+    from .cuda.backend import ARCH_LIMITS
+
+    target = target_for_dirname(target_dir)
+    return ARCH_LIMITS.get(target.arch) if target.kind == "cuda" else None
 
 
-ARCHS = {
-    "cuda_sm90a": Arch(227 * 1024, 1024, 255, True, 132),
-    "cuda_sm100a": Arch(227 * 1024, 1024, 255, False, 148),
-}
 # Registers a thread needs besides the fp32 accumulators (addresses, loop state, softmax
 # scalars): kept small so that the estimate only prunes what cannot fit.
 _REG_OVERHEAD = 24
@@ -153,7 +150,7 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
     """Why ``config`` cannot (or need not) be compiled for ``op`` on ``target_dir``: a
     sentence, or None when it is kept. With ``rep`` (the bucket's representative shape)
     the bucket sanity rules apply too."""
-    arch = ARCHS.get(target_dir)
+    arch = arch_limits(target_dir)
     c = config
     threads = c.get("threads")
     if threads is not None:
