@@ -59,7 +59,7 @@ def clear_dispatch_caches() -> None:
 
     _dispatch._target_of.cache_clear()
     _dispatch._resolve.cache_clear()
-    loader._loaders.clear()
+    loader.clear_loaders()
 
 
 @pytest.fixture(scope="module")

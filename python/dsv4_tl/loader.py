@@ -24,12 +24,13 @@ Loading needs only the TileLang wheel's runtime libraries, not a compiler. Loadi
 delays loading another kernel); a failed compile is remembered and re-raised, not retried.
 """
 
+import contextlib
 import json
 import os
 import threading
 import warnings
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from .file_lock import locked, write_atomic
 from .kernels import Variant
@@ -40,8 +41,8 @@ from .targets import Target, backend_of, parse_target
 __all__ = [
     "ENV_JIT", "ENV_KERNEL_DIR", "MANIFEST_NAME", "KernelBuildMismatchError",
     "KernelCompileError", "KernelLoader", "KernelNotBuiltError", "artifact_path", "audit_kernel_dir",
-    "build_command", "can_compile", "compile_jit", "compile_variant", "default_kernel_dir",
-    "jit_allowed_by_env", "jit_artifact_path", "loader_for", "sha256_file",
+    "build_command", "can_compile", "clear_loaders", "compile_jit", "compile_variant", "default_kernel_dir",
+    "jit_allowed_by_env", "jit_artifact_path", "loader_for", "sha256_file", "using_loader",
 ]
 
 ENV_KERNEL_DIR = "DSV4_TL_KERNEL_DIR"
@@ -301,3 +302,29 @@ def loader_for(target: "str | Target") -> KernelLoader:
         if target not in _loaders:
             _loaders[target] = KernelLoader(target)
         return _loaders[target]
+
+
+def clear_loaders() -> None:
+    """Forget every process-wide loader: the next :func:`loader_for` makes one from the
+    environment as it is then (after a change of ``$DSV4_TL_KERNEL_DIR`` or ``$DSV4_TL_JIT``).
+    Front ends that memoise kernels must drop those too."""
+    with _loaders_lock:
+        _loaders.clear()
+
+
+@contextlib.contextmanager
+def using_loader(loader: KernelLoader) -> Iterator[KernelLoader]:
+    """Make ``loader`` the process-wide loader of its target inside the block (``dsv4-tl
+    tune`` points the front ends at its candidates' artifacts so); the one before it, or
+    none, is back after. Front ends that memoise kernels must drop them on both sides."""
+    with _loaders_lock:
+        previous = _loaders.get(loader.target)
+        _loaders[loader.target] = loader
+    try:
+        yield loader
+    finally:
+        with _loaders_lock:
+            if previous is None:
+                _loaders.pop(loader.target, None)
+            else:
+                _loaders[loader.target] = previous
