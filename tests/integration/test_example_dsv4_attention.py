@@ -14,7 +14,7 @@ from conftest import requires_sycl_cpu
 
 pytestmark = requires_sycl_cpu()
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dsv4_attention.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dsv4_attention.py"
 
 
 def _load_example():
