@@ -4,6 +4,25 @@ checks on outputs poisoned with -7."""
 from .harness import OpHarness, assert_same
 
 
+def _index_harness(inputs, reference, call, name: str) -> OpHarness:
+    """An index op's harness: no bucket features and the dense variant; the check calls
+    ``call(x, out=, lens=)`` into outputs poisoned with -7 (no valid index or length) and
+    compares both exactly with the reference's ``(indices, lens)``."""
+
+    def check(x: dict, ref, device) -> None:
+        import torch
+
+        out = torch.full(ref[0].shape, -7, dtype=torch.int32, device=device)
+        lens = torch.full(ref[1].shape, -7, dtype=torch.int32, device=device)
+        call(x, out=out, lens=lens)()
+        torch.cuda.synchronize()
+        assert_same(name, out, ref[0])
+        assert_same("lens", lens, ref[1])
+
+    return OpHarness(features=lambda rep: {}, static=lambda rep: dict(ragged=False),
+                     inputs=inputs, reference=reference, check=check, call=call)
+
+
 def _global_inputs(rep, gen, sets: int, device) -> list:
     import torch
 
@@ -40,25 +59,7 @@ def _global_call(x: dict, **outputs):
         x["is_valid_token"], **outputs)
 
 
-def _global_check(x: dict, ref, device) -> None:
-    import torch
-
-    out = torch.full(x["topk_indices"].shape, -7, dtype=torch.int32, device=device)
-    lens = torch.full((x["topk_indices"].shape[0],), -7, dtype=torch.int32, device=device)
-    _global_call(x, out=out, lens=lens)()
-    torch.cuda.synchronize()
-    assert_same("global", out, ref[0])
-    assert_same("lens", lens, ref[1])
-
-
-GLOBAL_TOPK = OpHarness(
-    features=lambda rep: {},
-    static=lambda rep: dict(ragged=False),
-    inputs=_global_inputs,
-    reference=_global_reference,
-    check=_global_check,
-    call=_global_call,
-)
+GLOBAL_TOPK = _index_harness(_global_inputs, _global_reference, _global_call, "global")
 
 
 def _combine_inputs(rep, gen, sets: int, device) -> list:
@@ -92,22 +93,5 @@ def _combine_call(x: dict, **outputs):
     return lambda: combine_topk_swa_indices(*x["args"], **outputs)
 
 
-def _combine_check(x: dict, ref, device) -> None:
-    import torch
-
-    out = torch.full(ref[0].shape, -7, dtype=torch.int32, device=device)
-    lens = torch.full(ref[1].shape, -7, dtype=torch.int32, device=device)
-    _combine_call(x, out=out, lens=lens)()
-    torch.cuda.synchronize()
-    assert_same("combined", out, ref[0])
-    assert_same("lens", lens, ref[1])
-
-
-COMBINE_TOPK_SWA = OpHarness(
-    features=lambda rep: {},
-    static=lambda rep: dict(ragged=False),
-    inputs=_combine_inputs,
-    reference=_combine_reference,
-    check=_combine_check,
-    call=_combine_call,
-)
+COMBINE_TOPK_SWA = _index_harness(_combine_inputs, _combine_reference, _combine_call,
+                                  "combined")
