@@ -39,7 +39,7 @@ def test_schedule_for_decode_splits_small_grids(tmp_path, monkeypatch):
     from dsv4_tl import schedules
     from dsv4_tl.schedules import schedule_for
 
-    # The schedule file's own buckets: no tuning logs (those are tests/test_tuning.py's).
+    # The schedule file's own buckets: no tuning logs (those are tests/tune/test_tuning.py's).
     monkeypatch.setenv("DSV4_TL_TUNING_LOGS", str(tmp_path))
     schedules.clear_caches()
     try:
