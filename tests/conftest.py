@@ -51,15 +51,28 @@ def requires_sycl_cpu() -> list:
                                reason="needs Intel's SYCL runtime (bash scripts/setup_sycl.sh)")]
 
 
+def on_sycl_cpu() -> list:
+    """Marks of a module whose tests all run on the SYCL CPU device: :func:`requires_sycl_cpu`
+    plus the module-scoped :func:`sycl_cpu_device` set-up."""
+    return [*requires_sycl_cpu(), pytest.mark.usefixtures("sycl_cpu_device")]
+
+
 def clear_dispatch_caches() -> None:
     """Drop the front ends' memoised targets and kernels and the loaders (after a change of
     the device routing or kernel directory)."""
     from dsv4_tl import loader
-    from dsv4_tl.ops import _dispatch
+    from dsv4_tl.kernels import kernels_changed
 
-    _dispatch._target_of.cache_clear()
-    _dispatch._resolve.cache_clear()
-    loader._loaders.clear()
+    kernels_changed()
+    loader.clear_loaders()
+
+
+@pytest.fixture
+def cpu_gen(seed):
+    """A CPU generator seeded with this test's seed (the SYCL tests' tensors live on the CPU)."""
+    import torch
+
+    return torch.Generator().manual_seed(seed)
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from .loader import (KernelCompileError, artifact_path, build_command, compile_v
 from .manifest import MANIFEST_NAME, CorruptManifestError, read_manifest, write_manifest
 from .provenance import record_for, source_hash, stale_reason, toolchain_versions
 from .schedules import load_schedule_file, resolved_buckets
-from .targets import Target, parse_target
+from .targets import Target, backend_of, parse_target
 
 __all__ = ["DEFAULT_HEADS", "build", "build_variants", "schedules_of", "source_hash",
            "toolchain_versions"]
@@ -38,11 +38,6 @@ __all__ = ["DEFAULT_HEADS", "build", "build_variants", "schedules_of", "source_h
 DEFAULT_HEADS = (64, 128)
 
 
-def fp8_formats_for(target: Target) -> tuple:
-    """Cache byte flavours built ahead of time: OCP e4m3fn everywhere (NVIDIA and gfx950
-    writers); gfx942 adds FNUZ, which its writers may produce (spec §1). Other flavours on
-    other targets work too, compiled on first use (JIT) or with an explicit build."""
-    return ("e4m3fn", "e4m3fnuz") if target.name == "hip:gfx942" else ("e4m3fn",)
 
 
 def _bucket_admits(op: str, match: dict, static: Optional[dict]) -> bool:
@@ -71,16 +66,18 @@ def schedules_of(target: Target, op: str, static: Optional[dict] = None) -> list
 def _statics(op: str, target: Target, heads: Iterable[int]) -> list:
     """Static parameter sets of ``op`` a deployment needs (see the module docstring)."""
     heads = sorted(set(heads))
+    # cache byte flavours built ahead of time (others compile on first use): the target's own
+    fp8_formats = backend_of(target).fp8_formats(target.arch)
     if op == "sparse_decode":
         return [dict(num_heads=h, has_extra=e, fp8_format=f)
-                for h in heads for e in (False, True) for f in fp8_formats_for(target)]
+                for h in heads for e in (False, True) for f in fp8_formats]
     if op == "sparse_decode_combine":
         splits = sorted({c["num_splits"] for c in schedules_of(target, "sparse_decode")} - {1})
         return [dict(num_heads=h, num_splits=s) for h in heads for s in splits]
     if op == "sparse_prefill":
         return [dict(num_heads=h, ragged=r) for h in heads for r in (False, True)]
     if op in ("dequant_gather", "insert_k_cache"):
-        return [dict(fp8_format=f) for f in fp8_formats_for(target)]
+        return [dict(fp8_format=f) for f in fp8_formats]
     if op in ("global_topk", "combine_topk_swa"):
         return [dict(ragged=r) for r in (False, True)]
     raise ValueError(f"op: no build matrix for {op!r}")

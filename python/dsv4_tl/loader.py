@@ -24,25 +24,25 @@ Loading needs only the TileLang wheel's runtime libraries, not a compiler. Loadi
 delays loading another kernel); a failed compile is remembered and re-raised, not retried.
 """
 
+import contextlib
 import json
 import os
-import shutil
 import threading
 import warnings
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
-from .file_lock import locked, temporary_name, write_atomic
+from .file_lock import locked, write_atomic
 from .kernels import Variant, kernels_changed
 from .manifest import MANIFEST_NAME, read_manifest
 from .provenance import fingerprint, record_for, sha256_file, stale_reason
-from .targets import Target, parse_target
+from .targets import Target, backend_of, parse_target
 
 __all__ = [
     "ENV_JIT", "ENV_KERNEL_DIR", "MANIFEST_NAME", "KernelBuildMismatchError",
     "KernelCompileError", "KernelLoader", "KernelNotBuiltError", "artifact_path", "audit_kernel_dir",
-    "build_command", "can_compile", "compile_jit", "compile_variant", "default_kernel_dir",
-    "jit_allowed_by_env", "jit_artifact_path", "loader_for", "sha256_file",
+    "build_command", "can_compile", "clear_loaders", "compile_jit", "compile_variant", "default_kernel_dir",
+    "jit_allowed_by_env", "jit_artifact_path", "loader_for", "sha256_file", "using_loader",
 ]
 
 ENV_KERNEL_DIR = "DSV4_TL_KERNEL_DIR"
@@ -82,11 +82,9 @@ def default_kernel_dir() -> Path:
 
 
 def artifact_suffix(target: Target) -> str:
-    """tvm-ffi shared libraries for CUDA/HIP; a launch description beside its SPIR-V for SYCL
-    (:mod:`dsv4_tl.sycl.artifacts`)."""
-    from .sycl.artifacts import ARTIFACT_SUFFIX
-
-    return ARTIFACT_SUFFIX if target.kind == "sycl" else ".so"
+    """The file name ending of ``target``'s artifacts: tvm-ffi shared libraries for CUDA/HIP;
+    a launch description beside its SPIR-V for SYCL (:mod:`dsv4_tl.sycl.artifacts`)."""
+    return backend_of(target).ARTIFACT_SUFFIX
 
 
 def artifact_path(kernel_dir: Path, target: Target, variant: Variant) -> Path:
@@ -100,9 +98,8 @@ def jit_artifact_path(kernel_dir: Path, target: Target, variant: Variant) -> Pat
     return Path(kernel_dir) / target.dirname / "jit" / name
 
 
-def _jit_record_path(artifact: Path) -> Path:
-    stem = artifact.name[: -len(".sycl.json")] if artifact.name.endswith(".sycl.json") \
-        else artifact.name.rsplit(".", 1)[0]
+def _jit_record_path(artifact: Path, target: Target) -> Path:
+    stem = artifact.name[: -len(artifact_suffix(target))]
     return artifact.with_name(f"{stem}.record.json")
 
 
@@ -124,39 +121,22 @@ def build_command(target: Target, kernel_dir: Path, heads: Optional[int] = None)
 
 def compile_variant(variant: Variant, target: Target, path: Path) -> Path:
     """Lower and compile ``variant`` for ``target`` and write its artifact to ``path``
-    (atomically): TileLang compiles and exports CUDA/HIP; SYCL goes through
-    :mod:`dsv4_tl.sycl` (TileLang's generic SIMT lowering, our SYCL printer, Intel's
-    sycl-jit). Raises :class:`KernelCompileError` naming the variant."""
-    import tilelang
+    (atomically) through the target's backend (:func:`dsv4_tl.targets.backend_of`):
+    TileLang compiles and exports CUDA/HIP; SYCL goes through :mod:`dsv4_tl.sycl`
+    (TileLang's generic SIMT lowering, our SYCL printer, Intel's sycl-jit). Raises
+    :class:`KernelCompileError` naming the variant."""
+    import tilelang  # noqa: F401  (every backend lowers with it; a missing one is not a compile error)
 
     try:
-        if target.kind == "sycl":
-            from .sycl.artifacts import write_artifact
-
-            return write_artifact(variant.build(), variant.key, path)
-        kernel = tilelang.compile(
-            variant.build(),
-            target=target.tilelang_target(),
-            execution_backend="tvm_ffi",
-            out_idx=None,
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temporary_name(path).with_suffix(".so")  # the exporter wants a .so name
-        try:
-            kernel.export_library(str(tmp))
-            os.replace(tmp, path)  # atomic: concurrent builders never see a half-written file
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        return backend_of(target).compile_artifact(variant.build(), variant.key, target.arch, path)
     except Exception as exc:  # name the variant: TileLang's errors do not
         raise KernelCompileError(
             f"compiling {variant.key} for {target.name} failed: {type(exc).__name__}: {exc}"
         ) from exc
-    return path
 
 
 def _verified(variant: Variant, target: Target, path: Path) -> bool:
-    record = _read_record(_jit_record_path(path))
+    record = _read_record(_jit_record_path(path, target))
     return record is not None and stale_reason(record, variant, target, path) is None
 
 
@@ -169,7 +149,7 @@ def compile_jit(variant: Variant, target: Target, kernel_dir: Path) -> Path:
         if not _verified(variant, target, path):
             compile_variant(variant, target, path)
             record = record_for(variant, target, path)
-            write_atomic(_jit_record_path(path), (json.dumps(record, indent=1) + "\n").encode())
+            write_atomic(_jit_record_path(path, target), (json.dumps(record, indent=1) + "\n").encode())
     return path
 
 
@@ -179,17 +159,7 @@ def can_compile(target: Target) -> bool:
         import tilelang  # noqa: F401
     except ImportError:
         return False
-    if target.kind == "cuda":
-        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-        return bool(shutil.which("nvcc")) or os.path.exists(os.path.join(home, "bin", "nvcc"))
-    if target.kind == "hip":
-        rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"
-        return os.path.exists(os.path.join(rocm, "bin", "hipcc"))
-    if target.kind == "sycl":
-        from .sycl.runtime import sycl_prefix
-
-        return bool(shutil.which("g++")) and (sycl_prefix() / "include" / "sycl" / "sycl.hpp").is_file()
-    return False
+    return backend_of(target).can_compile()
 
 
 class KernelLoader:
@@ -283,15 +253,7 @@ class KernelLoader:
         return compile_jit(variant, self.target, self.kernel_dir)
 
     def _load(self, variant: Variant) -> Callable:
-        path = self._path(variant)
-        if self.target.kind == "sycl":
-            from .sycl.artifacts import load_artifact
-
-            return load_artifact(path)
-        import tilelang  # noqa: F401  (registers the CUDA/HIP module loaders of tvm-ffi)
-        import tvm_ffi
-
-        return tvm_ffi.load_module(str(path))[variant.spec.entry]
+        return backend_of(self.target).load_artifact(self._path(variant), variant.spec.entry)
 
 
 def audit_kernel_dir(kernel_dir: "str | Path", target: "str | Target") -> list:
@@ -313,7 +275,7 @@ def audit_kernel_dir(kernel_dir: "str | Path", target: "str | Target") -> list:
                for e in entries.values()]
     suffix = artifact_suffix(target)
     for path in sorted((tdir / "jit").glob(f"*{suffix}")):
-        record = _read_record(_jit_record_path(path))
+        record = _read_record(_jit_record_path(path, target))
         if record is None:
             problems.append(f"jit/{path.name}: no readable record")
         else:
@@ -341,3 +303,29 @@ def loader_for(target: "str | Target") -> KernelLoader:
         if target not in _loaders:
             _loaders[target] = KernelLoader(target)
         return _loaders[target]
+
+
+def clear_loaders() -> None:
+    """Forget every process-wide loader: the next :func:`loader_for` makes one from the
+    environment as it is then (after a change of ``$DSV4_TL_KERNEL_DIR`` or ``$DSV4_TL_JIT``).
+    Front ends that memoise kernels must drop those too."""
+    with _loaders_lock:
+        _loaders.clear()
+
+
+@contextlib.contextmanager
+def using_loader(loader: KernelLoader) -> Iterator[KernelLoader]:
+    """Make ``loader`` the process-wide loader of its target inside the block (``dsv4-tl
+    tune`` points the front ends at its candidates' artifacts so); the one before it, or
+    none, is back after. Front ends that memoise kernels must drop them on both sides."""
+    with _loaders_lock:
+        previous = _loaders.get(loader.target)
+        _loaders[loader.target] = loader
+    try:
+        yield loader
+    finally:
+        with _loaders_lock:
+            if previous is None:
+                _loaders.pop(loader.target, None)
+            else:
+                _loaders[loader.target] = previous

@@ -1,10 +1,19 @@
-"""Compile targets: the one place that turns "cuda:sm_90a" into what TileLang needs.
+"""Compile targets: the one place that parses and names them ("cuda:sm_90a", "hip:gfx942",
+"sycl") and maps a torch device to one.
+
+What a target *is* (how its kernels compile and load, its artifact suffix, arch limits, FP8
+formats) lives in its own package: ``dsv4_tl.cuda``, ``dsv4_tl.hip``, ``dsv4_tl.sycl``, each
+with a ``backend`` module of the same interface (:class:`TargetBackend`, found by
+:func:`backend_of`), so the loader and the build never branch on the kind.
 
 TileLang must always get an explicit target dict: a bare ``"cuda"`` on a host without a GPU
 silently means sm_50, which would compile kernels that cannot use wgmma.
 """
 
+import importlib
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
 
 SUPPORTED_TARGETS = ("cuda:sm_90a", "cuda:sm_100a", "hip:gfx942", "hip:gfx950", "sycl")
 DEFAULT_TARGET = "cuda:sm_90a"
@@ -31,13 +40,35 @@ class Target:
         return f"{self.kind}_{self.arch.replace('_', '')}" if self.arch else self.kind
 
     def tilelang_target(self) -> dict:
-        """The explicit TileLang target dict."""
-        if self.kind == "cuda":
-            return {"kind": "cuda", "arch": self.arch}
-        if self.kind == "hip":
-            return {"kind": "hip", "mcpu": self.arch}
-        raise ValueError(f"target: {self.name} is not compiled through TileLang's own backends "
-                         "(dsv4_tl.sycl lowers it)")
+        """The explicit TileLang target dict (ValueError for ``sycl``, which TileLang's own
+        backends do not compile)."""
+        return backend_of(self).tilelang_target(self.arch)
+
+
+class TargetBackend(Protocol):
+    """The interface of ``dsv4_tl.<kind>.backend``, one module per target kind."""
+
+    ARTIFACT_SUFFIX: str  # file name ending of a variant's artifact (".so", ".sycl.json")
+    ARCH_LIMITS: Mapping[str, Any]  # arch -> that kind's limits dataclass ({} if none)
+
+    def tilelang_target(self, arch: str) -> dict: ...
+
+    def fp8_formats(self, arch: str) -> tuple:
+        """Cache byte flavours an ahead-of-time build compiles for ``arch``."""
+
+    def can_compile(self) -> bool:
+        """Whether the kind's compiler is present (TileLang's presence is checked apart)."""
+
+    def compile_artifact(self, func: Any, key: str, arch: str, path: Path) -> Path:
+        """Compile the prim_func ``func`` of variant ``key`` and write its artifact ``path``."""
+
+    def load_artifact(self, path: Path, entry: str) -> Callable:
+        """The callable kernel ``entry`` of the artifact ``path``."""
+
+
+def backend_of(target: "str | Target") -> TargetBackend:
+    """The ``backend`` module of ``target``'s kind (imports nothing heavy: no TileLang)."""
+    return importlib.import_module(f".{parse_target(target).kind}.backend", __package__)
 
 
 def parse_target(spec: "str | Target") -> Target:
@@ -51,6 +82,16 @@ def parse_target(spec: "str | Target") -> Target:
         )
     kind, _, arch = text.partition(":")
     return Target(kind, arch)
+
+
+def target_for_dirname(dirname: str) -> Target:
+    """The target whose :attr:`Target.dirname` is ``dirname`` (``cuda_sm90a`` -> ``cuda:sm_90a``);
+    ValueError naming the known ones otherwise."""
+    by_dirname = {parse_target(t).dirname: parse_target(t) for t in SUPPORTED_TARGETS}
+    if dirname not in by_dirname:
+        raise ValueError(f"target: no target is stored under {dirname!r}; expected one of "
+                         f"{', '.join(by_dirname)}")
+    return by_dirname[dirname]
 
 
 ENV_SYCL_DEVICE = "DSV4_TL_SYCL_DEVICE"

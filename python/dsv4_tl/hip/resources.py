@@ -34,44 +34,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
+from .backend import ARCH_LIMITS
+
 EM_AMDGPU = 0xE0
 ELF_MAGIC = b"\x7fELF"
 DYN_SHARED_TAG = "tirx.use_dyn_shared_memory"
 
 # AMDGPU ``e_flags`` EF_AMDGPU_MACH values (llvm/BinaryFormat/ELF.h) of the archs we build.
 _MACH = {0x04C: "gfx942", 0x04F: "gfx950", 0x040: "gfx940", 0x041: "gfx941", 0x03F: "gfx90a"}
-
-
-@dataclasses.dataclass(frozen=True)
-class ArchLimits:
-    """Per-arch limits used for the checks and the occupancy estimate (CDNA3 / CDNA4 ISA
-    guides; LLVM AMDGPU backend): wave64, 512 unified VGPRs per lane per SIMD (up to 256
-    architectural + AGPRs per wave, allocated in granules of 8), 800 SGPRs per SIMD (102
-    addressable per wave, granule 16), 8 waves per SIMD, 4 SIMDs per CU, LDS per CU."""
-
-    arch: str
-    lds_per_cu: int
-    lds_per_workgroup: int
-    wave_size: int = 64
-    vgprs_per_simd_lane: int = 512
-    max_arch_vgprs: int = 256
-    max_agprs: int = 256
-    vgpr_granule: int = 8
-    sgprs_per_simd: int = 800
-    # .sgpr_count counts the 102 addressable SGPRs plus VCC, FLAT_SCRATCH and XNACK_MASK when
-    # used (106 seen at the limit); the compiler enforces the real limit, this is a backstop.
-    max_sgprs: int = 102 + 6
-    sgpr_granule: int = 16
-    max_waves_per_simd: int = 8
-    simds_per_cu: int = 4
-    lds_granule: int = 512
-    max_workgroups_per_cu: int = 16
-
-
-ARCH_LIMITS = {
-    "gfx942": ArchLimits("gfx942", lds_per_cu=64 * 1024, lds_per_workgroup=64 * 1024),
-    "gfx950": ArchLimits("gfx950", lds_per_cu=160 * 1024, lds_per_workgroup=160 * 1024),
-}
 
 
 @dataclasses.dataclass

@@ -58,8 +58,7 @@ def fresh_routing():
         _dispatch._target_of.cache_clear()
         _dispatch._resolve.cache_clear()
         _dispatch._schedule_of.cache_clear()
-        with L._loaders_lock:
-            L._loaders.clear()
+        L.clear_loaders()
     clear()
     yield
     clear()

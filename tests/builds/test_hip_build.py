@@ -36,7 +36,7 @@ from dsv4_tl.hip import resources
 HIP_TARGETS = tuple(t.strip() for t in os.environ.get(
     "DSV4_TL_HIP_TARGETS", "hip:gfx942,hip:gfx950").split(",") if t.strip())
 MATRIX_OPS = frozenset({"sparse_decode", "sparse_prefill"})  # T.gemm -> MFMA
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _toolchain_missing() -> "str | None":

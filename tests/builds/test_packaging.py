@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SM90A = "cuda_sm90a"
 
 
@@ -39,7 +39,7 @@ def test_schedule_for_decode_splits_small_grids(tmp_path, monkeypatch):
     from dsv4_tl import schedules
     from dsv4_tl.schedules import schedule_for
 
-    # The schedule file's own buckets: no tuning logs (those are tests/test_tuning.py's).
+    # The schedule file's own buckets: no tuning logs (those are tests/tune/test_tuning.py's).
     monkeypatch.setenv("DSV4_TL_TUNING_LOGS", str(tmp_path))
     schedules.clear_caches()
     try:
@@ -126,4 +126,6 @@ def test_wheel_carries_kernels_and_schedules(tmp_path):
     expected = {f"dsv4_tl/tile_kernels/{p.name}" for p in (REPO / "tile_kernels").glob("*.py")}
     expected |= {f"dsv4_tl/schedules/{p.relative_to(REPO / 'schedules')}" for p in (REPO / "schedules").glob("*/*.json")}
     expected |= {"dsv4_tl/__init__.py", "dsv4_tl/schedules/__init__.py", "dsv4_tl/tuning_logs/__init__.py"}
+    package = REPO / "python" / "dsv4_tl"  # every module, so a subpackage pyproject misses fails
+    expected |= {f"dsv4_tl/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py")}
     assert expected <= names, f"missing from the wheel: {sorted(expected - names)}"

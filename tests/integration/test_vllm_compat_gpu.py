@@ -5,7 +5,7 @@ against eager, CUDA-graph replay against eager.
 Fresh random inputs every run (``seed`` fixture; rerun a failure with DSV4_TL_SEED=<seed>).
 Outputs are poisoned before the call: NaN for attention outputs, the bf16 NaN pattern 0x7FA1
 for the gather workspace (which must also survive wherever the op must not write), -7 for
-int32 index outputs. Tolerances as tests/test_gpu_sparse_decode.py: out |err| <=
+int32 index outputs. Tolerances as tests/sparse_decode/test_sparse_decode_gpu.py: out |err| <=
 out_abs_tol(max |k|) + 2/128·|ref| (bf16 softmax weights, two bf16 ulps of the output) and a
 relative Frobenius error <= 1e-2; lse / max_logits |err| <= 1e-3 + 2^-13·|ref|. Gather and
 index outputs are bit-exact. Compile and CUDA-graph results must equal eager bit for bit
@@ -16,6 +16,21 @@ import math
 
 import pytest
 import torch
+
+from cases import (
+    BF16_POISON,
+    I32_POISON,
+    SCALE,
+    combine_chunk,
+    decode_scope,
+    global_topk_inputs,
+    lengths,
+    make_sink,
+    poisoned_bf16,
+    poisoned_i32,
+    prefill_chunk_gathers,
+    randint,
+)
 
 from dsv4_tl import vllm_compat as vc
 from dsv4_tl.reference import (
@@ -33,8 +48,6 @@ from dsv4_tl.testing import (
     poison_past_length,
     punch_holes,
     random_k,
-    random_paged_cache,
-    scatter_slots,
 )
 
 pytestmark = [
@@ -43,9 +56,6 @@ pytestmark = [
 ]
 
 DEV = "cuda"
-SCALE = 512 ** -0.5
-BF16_POISON = 0x7FA1  # a bf16 NaN payload no dequantized value has
-I32_POISON = -7  # never produced by the index ops for the inputs below
 
 
 @pytest.fixture
@@ -53,22 +63,8 @@ def gen(seed):
     return torch.Generator(device=DEV).manual_seed(seed)
 
 
-def _randint(lo, hi, shape, gen):
-    return torch.randint(lo, hi, shape, generator=gen, device=DEV, dtype=torch.int32)
-
-
 def _nan(shape, dtype=torch.float32):
     return torch.full(shape, math.nan, dtype=dtype, device=DEV)
-
-
-def _poisoned_bf16(shape):
-    out = torch.empty(shape, dtype=torch.bfloat16, device=DEV)
-    out.view(torch.int16).fill_(BF16_POISON)
-    return out
-
-
-def _poisoned_i32(shape):
-    return torch.full(shape, I32_POISON, dtype=torch.int32, device=DEV)
 
 
 def _same(name, got, want, seed):
@@ -89,32 +85,17 @@ def _same(name, got, want, seed):
 def _scope(b, width, block_size, blocks_per_req, gen):
     """A scattered paged cache ([nb, bs, 1, 584], FlashMLA's view) and [b, 1, width] rows of
     distinct random positions of each request, with holes and garbage past the length."""
-    num_blocks = 2 * b * blocks_per_req
-    cache = random_paged_cache(num_blocks, block_size, gen, DEV).unsqueeze(2)
-    table = torch.randperm(num_blocks, generator=gen, device=DEV)[: b * blocks_per_req]
-    table = table.view(b, blocks_per_req)
-    capacity = blocks_per_req * block_size
-    idx = torch.empty((b, 1, width), dtype=torch.int32, device=DEV)
-    for r in range(b):
-        pos = torch.randperm(capacity, generator=gen, device=DEV)[:width]
-        idx[r, 0] = scatter_slots(table[r], pos, block_size)
-    lens = _randint(0, width + 1, (b,), gen)
-    lens[0] = width
+    cache, idx = decode_scope(b, 1, width, block_size, blocks_per_req, gen)
+    lens = lengths(b, width, gen)
     punch_holes(idx, lens, 0.1, gen)
     poison_past_length(idx, lens, gen)
-    return cache, idx, lens
-
-
-def _sink(h, gen):
-    sink = torch.rand(h, generator=gen, device=DEV) * 4 - 2
-    sink[1], sink[2] = -math.inf, math.inf
-    return sink
+    return cache.unsqueeze(2), idx, lens
 
 
 def _decode_case(gen, b=4, h=64, extra=True):
     q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
     k_cache, idx, lens = _scope(b, 128, 64, 3, gen)  # SWA scope: width 128, bs 64
-    case = dict(q=q, k_cache=k_cache, indices=idx, topk_length=lens, attn_sink=_sink(h, gen),
+    case = dict(q=q, k_cache=k_cache, indices=idx, topk_length=lens, attn_sink=make_sink(h, gen),
                 extra_k_cache=None, extra_indices_in_kvcache=None, extra_topk_length=None)
     if extra:  # a C128A-like compressed scope: bs 2, width 256
         e_cache, e_idx, e_lens = _scope(b, 256, 2, 130, gen)
@@ -140,67 +121,31 @@ def _fm_decode(case, meta, out=None):
 def _prefill_case(gen, s_q=16, h=64, s_kv=300, topk=256):
     q = torch.randn((s_q, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
     kv = random_k(s_kv, gen, DEV).view(s_kv, 1, 512)
-    idx = _randint(-1, s_kv, (s_q, 1, topk), gen)
-    lens = _randint(0, topk + 1, (s_q,), gen)
+    idx = randint(-1, s_kv, (s_q, 1, topk), gen)
+    lens = randint(0, topk + 1, (s_q,), gen)
     lens[0], lens[-1] = topk, 0
-    return dict(q=q, kv=kv, indices=idx, sm_scale=SCALE, attn_sink=_sink(h, gen), topk_length=lens)
+    return dict(q=q, kv=kv, indices=idx, sm_scale=SCALE, attn_sink=make_sink(h, gen), topk_length=lens)
 
 
 def _gather_case(gen, fp8_format="e4m3fn"):
     """The two gathers of one C4A prefill chunk (spec §2): compressed entries to columns
     [0, seq // 4), the SWA window to [N, N + gather_len). Returns (workspace, calls)."""
-    window, cr = 128, 4
-    prefix = torch.tensor([0, 300, 1000, 37])
-    q_len = torch.tensor([50, 20, 130, 1])
-    seq = prefix + q_len
-    R = len(seq)
-    comp_len = seq // cr
-    swa_gather = q_len + torch.minimum(prefix, torch.tensor(window - 1))
-    N = int(comp_len.max())
-    M = N + int(swa_gather.max())
-    comp_blocks, swa_blocks = int((comp_len.max() + 63) // 64), int((seq.max() + 63) // 64)
-    comp_cache = random_paged_cache(R * comp_blocks + 2, 64, gen, DEV, fp8_format)
-    swa_cache = random_paged_cache(R * swa_blocks + 2, 64, gen, DEV, fp8_format)
-    comp_bt = torch.randperm(R * comp_blocks + 2, generator=gen, device=DEV)[: R * comp_blocks]
-    swa_bt = torch.randperm(R * swa_blocks + 2, generator=gen, device=DEV)[: R * swa_blocks]
-    calls = [(comp_cache, comp_len.int().to(DEV), None, comp_bt.view(R, comp_blocks).int(), 64, 0),
-             (swa_cache, seq.int().to(DEV), swa_gather.int().to(DEV),
-              swa_bt.view(R, swa_blocks).int(), 64, N)]
+    M, _, calls = prefill_chunk_gathers(gen, fp8_format)
+    R = calls[0][1].shape[0]
     # the op writes a column slice [4, 4 + M) of a wider workspace: strides (M + 9) * 512, 512
-    ws = _poisoned_bf16((R, M + 9, 512))
+    ws = poisoned_bf16((R, M + 9, 512), DEV)
     return ws, (4, 4 + M), calls
 
 
 def _global_case(gen, T=37, K=512, R=5, max_blocks=8, bs=64):
-    nb = R * max_blocks + 4
-    bt = torch.randperm(nb, generator=gen, device=DEV)[: R * max_blocks].view(R, max_blocks).int()
-    bt[0, -1] = -1  # a missing block
-    n_valid = _randint(0, K + 1, (T,), gen)
-    n_valid[0] = K
-    local = _randint(0, (max_blocks + 1) * bs, (T, K), gen)  # some map past the table
-    cols = torch.arange(K, device=DEV)[None, :]
-    local[cols >= n_valid[:, None]] = -1
-    t2r = _randint(0, R, (T,), gen)
-    t2r[1] = -1  # a request outside [0, R)
-    valid = torch.rand((T,), generator=gen, device=DEV) < 0.8
-    valid[0] = True
+    local, t2r, bt, valid = global_topk_inputs(gen, T, K, R, max_blocks, bs)
     return local, t2r, bt, bs, valid
 
 
 def _combine_case(gen, prefix=(0, 3000, 700, 16), q_len=(100, 20, 70, 9), cr=4, K=512,
                   topk=512, window=128, extra_tokens=3):
-    prefix, q_len = torch.tensor(prefix), torch.tensor(q_len)
-    seq = prefix + q_len
-    gather = q_len + torch.minimum(prefix, torch.tensor(window - 1))
-    N = int((seq // cr).max())
-    M = N + int(gather.max())
-    qsl = torch.zeros(len(q_len) + 1, dtype=torch.int64)
-    qsl[1:] = torch.cumsum(q_len, 0)
-    qsl += 11  # rebased by the op
-    Tc = int(q_len.sum()) + extra_tokens  # padding tokens past qsl[-1]
-    topk_idx = _randint(0, int(seq.max()) // cr + 1, (Tc, K), gen)
-    return (topk_idx, qsl.int().to(DEV), seq.int().to(DEV), gather.int().to(DEV), window, cr,
-            topk, M, N)
+    tensors, M, N = combine_chunk(gen, prefix, q_len, cr, K, window, extra_tokens)
+    return (*tensors, window, cr, topk, M, N)
 
 
 # ---------------------------------------------------------------------------------------
@@ -262,7 +207,7 @@ def test_compute_global_topk_matches_reference(seed, gen):
     local, t2r, bt, bs, valid = _global_case(gen)
     T, K = local.shape
     want = compute_global_topk_indices_and_lens_ref(local, t2r, bt, bs, valid)
-    bufs = (_poisoned_i32((T, K)), _poisoned_i32((T,)))
+    bufs = (poisoned_i32((T, K), DEV), poisoned_i32((T,), DEV))
     got = vc.compute_global_topk_indices_and_lens(local, t2r, bt, bs, valid, output_buffers=bufs)
     assert got[0] is bufs[0] and got[1] is bufs[1]
     fresh = vc.compute_global_topk_indices_and_lens(local, t2r, bt, bs, valid.int())
@@ -287,7 +232,7 @@ def test_combine_topk_swa_matches_reference(seed, gen):
     args = _combine_case(gen)
     Tc = args[0].shape[0]
     want = combine_topk_swa_indices_ref(*args)
-    bufs = (_poisoned_i32((Tc, 640)), _poisoned_i32((Tc,)))
+    bufs = (poisoned_i32((Tc, 640), DEV), poisoned_i32((Tc,), DEV))
     got = vc.combine_topk_swa_indices(*args, out=bufs)
     assert got[0] is bufs[0] and got[1] is bufs[1]
     fresh = vc.combine_topk_swa_indices(args[0].unsqueeze(1), *args[1:])  # [Tc, 1, K] input
@@ -336,8 +281,8 @@ def _buffers(d, p, g_args, c_args):
     T, K = g_args[0].shape
     Tc = c_args[0].shape[0]
     return (_nan((b, 1, h, 512), torch.bfloat16), _nan(p["q"].shape[:2] + (512,), torch.bfloat16),
-            (_poisoned_i32((T, K)), _poisoned_i32((T,))),
-            (_poisoned_i32((Tc, 384)), _poisoned_i32((Tc,))))
+            (poisoned_i32((T, K), DEV), poisoned_i32((T,), DEV)),
+            (poisoned_i32((Tc, 384), DEV), poisoned_i32((Tc,), DEV)))
 
 
 def _step(d, meta, p, ws, cols, g_calls, g_args, c_args, d_out, p_out, g_bufs, c_bufs):

@@ -13,17 +13,12 @@ import math
 import pytest
 import torch
 
+from cases import SCALE, WINDOW, check_decode, decode_case, decode_scope, lengths, make_sink
+
 from dsv4_tl.cache_format import cache_geometry
 from dsv4_tl.ops import sparse_decode
 from dsv4_tl.reference import sparse_decode_ref
-from dsv4_tl.testing import (
-    cache_kmax,
-    check_attention,
-    poison_past_length,
-    punch_holes,
-    random_paged_cache,
-    scatter_slots,
-)
+from dsv4_tl.testing import cache_kmax, check_attention, poison_past_length, random_paged_cache
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,91 +26,12 @@ pytestmark = [
 ]
 
 DEV = "cuda"
-SCALE = 512 ** -0.5
-WINDOW = 128
 
 
-def _scope(b, s_q, width, block_size, blocks_per_req, gen, *, full=False, fp8_format="e4m3fn"):
-    """A scattered paged cache and index rows of one scope: every request owns
-    ``blocks_per_req`` random blocks of a pool 2x larger; rows pick random distinct positions
-    (or all positions in order when ``full``)."""
-    num_blocks = 2 * b * blocks_per_req
-    cache = random_paged_cache(num_blocks, block_size, gen, DEV, fp8_format)
-    table = torch.randperm(num_blocks, generator=gen, device=DEV)[: b * blocks_per_req]
-    table = table.view(b, blocks_per_req)
-    capacity = blocks_per_req * block_size
-    idx = torch.empty((b, s_q, width), dtype=torch.int32, device=DEV)
-    for r in range(b):
-        for s in range(s_q):
-            if full:
-                pos = torch.arange(width, device=DEV) % capacity
-            else:
-                pos = torch.randperm(capacity, generator=gen, device=DEV)[:width]
-            idx[r, s] = scatter_slots(table[r], pos, block_size)
-    return cache, idx
-
-
-def _lengths(b, width, gen, *, full_rows=1):
-    """Per-request lengths in [0, width]; the first ``full_rows`` use the whole width."""
-    lens = torch.randint(0, width + 1, (b,), generator=gen, device=DEV, dtype=torch.int32)
-    lens[:full_rows] = width
-    return lens
-
-
-def _sink(h, gen, kind="mixed"):
-    if kind == "none":
-        return None
-    if kind == "-inf":
-        return torch.full((h,), -math.inf, device=DEV)
-    if kind == "+inf":
-        return torch.full((h,), math.inf, device=DEV)
-    sink = torch.rand(h, generator=gen, device=DEV) * 4 - 2
-    if kind == "mixed" and h >= 4:
-        sink[1], sink[2] = -math.inf, math.inf
-    return sink
-
-
-def _run_and_check(q, main, extra, sink, fp8_format="e4m3fn"):
-    (k_cache, idx, lens), (e_cache, e_idx, e_lens) = main, extra
-    b, s_q, h, _ = q.shape
-    out = torch.full((b, s_q, h, 512), math.nan, dtype=torch.bfloat16, device=DEV)
-    lse = torch.full((b, h, s_q), math.nan, dtype=torch.float32, device=DEV)
-    got_out, got_lse = sparse_decode(q, k_cache, idx, lens, SCALE, sink, e_cache, e_idx, e_lens,
-                                     fp8_format=fp8_format, out=out, lse=lse)
-    assert got_out.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
-    torch.cuda.synchronize()
-    ref_out, ref_lse = sparse_decode_ref(q, k_cache, idx, lens, SCALE, sink, e_cache, e_idx,
-                                         e_lens, fp8_format=fp8_format)
-    kmax = max(cache_kmax(c, fp8_format) for c in (k_cache, e_cache) if c is not None)
-    check_attention(kmax, out, ref_out, lse=(lse, ref_lse))
-
-
-def _case(b, s_q, h, extra_kind, gen, *, sink="mixed", holes=0.1, lonely_row=True,
-          fp8_format="e4m3fn"):
-    q = torch.randn((b, s_q, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _scope(b, s_q, WINDOW, 64, 3, gen, fp8_format=fp8_format)
-    lens = _lengths(b, WINDOW, gen)
-    extra = (None, None, None)
-    if extra_kind != "swa":
-        if extra_kind.startswith("c4a"):  # indexer top-k over compressed entries, bs 64
-            width = int(extra_kind[3:])
-            e_cache, e_idx = _scope(b, s_q, width, 64, width // 64 + 2, gen,
-                                    fp8_format=fp8_format)
-        else:  # c128a: dense over all visible compressed entries, bs 2, variable length
-            width = int(extra_kind[5:])
-            e_cache, e_idx = _scope(b, s_q, width, 2, width // 2, gen, full=True,
-                                    fp8_format=fp8_format)
-        e_lens = _lengths(b, width, gen)
-        punch_holes(e_idx, e_lens, holes, gen)
-        poison_past_length(e_idx, e_lens, gen)
-        extra = (e_cache, e_idx, e_lens)
-    punch_holes(idx, lens, holes, gen)
-    poison_past_length(idx, lens, gen)
-    if lonely_row and b > 1:
-        lens[-1] = 0
-        if extra[2] is not None:
-            extra[2][-1] = 0
-    _run_and_check(q, (k_cache, idx, lens), extra, _sink(h, gen, sink), fp8_format)
+def _case(b, s_q, h, extra_kind, gen, *, sink="mixed", fp8_format="e4m3fn"):
+    q, main, extra, sink_t = decode_case(b, s_q, h, extra_kind, gen, sink_kind=sink,
+                                         fp8_format=fp8_format)
+    check_decode(q, main, extra, sink_t, fp8_format)
 
 
 @pytest.mark.parametrize(
@@ -160,10 +76,10 @@ def test_decode_all_rows_lonely(seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     b, h = 4, 64
     q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _scope(b, 1, WINDOW, 64, 3, gen)
+    k_cache, idx = decode_scope(b, 1, WINDOW, 64, 3, gen)
     lens = torch.zeros(b, dtype=torch.int32, device=DEV)
     poison_past_length(idx, lens, gen)
-    _run_and_check(q, (k_cache, idx, lens), (None, None, None), _sink(h, gen))
+    check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
 
 
 def test_decode_all_invalid_holes(seed):
@@ -171,10 +87,10 @@ def test_decode_all_invalid_holes(seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     b, h = 3, 128
     q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _scope(b, 1, WINDOW, 64, 3, gen)
+    k_cache, idx = decode_scope(b, 1, WINDOW, 64, 3, gen)
     idx.fill_(-1)
     lens = torch.full((b,), WINDOW, dtype=torch.int32, device=DEV)
-    _run_and_check(q, (k_cache, idx, lens), (None, None, None), _sink(h, gen))
+    check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
 
 
 def test_decode_out_of_range_slots_ignored(seed):
@@ -182,7 +98,7 @@ def test_decode_out_of_range_slots_ignored(seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     b, h = 4, 64
     q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _scope(b, 1, WINDOW, 64, 3, gen)
+    k_cache, idx = decode_scope(b, 1, WINDOW, 64, 3, gen)
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     bad = torch.rand(idx.shape, generator=gen, device=DEV) < 0.2
     garbage = torch.tensor([num_slots, num_slots + 63, 2**31 - 1, -2, -(2**31)],
@@ -190,7 +106,7 @@ def test_decode_out_of_range_slots_ignored(seed):
     pick = torch.randint(0, len(garbage), idx.shape, generator=gen, device=DEV)
     idx[bad] = garbage[pick][bad]
     lens = torch.full((b,), WINDOW, dtype=torch.int32, device=DEV)
-    _run_and_check(q, (k_cache, idx, lens), (None, None, None), _sink(h, gen))
+    check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
 
 
 def test_decode_fnuz_cache(seed):
@@ -204,8 +120,8 @@ def test_decode_flashmla_4d_cache_view(seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     b, h = 3, 64
     q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _scope(b, 1, WINDOW, 64, 3, gen)
-    lens = _lengths(b, WINDOW, gen)
+    k_cache, idx = decode_scope(b, 1, WINDOW, 64, 3, gen)
+    lens = lengths(b, WINDOW, gen)
     out3, lse3 = sparse_decode(q, k_cache, idx, lens, SCALE)
     out4, lse4 = sparse_decode(q, k_cache.unsqueeze(2), idx, lens, SCALE)
     assert torch.equal(out3, out4) and torch.equal(lse3, lse4)
@@ -254,13 +170,13 @@ def test_decode_warp_specialized_split_edges(block_tokens, num_splits, seed):
     config = {"block_tokens": block_tokens, "heads_per_block": 64, "threads": 384,
               "warp_specialized": True, "num_splits": num_splits}
     q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _poison_block0(*_scope(1, 1, WINDOW, 64, 3, gen))
-    e_cache, e_idx = _poison_block0(*_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
+    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
+    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
     with forcing(parse_target("cuda:sm_90a"), "sparse_decode", config):
         for main_len, extra_len in SPLIT_EDGE_LENGTHS:
             lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
             e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
-            _run_and_check(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), _sink(64, gen))
+            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
 
 
 def test_decode_zero_block_cache_refused():
@@ -295,15 +211,15 @@ def test_decode_batch_invariant(h, extra_kind, seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     b = 256
     q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _scope(b, 1, WINDOW, 64, 3, gen)
-    lens = _lengths(b, WINDOW, gen)
+    k_cache, idx = decode_scope(b, 1, WINDOW, 64, 3, gen)
+    lens = lengths(b, WINDOW, gen)
     width = int(extra_kind[3:] if extra_kind.startswith("c4a") else extra_kind[5:])
     if extra_kind.startswith("c4a"):
-        e_cache, e_idx = _scope(b, 1, width, 64, width // 64 + 2, gen)
+        e_cache, e_idx = decode_scope(b, 1, width, 64, width // 64 + 2, gen)
     else:
-        e_cache, e_idx = _scope(b, 1, width, 2, width // 2, gen, full=True)
-    e_lens = _lengths(b, width, gen, full_rows=4)
-    main, extra, sink = (k_cache, idx, lens), (e_cache, e_idx, e_lens), _sink(h, gen)
+        e_cache, e_idx = decode_scope(b, 1, width, 2, width // 2, gen, full=True)
+    e_lens = lengths(b, width, gen, full_rows=4)
+    main, extra, sink = (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(h, gen)
 
     full_out, full_lse = _decode_rows(q, main, extra, sink, list(range(b)))
     torch.cuda.synchronize()

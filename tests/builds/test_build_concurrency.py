@@ -16,7 +16,7 @@ from dsv4_tl.manifest import MANIFEST_NAME, read_manifest
 from dsv4_tl.targets import parse_target
 
 TARGET = parse_target("cuda:sm_90a")
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "stress_build_load.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "stress_build_load.py"
 
 
 def test_concurrent_builders_and_readers_of_one_directory(tmp_path):

@@ -11,12 +11,14 @@ import math
 import pytest
 import torch
 
+from cases import SCALE, check_prefill, poisoned_prefill_outputs, prefill_inputs, to_csr
+
 from dsv4_tl import tune
 from dsv4_tl.ops import sparse_prefill, sparse_prefill_ragged
 from dsv4_tl.ops._dispatch import schedule_of
 from dsv4_tl.reference import sparse_prefill_ragged_ref, sparse_prefill_ref
 from dsv4_tl.targets import target_for_device
-from dsv4_tl.testing import check_attention, clamped_csr_as_dense, random_k
+from dsv4_tl.testing import clamped_csr_as_dense
 
 pytestmark = [
     pytest.mark.gpu,
@@ -24,58 +26,14 @@ pytestmark = [
 ]
 
 DEV = "cuda"
-SCALE = 512 ** -0.5
+
+
+def _inputs(s_q, h, s_kv, topk, gen, *, sink="mixed"):
+    return prefill_inputs(s_q, h, s_kv, topk, gen, sink_kind=sink)
 
 
 def _poisoned(s_q, h):
-    return (torch.full((s_q, h, 512), math.nan, dtype=torch.bfloat16, device=DEV),
-            torch.full((s_q, h), math.nan, device=DEV),
-            torch.full((s_q, h), math.nan, device=DEV))
-
-
-def _check(got, ref, kv):
-    (out, ml, lse), (r_out, r_ml, r_lse) = got, ref
-    check_attention(float(kv.float().abs().max()), out, r_out, max_logits=(ml, r_ml),
-                    lse=(lse, r_lse))
-
-
-def _inputs(s_q, h, s_kv, topk, gen, *, holes=0.1, sink="mixed"):
-    q = torch.randn((s_q, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    kv = random_k(s_kv, gen, DEV).view(s_kv, 1, 512)
-    idx = torch.stack([torch.randperm(s_kv, generator=gen, device=DEV)[:topk]
-                       for _ in range(s_q)]).int().view(s_q, 1, topk)
-    lens = torch.randint(0, topk + 1, (s_q,), generator=gen, device=DEV, dtype=torch.int32)
-    lens[0] = topk
-    if s_q > 1:
-        lens[-1] = 0  # lonely row
-    cols = torch.arange(topk, device=DEV)[None]
-    inside = cols < lens[:, None]
-    hole = (torch.rand((s_q, topk), generator=gen, device=DEV) < holes) & inside
-    idx.view(s_q, topk)[hole] = -1
-    # out-of-range values inside the length are skipped too
-    oob = (torch.rand((s_q, topk), generator=gen, device=DEV) < 0.02) & inside
-    idx.view(s_q, topk)[oob] = s_kv
-    garbage = torch.tensor([2**31 - 1, -(2**31), -5, s_kv], dtype=torch.int32, device=DEV)
-    pick = torch.randint(0, len(garbage), (s_q, topk), generator=gen, device=DEV)
-    idx.view(s_q, topk)[~inside] = garbage[pick][~inside]
-    sink_t = None
-    if sink != "none":
-        sink_t = torch.rand(h, generator=gen, device=DEV) * 4 - 2
-        if sink == "mixed" and h >= 4:
-            sink_t[1], sink_t[2] = -math.inf, math.inf
-        elif sink in ("-inf", "+inf"):
-            sink_t.fill_(math.inf if sink == "+inf" else -math.inf)
-    return q, kv, idx, lens, sink_t
-
-
-def _to_csr(idx, lens):
-    """CSR rows holding the first lens[i] entries of each dense row (garbage dropped)."""
-    s_q, _, topk = idx.shape
-    rows = [idx[i, 0, : int(lens[i])] for i in range(s_q)]
-    indptr = torch.zeros(s_q + 1, dtype=torch.int32, device=DEV)
-    indptr[1:] = torch.cumsum(lens.long(), 0).int()
-    flat = torch.cat(rows) if rows else torch.empty(0, dtype=torch.int32, device=DEV)
-    return flat.int().contiguous(), indptr
+    return poisoned_prefill_outputs(s_q, h, DEV)
 
 
 @pytest.mark.parametrize(
@@ -90,7 +48,7 @@ def test_prefill_dense_matches_reference(s_q, h, s_kv, topk, seed):
     outs = _poisoned(s_q, h)
     sparse_prefill(q, kv, idx, SCALE, sink, lens, out=outs[0], max_logits=outs[1], lse=outs[2])
     torch.cuda.synchronize()
-    _check(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
+    check_prefill(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
 
 
 @pytest.mark.parametrize("sink", ["none", "-inf", "+inf", "finite"])
@@ -99,7 +57,7 @@ def test_prefill_sink(sink, seed):
     q, kv, idx, lens, sink_t = _inputs(24, 64, 1024, 256, gen, sink=sink)
     outs = _poisoned(24, 64)
     sparse_prefill(q, kv, idx, SCALE, sink_t, lens, out=outs[0], max_logits=outs[1], lse=outs[2])
-    _check(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink_t, lens), kv)
+    check_prefill(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink_t, lens), kv)
 
 
 def test_prefill_no_topk_length(seed):
@@ -109,7 +67,7 @@ def test_prefill_no_topk_length(seed):
     idx.view(16, 384)[torch.arange(384, device=DEV)[None] >= lens[:, None]] = -1
     outs = _poisoned(16, 128)
     sparse_prefill(q, kv, idx, SCALE, sink, None, out=outs[0], max_logits=outs[1], lse=outs[2])
-    _check(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, None), kv)
+    check_prefill(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, None), kv)
 
 
 @pytest.mark.parametrize("h", [64, 128, 16])
@@ -117,12 +75,12 @@ def test_prefill_ragged_matches_dense(h, seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     s_q, topk = 48, 640
     q, kv, idx, lens, sink = _inputs(s_q, h, 4096, topk, gen)
-    flat, indptr = _to_csr(idx, lens)
+    flat, indptr = to_csr(idx, lens)
     outs = _poisoned(s_q, h)
     sparse_prefill_ragged(q, kv, flat, indptr, SCALE, sink, out=outs[0], max_logits=outs[1],
                           lse=outs[2])
     ref = sparse_prefill_ragged_ref(q, kv, flat, indptr, SCALE, 512, sink)
-    _check(outs, ref, kv)
+    check_prefill(outs, ref, kv)
     dense = sparse_prefill(q, kv, idx, SCALE, sink, lens)
     for name, a, b in zip(("out", "max_logits", "lse"), outs, dense):
         assert torch.equal(a, b), f"{name}: ragged and dense kernels differ"
@@ -134,7 +92,7 @@ def test_prefill_ragged_malformed_indptr_is_safe(seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     s_q, h = 6, 64
     q, kv, idx, lens, sink = _inputs(s_q, h, 512, 64, gen)
-    flat, _ = _to_csr(idx, torch.full((s_q,), 64, dtype=torch.int32, device=DEV))
+    flat, _ = to_csr(idx, torch.full((s_q,), 64, dtype=torch.int32, device=DEV))
     nnz = flat.numel()
     indptr = torch.tensor([0, 64, 10, nnz + 1000, 2**31 - 1, -7, nnz], dtype=torch.int32,
                           device=DEV)
@@ -143,7 +101,7 @@ def test_prefill_ragged_malformed_indptr_is_safe(seed):
                           lse=outs[2])
     torch.cuda.synchronize()
     dense, lens_t = clamped_csr_as_dense(flat, indptr)
-    _check(outs, sparse_prefill_ref(q, kv, dense, SCALE, 512, sink, lens_t), kv)
+    check_prefill(outs, sparse_prefill_ref(q, kv, dense, SCALE, 512, sink, lens_t), kv)
 
 
 def test_prefill_empty_kv():
@@ -179,7 +137,7 @@ def test_prefill_tp_heads_run_tokens_in_m(s_q, h, s_kv, topk, seed):
     outs = _poisoned(s_q, h)
     sparse_prefill(q, kv, idx, SCALE, sink, lens, out=outs[0], max_logits=outs[1], lse=outs[2])
     torch.cuda.synchronize()
-    _check(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
+    check_prefill(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
 
 
 @pytest.mark.parametrize("h,num_stages,threads",
@@ -196,7 +154,7 @@ def test_prefill_tokens_in_m_each_layout_dense_and_ragged(h, num_stages, threads
     gen = torch.Generator(DEV).manual_seed(seed)
     s_q, topk = 23, 1000  # 16 tiles of 64 for a full row
     q, kv, idx, lens, sink = _inputs(s_q, h, 6000, topk, gen)
-    flat, indptr = _to_csr(idx, lens)
+    flat, indptr = to_csr(idx, lens)
     with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill", config):
         dense = _poisoned(s_q, h)
         sparse_prefill(q, kv, idx, SCALE, sink, lens, out=dense[0], max_logits=dense[1],
@@ -205,6 +163,6 @@ def test_prefill_tokens_in_m_each_layout_dense_and_ragged(h, num_stages, threads
         sparse_prefill_ragged(q, kv, flat, indptr, SCALE, sink, out=ragged[0],
                               max_logits=ragged[1], lse=ragged[2])
         torch.cuda.synchronize()
-    _check(dense, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
+    check_prefill(dense, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
     for name, a, b in zip(("out", "max_logits", "lse"), ragged, dense):
         assert torch.equal(a, b), f"{name}: ragged and dense kernels differ"

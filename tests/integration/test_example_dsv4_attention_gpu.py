@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dsv4_attention.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dsv4_attention.py"
 
 pytestmark = [
     pytest.mark.gpu,

@@ -415,11 +415,11 @@ def test_report_prints_the_logged_buckets(logs, capsys, monkeypatch):
 def test_a_crashed_candidate_is_pruned_on_the_next_run(tmp_path):
     (p,) = tune.plan(TARGET, ["sparse_decode"], buckets=["h64_c4a_ctas1_16"])
     victim = p.kept[2].config
-    tune._write_state(tmp_path, TARGET, "sparse_decode",
+    tune.write_state(tmp_path, TARGET, "sparse_decode",
                       inflight={"bucket": p.name, "config": victim})
     crashed = tune.load_crashed(tmp_path, TARGET, ["sparse_decode"], say=lambda s: None)
     assert crashed == {("sparse_decode", p.name): [victim]}
-    state = json.loads(tune._state_path(tmp_path, TARGET, "sparse_decode").read_text())
+    state = json.loads(tune.state_path(tmp_path, TARGET, "sparse_decode").read_text())
     assert "inflight" not in state and state["crashed"][0]["config"] == victim
     (again,) = tune.plan(TARGET, ["sparse_decode"], buckets=[p.name], crashed=crashed)
     assert victim not in [c.config for c in again.kept]

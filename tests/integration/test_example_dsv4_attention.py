@@ -1,5 +1,5 @@
 """examples/dsv4_attention.py at small size on Intel's SYCL CPU device (CI; the full-size GPU
-run is tests/test_gpu_example_dsv4_attention.py): the composition of the ops as an inference engine strings them together (insert,
+run is tests/integration/test_example_dsv4_attention_gpu.py): the composition of the ops as an inference engine strings them together (insert,
 gather, combine indices, sparse prefill; insert, SWA and global top-k indices, sparse
 decode), checked by the example against a dense float32 attention masked by spec §5's
 visibility rules. A second run with an index helper made off by one must fail that check
@@ -14,7 +14,7 @@ from conftest import requires_sycl_cpu
 
 pytestmark = requires_sycl_cpu()
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dsv4_attention.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dsv4_attention.py"
 
 
 def _load_example():

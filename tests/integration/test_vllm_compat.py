@@ -8,7 +8,7 @@ the op's defaults), torch.compile(fullgraph=True) tracing of the wrappers (Dynam
 backend that only records the graph), how the wrappers honour preallocated outputs, and
 every argument-rejection path of the wrappers (exception type, argument name first).
 
-The values the ops compute are tested on a GPU (tests/test_gpu_vllm_compat.py).
+The values the ops compute are tested on a GPU (tests/integration/test_vllm_compat_gpu.py).
 """
 
 import re

@@ -12,7 +12,7 @@ import torch
 import dsv4_tl.ops as ops
 from dsv4_tl.reference import sparse_decode_ref, sparse_prefill_ref
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "multi_gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "multi_gpu_check.py"
 
 
 @pytest.fixture

@@ -1,0 +1,162 @@
+"""The resource model ``dsv4-tl tune`` prunes candidates by before compiling them: shared
+memory and accumulator registers per CTA estimated from a schedule's tile sizes, checked
+against the arch's limits (:data:`dsv4_tl.cuda.backend.ARCH_LIMITS`), plus the layout rules
+of the kernel builders and bucket sanity (split-KV: no more splits than tiles, at most two
+waves)."""
+
+from typing import Optional
+
+from ..targets import target_for_dirname
+from ..tile_kernels.layout import HEAD_DIM
+from .suites import decode_ctas, decode_tiles
+
+
+def arch_limits(target_dir: str):
+    """The limits the estimates below are checked against: the CUDA arch's
+    (:data:`dsv4_tl.cuda.backend.ARCH_LIMITS`; the estimates are of the generated CUDA), None
+    for the other targets, whose candidates only the layout rules prune."""
+    from ..cuda.backend import ARCH_LIMITS
+
+    target = target_for_dirname(target_dir)
+    return ARCH_LIMITS.get(target.arch) if target.kind == "cuda" else None
+
+
+# Registers a thread needs besides the fp32 accumulators (addresses, loop state, softmax
+# scalars): kept small so that the estimate only prunes what cannot fit.
+_REG_OVERHEAD = 24
+
+
+def _buffers(*sizes: int) -> int:
+    """Bytes of shared buffers as TileLang lays them out: each rounded up to 1 KB (offsets
+    in the generated CUDA of the decode and prefill kernels are 1 KB aligned)."""
+    return sum(-(-s // 1024) * 1024 for s in sizes if s)
+
+
+_REDUCE_SCRATCH = 2048  # row reductions of the softmax (reduce_max / reduce_sum) stage here
+
+
+def _ws_smem(hb: int, bi: int) -> int:
+    # attention_tile.WarpSpecializedState: Q halves, two K buffers of two halves, two P
+    # tiles, validity flags, two alpha rows and the denominator row (mbarriers are static).
+    return _buffers(hb * 256 * 2, hb * 256 * 2, *(bi * 256 * 2,) * 4, hb * bi * 2, hb * bi * 2,
+                    bi, bi, hb * 4, hb * 4, hb * 4) + _REDUCE_SCRATCH
+
+
+def smem_bytes(op: str, config: dict) -> int:
+    """Estimated shared memory per CTA of ``op`` under ``config`` (bytes).
+
+    Checked against the generated CUDA on sm_90a (largest buffer offsets): warp-specialised
+    decode/prefill 64 heads x 64 tokens ~208 KB; plain decode ~144 KB, plain prefill ~141 KB
+    (one K tile whatever ``num_stages``: the tile is written by a ``T.Parallel`` gather,
+    which ``T.Pipelined`` does not multi-buffer; checked for 0 and 2 stages).
+    """
+    c = config
+    if op in ("sparse_decode", "sparse_prefill"):
+        hb, bi = c["heads_per_block"], c["block_tokens"]
+        if c.get("warp_specialized"):
+            return _ws_smem(hb, bi)  # decode's producer stages raw bytes in registers
+        if c.get("tokens_in_m"):  # Q, num_stages K buffers, P (one per K buffer with two
+            nb = c["num_stages"]  # math warpgroups)
+            p_tiles = nb if c["threads"] == 384 else 1
+            return (_buffers(hb * HEAD_DIM * 2, *(bi * HEAD_DIM * 2,) * nb,
+                             *(hb * bi * 2,) * p_tiles) + _REDUCE_SCRATCH)
+        common = (hb * HEAD_DIM * 2, bi * HEAD_DIM * 2, hb * bi * 2)  # Q, K, P (bf16)
+        if op == "sparse_decode":  # row offsets (int64), 7 scales (fp32), flags
+            return _buffers(*common, bi * 8, bi * 7 * 4, bi) + _REDUCE_SCRATCH
+        return _buffers(*common, bi * 4, bi) + _REDUCE_SCRATCH  # row ids, flags
+    if op == "dequant_gather":
+        tb = c["tokens_per_block"]
+        return _buffers(tb * 8, tb * 8, tb * 8, tb, tb * 8 * 4)
+    if op == "global_topk":
+        tb = c["tokens_per_block"]
+        return _buffers(tb * 4, tb, tb * 4, tb * 4)
+    if op == "combine_topk_swa":
+        tb = c["tokens_per_block"]
+        return _buffers(tb * 4, tb * 4, tb * 8, tb * 8, tb * 4, tb * 4)
+    if op == "insert_k_cache":  # K bits (int16), FP8 codes, partial maxima, scales, offsets
+        tb = c["tokens_per_block"]
+        return _buffers(tb * HEAD_DIM * 2, tb * HEAD_DIM, tb * 64 * 4, tb * 8 * 4, tb * 8,
+                        tb * 8, tb)
+    return 0
+
+
+def acc_registers(op: str, config: dict) -> int:
+    """Estimated fp32 accumulator registers per thread (fragments spread over the threads
+    that own them), plus a fixed overhead."""
+    c = config
+    if op in ("sparse_decode", "sparse_prefill"):
+        hb, bi = c["heads_per_block"], c["block_tokens"]
+        if c.get("tokens_in_m"):  # math warpgroup 0: Oᵀ (all, or half of it with two math
+            # warpgroups), Sᵀ and the partial sums
+            o_dims = HEAD_DIM if c["threads"] == 256 else HEAD_DIM // 2
+            return (hb * o_dims + 2 * hb * bi) // 128 + _REG_OVERHEAD
+        if c.get("warp_specialized"):  # consumer warpgroup 0: O[:, :256] and S over 128 threads
+            return (hb * 256 + hb * bi) // 128 + _REG_OVERHEAD
+        return (hb * HEAD_DIM + hb * bi) // c["threads"] + _REG_OVERHEAD
+    if op == "global_topk":  # flag fragment [tokens, cols] int32
+        return c["tokens_per_block"] * c["cols_per_block"] // c["threads"] + _REG_OVERHEAD
+    return _REG_OVERHEAD
+
+
+def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
+    """Why ``config`` cannot (or need not) be compiled for ``op`` on ``target_dir``: a
+    sentence, or None when it is kept. With ``rep`` (the bucket's representative shape)
+    the bucket sanity rules apply too."""
+    arch = arch_limits(target_dir)
+    c = config
+    threads = c.get("threads")
+    if threads is not None:
+        if threads % 32 or threads < 32:
+            return f"threads: {threads} is not a whole number of warps"
+        if arch and threads > arch.max_threads:
+            return f"threads: {threads} > {arch.max_threads} per block"
+    if op in ("sparse_decode", "sparse_prefill"):
+        hb, bi = c["heads_per_block"], c["block_tokens"]
+        if bi % 16 or hb % 16:
+            return f"tile: block_tokens {bi} and heads_per_block {hb} must be multiples of 16 (MMA)"
+        if c.get("tokens_in_m"):
+            # tile_kernels/sparse_prefill._check_tokens_in_m
+            if op != "sparse_prefill" or (arch and not arch.wgmma):
+                return "tokens_in_m: a Hopper (wgmma) schedule of sparse_prefill"
+            if (c.get("warp_specialized") or threads not in (256, 384) or bi != 64
+                    or hb not in (16, 32)):
+                return ("tokens_in_m: needs warp_specialized false, threads 256 or 384, "
+                        "block_tokens 64 and heads_per_block 16 or 32 (got "
+                        f"{c.get('warp_specialized')}, {threads}, {bi}, {hb})")
+            if not 2 <= c["num_stages"] <= 4:
+                return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} outside [2, 4]"
+        elif c.get("warp_specialized"):
+            if arch and not arch.wgmma:
+                return f"warp_specialized: the Hopper schedule needs wgmma ({target_dir} has none)"
+            if hb != 64 or threads != 384 or bi % 32:
+                return ("warp_specialized: needs heads_per_block 64, threads 384, block_tokens % 32 "
+                        f"== 0 (got {hb}, {threads}, {bi})")
+            if op == "sparse_decode" and bi not in (32, 64):
+                return (f"warp_specialized: decode's producer takes 32- or 64-token tiles (32 "
+                        f"tokens per round), got block_tokens {bi}")
+            if op == "sparse_prefill" and c.get("num_stages", 0) != 0:
+                return "num_stages: unused by the warp-specialised schedule (same kernel as 0)"
+        elif threads == 384:
+            return "threads: 384 is the warp-specialised layout; the plain kernel uses 128 or 256"
+    if arch:
+        smem = smem_bytes(op, c)
+        if smem > arch.smem_per_block:
+            return (f"shared memory: ~{smem / 1024:.0f} KB per block > {arch.smem_per_block // 1024} KB "
+                    f"({target_dir})")
+        regs = acc_registers(op, c)
+        if regs > arch.max_regs_per_thread:
+            return (f"registers: ~{regs} per thread (accumulators) > {arch.max_regs_per_thread}; "
+                    "would spill")
+    if op == "sparse_decode":
+        splits = c["num_splits"]
+        if splits < 1 or splits > 64:
+            return f"num_splits: {splits} outside [1, 64]"
+        if rep is not None:
+            tiles = decode_tiles(rep, c["block_tokens"])
+            if splits > tiles:
+                return f"num_splits: {splits} splits > {tiles} KV tiles of a row (empty splits)"
+            ctas = decode_ctas(rep)
+            if arch and splits > 1 and ctas * splits > 2 * arch.sms:
+                return (f"num_splits: {ctas} CTAs x {splits} splits > two waves of "
+                        f"{arch.sms} SMs")
+    return None

@@ -1,0 +1,99 @@
+"""Suites: the representative input of every shape bucket, by op and bucket name (suite
+``dsv4``: spec §8 shapes), and the shape facts the pruning rules read of them."""
+
+import dataclasses
+import math
+from typing import Callable, Dict
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherShape:
+    reqs: int
+    rows: int  # gathered rows per request
+    block_size: int = 64
+
+    @property
+    def name(self) -> str:
+        return f"gather {self.reqs} x {self.rows} rows (bs {self.block_size})"
+
+
+@dataclasses.dataclass(frozen=True)
+class InsertShape:
+    rows: int
+    block_size: int = 64
+
+    @property
+    def name(self) -> str:
+        return f"insert {self.rows} rows (bs {self.block_size})"
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalTopkShape:
+    tokens: int
+    k: int
+    reqs: int
+    max_blocks: int
+    block_size: int = 64
+
+    @property
+    def name(self) -> str:
+        return f"global top-k {self.tokens} tokens x {self.k} (bs {self.block_size})"
+
+
+@dataclasses.dataclass(frozen=True)
+class CombineShape:
+    prefix: tuple
+    q_len: tuple
+    compress_ratio: int
+    k: int
+    topk: int
+    window: int = 128
+
+    @property
+    def name(self) -> str:
+        return (f"combine top-k {sum(self.q_len)} tokens, {len(self.q_len)} requests, "
+                f"cr {self.compress_ratio}, top-k {self.topk} + window {self.window}")
+
+
+def decode_ctas(rep) -> int:
+    return rep.b * math.ceil(rep.h / 64)  # s_q = 1; heads_per_block is 64 in every schedule
+
+
+def decode_tiles(rep, block_tokens: int) -> int:
+    extra = {"swa": 0, "c4a": 512 if rep.h == 64 else 1024, "c128a": 1024}[rep.kind]
+    return math.ceil(128 / block_tokens) + math.ceil(extra / block_tokens)
+
+
+def _dsv4_suite() -> dict:
+    """Representative inputs of the DSv4 buckets (spec §8), by op and bucket name."""
+    from ..bench import DecodeShape, PrefillShape
+
+    decode = {}
+    batches = {64: {"ctas1_16": 8, "ctas17_33": 32, "ctas34_66": 64, "ctas67_up": 128},
+               128: {"ctas1_16": 8, "ctas17_33": 16, "ctas34_66": 32, "ctas67_up": 128}}
+    for h, by_range in batches.items():
+        for kind in ("swa", "c4a", "c128a"):
+            for tag, b in by_range.items():
+                decode[f"h{h}_{kind}_{tag}"] = DecodeShape(h, b, kind)
+    # TP head counts (V4-Pro TP8 = 16 heads, TP4 = 32), Flash C4A width
+    prefill = {"h16_tp": PrefillShape(16, 4096, 640, 32768),
+               "h32_tp": PrefillShape(32, 4096, 640, 32768)}
+    for h in (64, 128):
+        prefill[f"h{h}_topk1_256"] = PrefillShape(h, 4096, 128, 32768)
+        prefill[f"h{h}_topk257_1024"] = PrefillShape(h, 4096, 640, 32768)
+        prefill[f"h{h}_topk1025_4096"] = PrefillShape(h, 4096, 1152, 32768)
+        prefill[f"h{h}_topk4097_up"] = PrefillShape(h, 1024, 8320, 65536)
+    gather = {"rows1_16k": GatherShape(4, 2048), "rows16k_256k": GatherShape(4, 8319),
+              "rows256k_up": GatherShape(4, 131072)}
+    return {
+        "sparse_decode": decode,
+        "sparse_prefill": prefill,
+        "dequant_gather": gather,
+        "global_topk": {"all": GlobalTopkShape(256, 1024, 256, 64)},
+        "combine_topk_swa": {"all": CombineShape((0, 3000, 20000, 100000), (2048,) * 4, 4,
+                                                 1024, 1024)},
+        "insert_k_cache": {"tokens1_512": InsertShape(128), "tokens512_up": InsertShape(8192)},
+    }
+
+
+SUITES: Dict[str, Callable[[], dict]] = {"dsv4": _dsv4_suite}
