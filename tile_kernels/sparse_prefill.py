@@ -253,32 +253,44 @@ def seesaw_scores(st, ss, acc_s, buf: int, parity):
 
 
 @T.macro
+def seesaw_exponentiate(st, ss, me: int, acc_o, scale_log2):
+    """Consumer ``me``'s tile against its new running max ``m_i``: P = 2^((s - m)·scale) in
+    place of the scores, its row sums folded into ``l_i`` and the output rescaled from the
+    previous max ``m_prev``."""
+    HB, BI, DH = st.heads, st.block_tokens, st.half_dim
+    acc_s, m_i, m_prev = ss.acc_s[me], ss.m_i[me], ss.m_prev[me]
+    l_i, l_tile, alpha = ss.l_i[me], ss.l_tile[me], ss.alpha[me]
+    for i in T.Parallel(HB):
+        alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
+    for i, j in T.Parallel(HB, BI):
+        acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - m_i[i] * scale_log2)
+    T.reduce_sum(acc_s, l_tile, dim=1)
+    for i in T.Parallel(HB):
+        l_i[i] = l_i[i] * alpha[i] + l_tile[i]
+    for i, d in T.Parallel(HB, DH):
+        acc_o[i, d] *= alpha[i]
+
+
+@T.macro
 def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
     """Consumer 0: even tiles, output columns [0, 256)."""
     HB, BI, DH = st.heads, st.block_tokens, st.half_dim
-    acc_s, p_regs, m_i, m_prev = ss.acc_s[0], ss.p_regs[0], ss.m_i[0], ss.m_prev[0]
-    m_peer, l_i, l_tile, alpha = ss.m_peer[0], ss.l_i[0], ss.l_tile[0], ss.alpha[0]
+    me = 0
+    acc_s, p_regs, m_i, m_peer, l_i, alpha = (ss.acc_s[me], ss.p_regs[me], ss.m_i[me],
+                                              ss.m_peer[me], ss.l_i[me], ss.alpha[me])
     T.fill(l_i, 0)
     T.fill(m_i, M_SENTINEL)
     T.fill(acc_o, 0)
     T.barrier_wait(st.bar_q, 0)
     for pair in T.serial(pairs):
         seesaw_scores(st, ss, acc_s, 0, pair & 1)
-        T.copy(m_i, m_prev)
+        T.copy(m_i, ss.m_prev[me])
         T.wait_wgmma(0)
         T.barrier_arrive(ss.k_free[0][1])
         T.reduce_max(acc_s, m_i, dim=1, clear=False)
         T.copy(m_i, ss.m_shared[0])
         T.barrier_arrive(ss.stats_ready[0])
-        for i in T.Parallel(HB):
-            alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
-        for i, j in T.Parallel(HB, BI):
-            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - m_i[i] * scale_log2)
-        T.reduce_sum(acc_s, l_tile, dim=1)
-        for i in T.Parallel(HB):
-            l_i[i] = l_i[i] * alpha[i] + l_tile[i]
-        for i, d in T.Parallel(HB, DH):
-            acc_o[i, d] *= alpha[i]
+        seesaw_exponentiate(st, ss, me, acc_o, scale_log2)
         T.copy(acc_s, p_regs)
         T.wgmma_gemm(p_regs, st.K_l[0], acc_o)
         T.wait_wgmma(0)
@@ -308,15 +320,16 @@ def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
 def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2):
     """Consumer 1: odd tiles, output columns [256, 512)."""
     HB, BI, DH = st.heads, st.block_tokens, st.half_dim
-    acc_s, p_regs, m_i, m_prev = ss.acc_s[1], ss.p_regs[1], ss.m_i[1], ss.m_prev[1]
-    m_peer, l_i, l_tile, alpha = ss.m_peer[1], ss.l_i[1], ss.l_tile[1], ss.alpha[1]
+    me = 1
+    acc_s, p_regs, m_i, m_peer, l_i, alpha = (ss.acc_s[me], ss.p_regs[me], ss.m_i[me],
+                                              ss.m_peer[me], ss.l_i[me], ss.alpha[me])
     T.fill(l_i, 0)
     T.fill(m_i, M_SENTINEL)
     T.fill(acc_o, 0)
     T.barrier_wait(st.bar_q, 0)
     for pair in T.serial(pairs):
         seesaw_scores(st, ss, acc_s, 1, pair & 1)
-        T.copy(m_i, m_prev)
+        T.copy(m_i, ss.m_prev[me])
         T.wait_wgmma(0)
         T.barrier_arrive(ss.k_free[1][0])
         # Consumer 0's max already holds the history (and the even tile).
@@ -325,15 +338,7 @@ def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2):
         T.reduce_max(acc_s, m_i, dim=1, clear=False)
         T.copy(m_i, ss.m_shared[1])
         T.barrier_arrive(ss.stats_ready[1])
-        for i in T.Parallel(HB):
-            alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
-        for i, j in T.Parallel(HB, BI):
-            acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - m_i[i] * scale_log2)
-        T.reduce_sum(acc_s, l_tile, dim=1)
-        for i in T.Parallel(HB):
-            l_i[i] = l_i[i] * alpha[i] + l_tile[i]
-        for i, d in T.Parallel(HB, DH):
-            acc_o[i, d] *= alpha[i]
+        seesaw_exponentiate(st, ss, me, acc_o, scale_log2)
         T.copy(acc_s, st.P_shared[1])
         T.fence_proxy_async()
         T.barrier_arrive(st.p_ready[1])
