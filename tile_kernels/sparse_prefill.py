@@ -51,6 +51,7 @@ def build_sparse_prefill(
     warp_specialized: bool = False,
     tile_math: str = "tensor_core",
     tokens_in_m: bool = False,
+    pv_split: bool = True,
 ):
     """Return the prim_func of sparse prefill.
 
@@ -72,6 +73,9 @@ def build_sparse_prefill(
             warpgroup, 384: two (the second takes half of P·V); a producer warpgroup
             gathers into ``num_stages`` (2-4) K buffers. Same math and
             index rules; sm_90a only (see ``_build_tokens_in_m``).
+        pv_split: tokens-in-M with ``threads`` 384: True: the two math warpgroups split
+            P·V's output dims (warpgroup 0 also scores); False: warpgroup 0 only scores
+            (Sᵀ, softmax) and warpgroup 1 does all of P·V, one tile behind.
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
     ``indices``, ``lengths`` (dense: ``topk_length [s_q] int32``; ragged: ``indptr [s_q+1]
@@ -112,8 +116,11 @@ def build_sparse_prefill(
     check_tile_math(tile_math)
     if tokens_in_m:
         _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
-        return _build_tokens_in_m(num_heads, BI, HB, num_stages, threads, row_length,
-                                  index_at, idx_shape, len_shape, s_q, s_kv)
+        if not pv_split and threads != 384:
+            raise ValueError(f"pv_split: False needs threads 384 (two math warpgroups), got "
+                             f"{threads}")
+        return _build_tokens_in_m(num_heads, BI, HB, num_stages, threads, pv_split,
+                                  row_length, index_at, idx_shape, len_shape, s_q, s_kv)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -508,6 +515,9 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
 # warpgroup 0 holds Sᵀ, the partial sums and half of Oᵀ, warpgroup 1 half of Oᵀ.
 TOKENS_IN_M_THREADS = (256, 384)
 TOKENS_IN_M_REGS = check_ws_regs((240, 184, 80))
+# pv_split False: warpgroup 0 holds Sᵀ and the partial sums only, warpgroup 1 all of Oᵀ
+# (4·N registers: 128 at N 32).
+TOKENS_IN_M_REGS_PV_ALL = check_ws_regs((160, 240, 104))
 # wgmma N = heads per CTA. Oᵀ [512, N] fp32 over the math warpgroups is 4·N (one) or 2·N
 # (two) registers per thread; N 32 on one warpgroup already takes ptxas to 255 (no spills).
 # Each thread holds N / 4 columns of Sᵀ.
@@ -536,8 +546,8 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
                          f"shared memory (~{smem_kib:.0f} KiB > 227), got {num_stages}")
 
 
-def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx_shape,
-                       len_shape, s_q, s_kv):
+def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, index_at,
+                       idx_shape, len_shape, s_q, s_kv):
     """Sparse prefill for few heads (TP head counts, ``heads_per_block`` 16 or 32): the heads
     are wgmma's N dimension and the KV tokens its M dimension, so no head is padded to 64.
 
@@ -550,7 +560,14 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
     Warpgroups: ``threads`` 256: warpgroup 0 does all the math. ``threads`` 384: warpgroup 0
     does Sᵀ, the softmax and Oᵀ's dims [0, 256); warpgroup 1 Oᵀ's dims [256, 512) with
     warpgroup 0's P tile and rescale row of the same K buffer (handed over through the P
-    barriers), so its P·V overlaps warpgroup 0's next Sᵀ. The last warpgroup is the
+    barriers), so its P·V overlaps warpgroup 0's next Sᵀ. With ``pv_split`` False
+    warpgroup 0 only scores (it releases the K buffer after Sᵀ) and warpgroup 1 does all of
+    P·V: per tile, 32 wgmma instructions each instead of 48 and 16, so that neither chain
+    alone sets the tile time (round 1: h32 ran at the 64-head FlashMLA time though its
+    gather is h16's); its K buffers go by 256-dim halves as in the seesaw (a ready and a
+    free barrier per half: warpgroup 0 issues the left half's Sᵀ once it landed, and
+    warpgroup 1 releases the left half once its product is done, so the refill starts
+    earlier: a buffer is held from Sᵀ to P·V one tile later). The last warpgroup is the
     producer: it resolves each tile's indices (clamped reads, validity flags; the row
     indices one tile ahead) and gathers its rows with per-thread 16-byte cp.async copies
     predicated on validity (an invalid row is zero-filled, never read) into ``NB`` K buffers
@@ -566,6 +583,8 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
     D = HEAD_DIM
     DH = D // 2
     two = threads == 384  # two math warpgroups
+    pv_all = two and not pv_split  # warpgroup 1 does all of P·V
+    regs = TOKENS_IN_M_REGS_PV_ALL if pv_all else TOKENS_IN_M_REGS
     producer0 = threads - 128
     head_groups = (num_heads + HB - 1) // HB
     full_groups = num_heads % HB == 0
@@ -653,6 +672,11 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
             # thread. p_ready / p_free: warpgroup 0 -> 1 and back, per P tile.
             k_ready = [T.alloc_barrier(arrive_count=256) for _ in buffers]
             k_free = [T.alloc_barrier(arrive_count=producer0) for _ in buffers]
+            # pv_all: K buffers by halves; k_ready / k_free above guard the left half (and
+            # the validity flags), these the right half.
+            k_ready_r = [T.alloc_barrier(arrive_count=128) for _ in (buffers if pv_all else ())]
+            k_free_r = [T.alloc_barrier(arrive_count=producer0)
+                        for _ in (buffers if pv_all else ())]
             p_ready = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
             p_free = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
             bar_done = T.alloc_barrier(arrive_count=256) if two else None
@@ -666,13 +690,14 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
 
             if tx < 128:
                 if two:
-                    ws_set_regs(TOKENS_IN_M_REGS[0])
+                    ws_set_regs(regs[0])
                 for i, d in T.Parallel(HB, DH):
                     hh = T.min(h0 + i, num_heads - 1)
                     Q_l[i, d] = T.if_then_else(h0 + i < num_heads, Q[row, hh, d], 0)
                     Q_r[i, d] = T.if_then_else(h0 + i < num_heads, Q[row, hh, DH + d], 0)
                 T.fence_proxy_async()  # each thread's Q stores, before wgmma reads them
-                T.fill(acc_o_l, 0)
+                if not pv_all:
+                    T.fill(acc_o_l, 0)
                 T.fill(l_part, 0)
                 T.fill(m_i, M_SENTINEL)
                 if not two:
@@ -688,10 +713,18 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                                 acc_s[j, i] = T.if_then_else(valid[b][j], 0,
                                                              -T.infinity(T.float32))
                             # both halves issued before one wait (a wait per half left
-                            # the tensor cores idle between them)
+                            # the tensor cores idle between them); by halves, the left
+                            # one is issued as soon as it landed
                             T.wgmma_gemm(K_l[b], Q_l, acc_s, transpose_B=True)
+                            if pv_all:
+                                T.barrier_wait(k_ready_r[b], rnd & 1)
+                                T.fence_proxy_async()
                             T.wgmma_gemm(K_r[b], Q_r, acc_s, transpose_B=True)
                             T.wait_wgmma(0)
+                            if pv_all:
+                                # Sᵀ was this warpgroup's last read of the K buffer
+                                T.barrier_arrive(k_free[b])
+                                T.barrier_arrive(k_free_r[b])
                             if two:
                                 # warpgroup 1 is done with this P tile of NB tiles ago
                                 # (parity 1 on the first round: a fresh barrier's previous
@@ -703,7 +736,8 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                                 # P and alpha go to warpgroup 1 before the left P·V, so that
                                 # both halves run together
                                 T.barrier_arrive(p_ready[b])
-                                pv_half(acc_o_l, alpha, K_l[b], P_tiles[b])
+                                if not pv_all:
+                                    pv_half(acc_o_l, alpha, K_l[b], P_tiles[b])
                             else:
                                 softmax_step(acc_s, m_i, m_prev, alpha, l_part, P_tiles[0],
                                              scale_log2)
@@ -715,7 +749,8 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                                 T.wgmma_gemm(K_r[b], P_tiles[0], acc_o_r, transpose_A=True,
                                              transpose_B=True)
                                 T.wait_wgmma(0)
-                            T.barrier_arrive(k_free[b])
+                            if not pv_all:
+                                T.barrier_arrive(k_free[b])
                 # Epilogue. max_logits/lse exclude the sink; out divides by Σe^s + e^sink.
                 T.reduce_sum(l_part, l_i, dim=0, batch=HB // 4)
                 for i in T.Parallel(HB):
@@ -735,28 +770,48 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                     T.barrier_arrive(bar_done)
                 else:
                     store_half(acc_o_r, inv, Q_r, Out, row, h0, DH)
-                store_half(acc_o_l, inv, Q_l, Out, row, h0, 0)
+                if not pv_all:
+                    store_half(acc_o_l, inv, Q_l, Out, row, h0, 0)
             elif two and tx < 256:
-                ws_set_regs(TOKENS_IN_M_REGS[1])
+                ws_set_regs(regs[1])
                 T.fill(acc_o_r, 0)
+                if pv_all:
+                    T.fill(acc_o_l, 0)
                 for rnd in T.serial(rounds):
                     for b in buffers:
                         if rnd * NB + b < tiles:
                             T.barrier_wait(p_ready[b], rnd & 1)
                             T.fence_proxy_async()
                             T.copy(alpha_shared[b], alpha_r)
-                            pv_half(acc_o_r, alpha_r, K_r[b], P_tiles[b])
-                            T.barrier_arrive(k_free[b])
+                            if pv_all:
+                                # both halves issued before one wait
+                                for d, i in T.Parallel(DH, HB):
+                                    acc_o_l[d, i] *= alpha_r[i]
+                                    acc_o_r[d, i] *= alpha_r[i]
+                                T.wgmma_gemm(K_l[b], P_tiles[b], acc_o_l, transpose_A=True,
+                                             transpose_B=True)
+                                T.wgmma_gemm(K_r[b], P_tiles[b], acc_o_r, transpose_A=True,
+                                             transpose_B=True)
+                                # the left half is released as soon as its product is done
+                                T.wait_wgmma(1)
+                                T.barrier_arrive(k_free[b])
+                                T.wait_wgmma(0)
+                                T.barrier_arrive(k_free_r[b])
+                            else:
+                                pv_half(acc_o_r, alpha_r, K_r[b], P_tiles[b])
+                                T.barrier_arrive(k_free[b])
                             T.barrier_arrive(p_free[b])
-                # Warpgroup 0's last QKᵀ has read Q_r (its P of the last tile came after
+                # Warpgroup 0's last QKᵀ has read Q (its P of the last tile came after
                 # it), and bar_done brings the heads' reciprocal denominators.
                 T.barrier_arrive(bar_done)
                 T.barrier_wait(bar_done, 0)
                 T.copy(inv_shared, inv_r)
                 store_half(acc_o_r, inv_r, Q_r, Out, row, h0, DH)
+                if pv_all:
+                    store_half(acc_o_l, inv_r, Q_l, Out, row, h0, 0)
             else:
                 if two:
-                    ws_set_regs(TOKENS_IN_M_REGS[2])
+                    ws_set_regs(regs[2])
                 p = tx - producer0
                 # Thread p gathers rows r * 16 + p // 8 (r < BI / 16) of each tile. Their
                 # KV row indices are loaded one tile ahead (a dependent global load per row
@@ -786,11 +841,27 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                                     T.ptx_cp_async(T.access_ptr(K_l[b][j, c], "w", 8),
                                                    T.access_ptr(KV[kv_row[0], c], "r", 8), 8,
                                                    ok)
-                                    T.ptx_cp_async(T.access_ptr(K_r[b][j, c], "w", 8),
-                                                   T.access_ptr(KV[kv_row[0], DH + c], "r", 8),
-                                                   8, ok)
+                                    if not pv_all:
+                                        T.ptx_cp_async(
+                                            T.access_ptr(K_r[b][j, c], "w", 8),
+                                            T.access_ptr(KV[kv_row[0], DH + c], "r", 8), 8, ok)
+                            # (by halves: arrives once this thread's left-half copies landed)
                             T.cp_async_barrier_noinc(k_ready[b])
                             T.barrier_arrive(k_ready[b])
+                            if pv_all:
+                                T.barrier_wait(k_free_r[b], (rnd & 1) ^ 1)
+                                for r in rows_of_thread:
+                                    j = r * 16 + p // 8
+                                    col = t * BI + j
+                                    ok = ((col < length) and (kv_rows[r] >= 0)
+                                          and (kv_rows[r] < s_kv))
+                                    kv_row[0] = T.if_then_else(ok, kv_rows[r], 0)
+                                    for u in T.unroll(DH // 64):
+                                        c = 64 * u + (p % 8) * 8
+                                        T.ptx_cp_async(
+                                            T.access_ptr(K_r[b][j, c], "w", 8),
+                                            T.access_ptr(KV[kv_row[0], DH + c], "r", 8), 8, ok)
+                                T.cp_async_barrier_noinc(k_ready_r[b])
                             if t + 1 < tiles:
                                 for r in rows_of_thread:
                                     col = (t + 1) * BI + r * 16 + p // 8
@@ -817,4 +888,8 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 24, "ragged": True, "tokens_in_m": True, "heads_per_block": 32,
                 "threads": 384, "num_stages": 2}},
+    # warpgroup 1 does all of P·V
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 32, "ragged": False, "tokens_in_m": True, "heads_per_block": 32,
+                "threads": 384, "num_stages": 2, "pv_split": False}},
 ]

@@ -148,6 +148,9 @@ def acc_registers(op: str, config: dict) -> int:
         hb, bi = c["heads_per_block"], c["block_tokens"]
         if c.get("tokens_in_m"):  # math warpgroup 0: Oᵀ (all, or half of it with two math
             # warpgroups), Sᵀ and the partial sums
+            if c["threads"] == 384 and c.get("pv_split") is False:
+                # warpgroup 1 holds all of Oᵀ, warpgroup 0 only Sᵀ and the partial sums
+                return max(hb * HEAD_DIM, 2 * hb * bi) // 128 + _REG_OVERHEAD
             o_dims = HEAD_DIM if c["threads"] == 256 else HEAD_DIM // 2
             return (hb * o_dims + 2 * hb * bi) // 128 + _REG_OVERHEAD
         if c.get("warp_specialized"):  # consumer warpgroup 0: O[:, :256] and S over 128 threads
@@ -185,6 +188,8 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
                         f"{c.get('warp_specialized')}, {threads}, {bi}, {hb})")
             if not 2 <= c["num_stages"] <= 4:
                 return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} outside [2, 4]"
+            if c.get("pv_split") is False and threads != 384:
+                return f"pv_split: False needs threads 384 (two math warpgroups), got {threads}"
         elif c.get("warp_specialized"):
             if arch and not arch.wgmma:
                 return f"warp_specialized: the Hopper schedule needs wgmma ({target_dir} has none)"
