@@ -75,7 +75,8 @@ def build_sparse_prefill(
             index rules; sm_90a only (see ``_build_tokens_in_m``).
         pv_split: tokens-in-M with ``threads`` 384: True: the two math warpgroups split
             P·V's output dims (warpgroup 0 also scores); False: warpgroup 0 only scores
-            (Sᵀ, softmax) and warpgroup 1 does all of P·V, one tile behind.
+            (Sᵀ, softmax) and warpgroup 1 does all of P·V, one tile behind, and K is held
+            in a ring of ``num_stages`` (4-6) halves of 256 dims.
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
     ``indices``, ``lengths`` (dense: ``topk_length [s_q] int32``; ragged: ``indptr [s_q+1]
@@ -115,10 +116,7 @@ def build_sparse_prefill(
 
     check_tile_math(tile_math)
     if tokens_in_m:
-        _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
-        if not pv_split and threads != 384:
-            raise ValueError(f"pv_split: False needs threads 384 (two math warpgroups), got "
-                             f"{threads}")
+        _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, pv_split)
         return _build_tokens_in_m(num_heads, BI, HB, num_stages, threads, pv_split,
                                   row_length, index_at, idx_shape, len_shape, s_q, s_kv)
     if warp_specialized:
@@ -516,15 +514,16 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
 TOKENS_IN_M_THREADS = (256, 384)
 TOKENS_IN_M_REGS = check_ws_regs((240, 184, 80))
 # pv_split False: warpgroup 0 holds Sᵀ and the partial sums only, warpgroup 1 all of Oᵀ
-# (4·N registers: 128 at N 32).
-TOKENS_IN_M_REGS_PV_ALL = check_ws_regs((160, 240, 104))
+# (4·N registers: 128 at N 32). ptxas, 32 heads and a ring of 5: warpgroup 0 spilled 28
+# bytes at 160 registers, 4 at 168, none at 176.
+TOKENS_IN_M_REGS_PV_ALL = check_ws_regs((176, 232, 96))
 # wgmma N = heads per CTA. Oᵀ [512, N] fp32 over the math warpgroups is 4·N (one) or 2·N
 # (two) registers per thread; N 32 on one warpgroup already takes ptxas to 255 (no spills).
 # Each thread holds N / 4 columns of Sᵀ.
 TOKENS_IN_M_HEADS = (16, 32)
 
 
-def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages):
+def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, pv_split):
     """ValueError naming the schedule knob that the tokens-in-M schedule cannot take."""
     if tile_math != "tensor_core" or warp_specialized:
         raise ValueError("tokens_in_m: needs tile_math 'tensor_core' and warp_specialized "
@@ -537,6 +536,19 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
     if HB not in TOKENS_IN_M_HEADS:
         raise ValueError(f"tokens_in_m: heads_per_block must be one of {TOKENS_IN_M_HEADS} "
                          f"(wgmma N), got {HB}")
+    if not pv_split:
+        if threads != 384:
+            raise ValueError(f"pv_split: False needs threads 384 (two math warpgroups), got "
+                             f"{threads}")
+        # num_stages = K halves of 256 dims in the ring (4: two tiles, 6: three), a P tile
+        # per tile position of a round
+        positions = num_stages if num_stages % 2 else num_stages // 2
+        smem_kib = num_stages * BI / 2 + HB + positions * HB * BI * 2 / 1024 + 1
+        if not 4 <= num_stages <= 6 or smem_kib > 227:
+            raise ValueError("tokens_in_m with pv_split False: num_stages (K halves) must be "
+                             f"in [4, 6] and fit in shared memory (~{smem_kib:.0f} KiB > 227), "
+                             f"got {num_stages}")
+        return
     # K buffers (1 KiB per token), Q (1 KiB per head), P tiles, and ~1 KiB of flags and the
     # reduction's workspace, against the 227 KiB of an sm_90a block.
     p_tiles = 1 if threads == 256 else num_stages
@@ -564,10 +576,11 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
     warpgroup 0 only scores (it releases the K buffer after Sᵀ) and warpgroup 1 does all of
     P·V: per tile, 32 wgmma instructions each instead of 48 and 16, so that neither chain
     alone sets the tile time (round 1: h32 ran at the 64-head FlashMLA time though its
-    gather is h16's); its K buffers go by 256-dim halves as in the seesaw (a ready and a
-    free barrier per half: warpgroup 0 issues the left half's Sᵀ once it landed, and
-    warpgroup 1 releases the left half once its product is done, so the refill starts
-    earlier: a buffer is held from Sᵀ to P·V one tile later). The last warpgroup is the
+    gather is h16's); K is then held by 256-dim halves in a ring of ``num_stages`` halves
+    (tile t: halves 2t, 2t + 1 mod NH; a ready and a free barrier per half): warpgroup 0
+    issues the left half's Sᵀ once it landed, warpgroup 1 releases the left half once its
+    product is done, and an odd ring (5) gives 32 heads 2.5 tiles of buffering, as a tile
+    is held from Sᵀ to P·V one tile later. The last warpgroup is the
     producer: it resolves each tile's indices (clamped reads, validity flags; the row
     indices one tile ahead) and gathers its rows with per-thread 16-byte cp.async copies
     predicated on validity (an invalid row is zero-filled, never read) into ``NB`` K buffers
@@ -588,8 +601,24 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
     producer0 = threads - 128
     head_groups = (num_heads + HB - 1) // HB
     full_groups = num_heads % HB == 0
+    NH = U = 0
+    if pv_all:
+        # A ring of NH K halves (num_stages): tile t takes halves 2t and 2t + 1 (mod NH), so
+        # an odd count gives 2.5 tiles of buffering where 3 whole tiles do not fit beside 32
+        # heads' Q. A round is NB tiles (the positions repeat), each half used U times in it.
+        NH = NB
+        NB = NH if NH % 2 else NH // 2
+        U = 2 * NB // NH
     buffers = tuple(range(NB))  # tuples: the loops over them unroll at trace time
     rows_of_thread = tuple(range(BI // 16))
+
+    def phase(rnd, b, half):
+        """Parity of the barrier phase that tile position ``b``'s ``half`` (0 left, 1 right)
+        completes in round ``rnd``: its K buffer's barriers complete once per round, a ring
+        half's U times (this is its use number ``rnd·U + (2b + half) // NH``)."""
+        if not pv_all:
+            return rnd & 1
+        return (rnd * U + (2 * b + half) // NH) & 1
 
     @T.macro
     def softmax_step(s, m_i, m_prev, alpha, l_part, P_tile, scale_log2):
@@ -642,8 +671,13 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
         with T.Kernel(s_q, head_groups, threads=threads) as (row, hg):
             Q_l = T.alloc_shared([HB, DH], T.bfloat16)  # Q halves, then the output's stages
             Q_r = T.alloc_shared([HB, DH], T.bfloat16)
-            K_l = [T.alloc_shared([BI, DH], T.bfloat16) for _ in buffers]
-            K_r = [T.alloc_shared([BI, DH], T.bfloat16) for _ in buffers]
+            if pv_all:  # tile position b's halves in the ring
+                K_h = [T.alloc_shared([BI, DH], T.bfloat16) for _ in range(NH)]
+                K_l = [K_h[2 * b % NH] for b in buffers]
+                K_r = [K_h[(2 * b + 1) % NH] for b in buffers]
+            else:
+                K_l = [T.alloc_shared([BI, DH], T.bfloat16) for _ in buffers]
+                K_r = [T.alloc_shared([BI, DH], T.bfloat16) for _ in buffers]
             valid = [T.alloc_shared([BI], T.bool, scope="shared") for _ in buffers]
             # One P tile; with two math warpgroups one per K buffer (and its rescale row),
             # so warpgroup 0 writes tile t's while warpgroup 1 still reads tile t-1's.
@@ -670,13 +704,19 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
             # k_ready: two arrivals per producer thread (its cp.async copies landed, and a
             # plain arrive releasing its stores of the validity flags). k_free: every math
             # thread. p_ready / p_free: warpgroup 0 -> 1 and back, per P tile.
-            k_ready = [T.alloc_barrier(arrive_count=256) for _ in buffers]
-            k_free = [T.alloc_barrier(arrive_count=producer0) for _ in buffers]
-            # pv_all: K buffers by halves; k_ready / k_free above guard the left half (and
-            # the validity flags), these the right half.
-            k_ready_r = [T.alloc_barrier(arrive_count=128) for _ in (buffers if pv_all else ())]
-            k_free_r = [T.alloc_barrier(arrive_count=producer0)
-                        for _ in (buffers if pv_all else ())]
+            if pv_all:
+                # one ready and one free barrier per ring half; k_ready / k_free of position
+                # b guard its left half (and the validity flags), k_ready_r / k_free_r its
+                # right half (a ring half is the left of some positions, the right of others)
+                ready_h = [T.alloc_barrier(arrive_count=256) for _ in range(NH)]
+                free_h = [T.alloc_barrier(arrive_count=producer0) for _ in range(NH)]
+                k_ready = [ready_h[2 * b % NH] for b in buffers]
+                k_ready_r = [ready_h[(2 * b + 1) % NH] for b in buffers]
+                k_free = [free_h[2 * b % NH] for b in buffers]
+                k_free_r = [free_h[(2 * b + 1) % NH] for b in buffers]
+            else:
+                k_ready = [T.alloc_barrier(arrive_count=256) for _ in buffers]
+                k_free = [T.alloc_barrier(arrive_count=producer0) for _ in buffers]
             p_ready = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
             p_free = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
             bar_done = T.alloc_barrier(arrive_count=256) if two else None
@@ -705,7 +745,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
                 for rnd in T.serial(rounds):
                     for b in buffers:
                         if rnd * NB + b < tiles:
-                            T.barrier_wait(k_ready[b], rnd & 1)
+                            T.barrier_wait(k_ready[b], phase(rnd, b, 0))
                             # cp.async wrote the tile (generic proxy); wgmma reads it
                             # through the async proxy.
                             T.fence_proxy_async()
@@ -717,7 +757,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
                             # one is issued as soon as it landed
                             T.wgmma_gemm(K_l[b], Q_l, acc_s, transpose_B=True)
                             if pv_all:
-                                T.barrier_wait(k_ready_r[b], rnd & 1)
+                                T.barrier_wait(k_ready_r[b], phase(rnd, b, 1))
                                 T.fence_proxy_async()
                             T.wgmma_gemm(K_r[b], Q_r, acc_s, transpose_B=True)
                             T.wait_wgmma(0)
@@ -827,7 +867,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
                     for b in buffers:
                         t = rnd * NB + b
                         if t < tiles:
-                            T.barrier_wait(k_free[b], (rnd & 1) ^ 1)
+                            T.barrier_wait(k_free[b], phase(rnd, b, 0) ^ 1)
                             for r in rows_of_thread:
                                 j = r * 16 + p // 8
                                 col = t * BI + j
@@ -849,7 +889,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
                             T.cp_async_barrier_noinc(k_ready[b])
                             T.barrier_arrive(k_ready[b])
                             if pv_all:
-                                T.barrier_wait(k_free_r[b], (rnd & 1) ^ 1)
+                                T.barrier_wait(k_free_r[b], phase(rnd, b, 1) ^ 1)
                                 for r in rows_of_thread:
                                     j = r * 16 + p // 8
                                     col = t * BI + j
@@ -862,6 +902,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
                                             T.access_ptr(K_r[b][j, c], "w", 8),
                                             T.access_ptr(KV[kv_row[0], DH + c], "r", 8), 8, ok)
                                 T.cp_async_barrier_noinc(k_ready_r[b])
+                                T.barrier_arrive(k_ready_r[b])  # the count of any ring half
                             if t + 1 < tiles:
                                 for r in rows_of_thread:
                                     col = (t + 1) * BI + r * 16 + p // 8
@@ -891,5 +932,5 @@ LOWERING_EXAMPLES = [
     # warpgroup 1 does all of P·V
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 32, "ragged": False, "tokens_in_m": True, "heads_per_block": 32,
-                "threads": 384, "num_stages": 2, "pv_split": False}},
+                "threads": 384, "num_stages": 5, "pv_split": False}},
 ]

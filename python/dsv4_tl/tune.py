@@ -117,6 +117,10 @@ def smem_bytes(op: str, config: dict) -> int:
             return _ws_smem(hb, bi)  # decode's producer stages raw bytes in registers
         if c.get("tokens_in_m"):  # Q, num_stages K buffers, P (one per K buffer with two
             nb = c["num_stages"]  # math warpgroups)
+            if c["threads"] == 384 and c.get("pv_split") is False:  # a ring of nb K halves,
+                positions = nb if nb % 2 else nb // 2  # a P tile per tile position
+                return (_buffers(hb * HEAD_DIM * 2, *(bi * HEAD_DIM,) * nb,
+                                 *(hb * bi * 2,) * positions) + _REDUCE_SCRATCH)
             p_tiles = nb if c["threads"] == 384 else 1
             return (_buffers(hb * HEAD_DIM * 2, *(bi * HEAD_DIM * 2,) * nb,
                              *(hb * bi * 2,) * p_tiles) + _REDUCE_SCRATCH)
@@ -186,10 +190,13 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
                 return ("tokens_in_m: needs warp_specialized false, threads 256 or 384, "
                         "block_tokens 64 and heads_per_block 16 or 32 (got "
                         f"{c.get('warp_specialized')}, {threads}, {bi}, {hb})")
-            if not 2 <= c["num_stages"] <= 4:
+            if c.get("pv_split") is False:
+                if threads != 384:
+                    return f"pv_split: False needs threads 384 (two math warpgroups), got {threads}"
+                if not 4 <= c["num_stages"] <= 6:
+                    return f"pv_split False: num_stages (K halves) {c['num_stages']} outside [4, 6]"
+            elif not 2 <= c["num_stages"] <= 4:
                 return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} outside [2, 4]"
-            if c.get("pv_split") is False and threads != 384:
-                return f"pv_split: False needs threads 384 (two math warpgroups), got {threads}"
         elif c.get("warp_specialized"):
             if arch and not arch.wgmma:
                 return f"warp_specialized: the Hopper schedule needs wgmma ({target_dir} has none)"
