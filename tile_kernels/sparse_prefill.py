@@ -51,7 +51,6 @@ def build_sparse_prefill(
     warp_specialized: bool = False,
     tile_math: str = "tensor_core",
     tokens_in_m: bool = False,
-    pv_split: bool = True,
 ):
     """Return the prim_func of sparse prefill.
 
@@ -73,10 +72,6 @@ def build_sparse_prefill(
             warpgroup, 384: two (the second takes half of P·V); a producer warpgroup
             gathers into ``num_stages`` (2-4) K buffers. Same math and
             index rules; sm_90a only (see ``_build_tokens_in_m``).
-        pv_split: tokens-in-M with ``threads`` 384: True: the two math warpgroups split
-            P·V's output dims (warpgroup 0 also scores); False: warpgroup 0 only scores
-            (Sᵀ, softmax) and warpgroup 1 does all of P·V, one tile behind, and K is held
-            in a ring of ``num_stages`` (4-6) halves of 256 dims.
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
     ``indices``, ``lengths`` (dense: ``topk_length [s_q] int32``; ragged: ``indptr [s_q+1]
@@ -116,9 +111,9 @@ def build_sparse_prefill(
 
     check_tile_math(tile_math)
     if tokens_in_m:
-        _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, pv_split)
-        return _build_tokens_in_m(num_heads, BI, HB, num_stages, threads, pv_split,
-                                  row_length, index_at, idx_shape, len_shape, s_q, s_kv)
+        _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
+        return _build_tokens_in_m(num_heads, BI, HB, num_stages, threads, row_length,
+                                  index_at, idx_shape, len_shape, s_q, s_kv)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -518,17 +513,13 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
 # warpgroup 0 holds Sᵀ, the partial sums and half of Oᵀ, warpgroup 1 half of Oᵀ.
 TOKENS_IN_M_THREADS = (256, 384)
 TOKENS_IN_M_REGS = check_ws_regs((240, 184, 80))
-# pv_split False: warpgroup 0 holds Sᵀ and the partial sums only, warpgroup 1 all of Oᵀ
-# (4·N registers: 128 at N 32). ptxas, 32 heads and a ring of 5: warpgroup 0 spilled 28
-# bytes at 160 registers, 4 at 168, none at 176.
-TOKENS_IN_M_REGS_PV_ALL = check_ws_regs((176, 232, 96))
 # wgmma N = heads per CTA. Oᵀ [512, N] fp32 over the math warpgroups is 4·N (one) or 2·N
 # (two) registers per thread; N 32 on one warpgroup already takes ptxas to 255 (no spills).
 # Each thread holds N / 4 columns of Sᵀ.
 TOKENS_IN_M_HEADS = (16, 32)
 
 
-def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, pv_split):
+def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages):
     """ValueError naming the schedule knob that the tokens-in-M schedule cannot take."""
     if tile_math != "tensor_core" or warp_specialized:
         raise ValueError("tokens_in_m: needs tile_math 'tensor_core' and warp_specialized "
@@ -541,19 +532,6 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages,
     if HB not in TOKENS_IN_M_HEADS:
         raise ValueError(f"tokens_in_m: heads_per_block must be one of {TOKENS_IN_M_HEADS} "
                          f"(wgmma N), got {HB}")
-    if not pv_split:
-        if threads != 384:
-            raise ValueError(f"pv_split: False needs threads 384 (two math warpgroups), got "
-                             f"{threads}")
-        # num_stages = K halves of 256 dims in the ring (4: two tiles, 6: three), a P tile
-        # per tile position of a round
-        positions = num_stages if num_stages % 2 else num_stages // 2
-        smem_kib = num_stages * BI / 2 + HB + positions * HB * BI * 2 / 1024 + 1
-        if not 4 <= num_stages <= 6 or smem_kib > 227:
-            raise ValueError("tokens_in_m with pv_split False: num_stages (K halves) must be "
-                             f"in [4, 6] and fit in shared memory (~{smem_kib:.0f} KiB > 227), "
-                             f"got {num_stages}")
-        return
     # K buffers (1 KiB per token), Q (1 KiB per head), P tiles, and ~1 KiB of flags and the
     # reduction's workspace, against the 227 KiB of an sm_90a block.
     p_tiles = 1 if threads == 256 else num_stages
@@ -563,8 +541,8 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages,
                          f"shared memory (~{smem_kib:.0f} KiB > 227), got {num_stages}")
 
 
-def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, index_at,
-                       idx_shape, len_shape, s_q, s_kv):
+def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx_shape,
+                       len_shape, s_q, s_kv):
     """Sparse prefill for few heads (TP head counts, ``heads_per_block`` 16 or 32): the heads
     are wgmma's N dimension and the KV tokens its M dimension, so no head is padded to 64.
 
@@ -577,15 +555,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
     Warpgroups: ``threads`` 256: warpgroup 0 does all the math. ``threads`` 384: warpgroup 0
     does Sᵀ, the softmax and Oᵀ's dims [0, 256); warpgroup 1 Oᵀ's dims [256, 512) with
     warpgroup 0's P tile and rescale row of the same K buffer (handed over through the P
-    barriers), so its P·V overlaps warpgroup 0's next Sᵀ. With ``pv_split`` False
-    warpgroup 0 only scores (it releases the K buffer after Sᵀ) and warpgroup 1 does all of
-    P·V: per tile, 32 wgmma instructions each instead of 48 and 16, so that neither chain
-    alone sets the tile time (round 1: h32 ran at the 64-head FlashMLA time though its
-    gather is h16's); K is then held by 256-dim halves in a ring of ``num_stages`` halves
-    (tile t: halves 2t, 2t + 1 mod NH; a ready and a free barrier per half): warpgroup 0
-    issues the left half's Sᵀ once it landed, warpgroup 1 releases the left half once its
-    product is done, and an odd ring (5) gives 32 heads 2.5 tiles of buffering, as a tile
-    is held from Sᵀ to P·V one tile later. The last warpgroup is the
+    barriers), so its P·V overlaps warpgroup 0's next Sᵀ. The last warpgroup is the
     producer: it resolves each tile's indices (clamped reads, validity flags; the row
     indices one tile ahead) and gathers its rows with per-thread 16-byte cp.async copies
     predicated on validity (an invalid row is zero-filled, never read) into ``NB`` K buffers
@@ -601,29 +571,11 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
     D = HEAD_DIM
     DH = D // 2
     two = threads == 384  # two math warpgroups
-    pv_all = two and not pv_split  # warpgroup 1 does all of P·V
-    regs = TOKENS_IN_M_REGS_PV_ALL if pv_all else TOKENS_IN_M_REGS
     producer0 = threads - 128
     head_groups = (num_heads + HB - 1) // HB
     full_groups = num_heads % HB == 0
-    NH = U = 0
-    if pv_all:
-        # A ring of NH K halves (num_stages): tile t takes halves 2t and 2t + 1 (mod NH), so
-        # an odd count gives 2.5 tiles of buffering where 3 whole tiles do not fit beside 32
-        # heads' Q. A round is NB tiles (the positions repeat), each half used U times in it.
-        NH = NB
-        NB = NH if NH % 2 else NH // 2
-        U = 2 * NB // NH
     buffers = tuple(range(NB))  # tuples: the loops over them unroll at trace time
     rows_of_thread = tuple(range(BI // 16))
-
-    def phase(rnd, b, half):
-        """Parity of the barrier phase that tile position ``b``'s ``half`` (0 left, 1 right)
-        completes in round ``rnd``: its K buffer's barriers complete once per round, a ring
-        half's U times (this is its use number ``rnd·U + (2b + half) // NH``)."""
-        if not pv_all:
-            return rnd & 1
-        return (rnd * U + (2 * b + half) // NH) & 1
 
     @T.macro
     def softmax_step(s, m_i, m_prev, alpha, l_part, P_tile, scale_log2):
@@ -676,13 +628,8 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
         with T.Kernel(s_q, head_groups, threads=threads) as (row, hg):
             Q_l = T.alloc_shared([HB, DH], T.bfloat16)  # Q halves, then the output's stages
             Q_r = T.alloc_shared([HB, DH], T.bfloat16)
-            if pv_all:  # tile position b's halves in the ring
-                K_h = [T.alloc_shared([BI, DH], T.bfloat16) for _ in range(NH)]
-                K_l = [K_h[2 * b % NH] for b in buffers]
-                K_r = [K_h[(2 * b + 1) % NH] for b in buffers]
-            else:
-                K_l = [T.alloc_shared([BI, DH], T.bfloat16) for _ in buffers]
-                K_r = [T.alloc_shared([BI, DH], T.bfloat16) for _ in buffers]
+            K_l = [T.alloc_shared([BI, DH], T.bfloat16) for _ in buffers]
+            K_r = [T.alloc_shared([BI, DH], T.bfloat16) for _ in buffers]
             valid = [T.alloc_shared([BI], T.bool, scope="shared") for _ in buffers]
             # One P tile; with two math warpgroups one per K buffer (and its rescale row),
             # so warpgroup 0 writes tile t's while warpgroup 1 still reads tile t-1's.
@@ -709,19 +656,8 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
             # k_ready: two arrivals per producer thread (its cp.async copies landed, and a
             # plain arrive releasing its stores of the validity flags). k_free: every math
             # thread. p_ready / p_free: warpgroup 0 -> 1 and back, per P tile.
-            if pv_all:
-                # one ready and one free barrier per ring half; k_ready / k_free of position
-                # b guard its left half (and the validity flags), k_ready_r / k_free_r its
-                # right half (a ring half is the left of some positions, the right of others)
-                ready_h = [T.alloc_barrier(arrive_count=256) for _ in range(NH)]
-                free_h = [T.alloc_barrier(arrive_count=producer0) for _ in range(NH)]
-                k_ready = [ready_h[2 * b % NH] for b in buffers]
-                k_ready_r = [ready_h[(2 * b + 1) % NH] for b in buffers]
-                k_free = [free_h[2 * b % NH] for b in buffers]
-                k_free_r = [free_h[(2 * b + 1) % NH] for b in buffers]
-            else:
-                k_ready = [T.alloc_barrier(arrive_count=256) for _ in buffers]
-                k_free = [T.alloc_barrier(arrive_count=producer0) for _ in buffers]
+            k_ready = [T.alloc_barrier(arrive_count=256) for _ in buffers]
+            k_free = [T.alloc_barrier(arrive_count=producer0) for _ in buffers]
             p_ready = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
             p_free = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
             bar_done = T.alloc_barrier(arrive_count=256) if two else None
@@ -735,14 +671,13 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
 
             if tx < 128:
                 if two:
-                    ws_set_regs(regs[0])
+                    ws_set_regs(TOKENS_IN_M_REGS[0])
                 for i, d in T.Parallel(HB, DH):
                     hh = T.min(h0 + i, num_heads - 1)
                     Q_l[i, d] = T.if_then_else(h0 + i < num_heads, Q[row, hh, d], 0)
                     Q_r[i, d] = T.if_then_else(h0 + i < num_heads, Q[row, hh, DH + d], 0)
                 T.fence_proxy_async()  # each thread's Q stores, before wgmma reads them
-                if not pv_all:
-                    T.fill(acc_o_l, 0)
+                T.fill(acc_o_l, 0)
                 T.fill(l_part, 0)
                 T.fill(m_i, M_SENTINEL)
                 if not two:
@@ -750,7 +685,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
                 for rnd in T.serial(rounds):
                     for b in buffers:
                         if rnd * NB + b < tiles:
-                            T.barrier_wait(k_ready[b], phase(rnd, b, 0))
+                            T.barrier_wait(k_ready[b], rnd & 1)
                             # cp.async wrote the tile (generic proxy); wgmma reads it
                             # through the async proxy.
                             T.fence_proxy_async()
@@ -758,18 +693,10 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
                                 acc_s[j, i] = T.if_then_else(valid[b][j], 0,
                                                              -T.infinity(T.float32))
                             # both halves issued before one wait (a wait per half left
-                            # the tensor cores idle between them); by halves, the left
-                            # one is issued as soon as it landed
+                            # the tensor cores idle between them)
                             T.wgmma_gemm(K_l[b], Q_l, acc_s, transpose_B=True)
-                            if pv_all:
-                                T.barrier_wait(k_ready_r[b], phase(rnd, b, 1))
-                                T.fence_proxy_async()
                             T.wgmma_gemm(K_r[b], Q_r, acc_s, transpose_B=True)
                             T.wait_wgmma(0)
-                            if pv_all:
-                                # Sᵀ was this warpgroup's last read of the K buffer
-                                T.barrier_arrive(k_free[b])
-                                T.barrier_arrive(k_free_r[b])
                             if two:
                                 # warpgroup 1 is done with this P tile of NB tiles ago
                                 # (parity 1 on the first round: a fresh barrier's previous
@@ -781,8 +708,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
                                 # P and alpha go to warpgroup 1 before the left P·V, so that
                                 # both halves run together
                                 T.barrier_arrive(p_ready[b])
-                                if not pv_all:
-                                    pv_half(acc_o_l, alpha, K_l[b], P_tiles[b])
+                                pv_half(acc_o_l, alpha, K_l[b], P_tiles[b])
                             else:
                                 softmax_step(acc_s, m_i, m_prev, alpha, l_part, P_tiles[0],
                                              scale_log2)
@@ -794,8 +720,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
                                 T.wgmma_gemm(K_r[b], P_tiles[0], acc_o_r, transpose_A=True,
                                              transpose_B=True)
                                 T.wait_wgmma(0)
-                            if not pv_all:
-                                T.barrier_arrive(k_free[b])
+                            T.barrier_arrive(k_free[b])
                 # Epilogue. max_logits/lse exclude the sink; out divides by Σe^s + e^sink.
                 T.reduce_sum(l_part, l_i, dim=0, batch=HB // 4)
                 for i in T.Parallel(HB):
@@ -815,48 +740,28 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
                     T.barrier_arrive(bar_done)
                 else:
                     store_half(acc_o_r, inv, Q_r, Out, row, h0, DH)
-                if not pv_all:
-                    store_half(acc_o_l, inv, Q_l, Out, row, h0, 0)
+                store_half(acc_o_l, inv, Q_l, Out, row, h0, 0)
             elif two and tx < 256:
-                ws_set_regs(regs[1])
+                ws_set_regs(TOKENS_IN_M_REGS[1])
                 T.fill(acc_o_r, 0)
-                if pv_all:
-                    T.fill(acc_o_l, 0)
                 for rnd in T.serial(rounds):
                     for b in buffers:
                         if rnd * NB + b < tiles:
                             T.barrier_wait(p_ready[b], rnd & 1)
                             T.fence_proxy_async()
                             T.copy(alpha_shared[b], alpha_r)
-                            if pv_all:
-                                # both halves issued before one wait
-                                for d, i in T.Parallel(DH, HB):
-                                    acc_o_l[d, i] *= alpha_r[i]
-                                    acc_o_r[d, i] *= alpha_r[i]
-                                T.wgmma_gemm(K_l[b], P_tiles[b], acc_o_l, transpose_A=True,
-                                             transpose_B=True)
-                                T.wgmma_gemm(K_r[b], P_tiles[b], acc_o_r, transpose_A=True,
-                                             transpose_B=True)
-                                # the left half is released as soon as its product is done
-                                T.wait_wgmma(1)
-                                T.barrier_arrive(k_free[b])
-                                T.wait_wgmma(0)
-                                T.barrier_arrive(k_free_r[b])
-                            else:
-                                pv_half(acc_o_r, alpha_r, K_r[b], P_tiles[b])
-                                T.barrier_arrive(k_free[b])
+                            pv_half(acc_o_r, alpha_r, K_r[b], P_tiles[b])
+                            T.barrier_arrive(k_free[b])
                             T.barrier_arrive(p_free[b])
-                # Warpgroup 0's last QKᵀ has read Q (its P of the last tile came after
+                # Warpgroup 0's last QKᵀ has read Q_r (its P of the last tile came after
                 # it), and bar_done brings the heads' reciprocal denominators.
                 T.barrier_arrive(bar_done)
                 T.barrier_wait(bar_done, 0)
                 T.copy(inv_shared, inv_r)
                 store_half(acc_o_r, inv_r, Q_r, Out, row, h0, DH)
-                if pv_all:
-                    store_half(acc_o_l, inv_r, Q_l, Out, row, h0, 0)
             else:
                 if two:
-                    ws_set_regs(regs[2])
+                    ws_set_regs(TOKENS_IN_M_REGS[2])
                 p = tx - producer0
                 # Thread p gathers rows r * 16 + p // 8 (r < BI / 16) of each tile. Their
                 # KV row indices are loaded one tile ahead (a dependent global load per row
@@ -872,7 +777,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
                     for b in buffers:
                         t = rnd * NB + b
                         if t < tiles:
-                            T.barrier_wait(k_free[b], phase(rnd, b, 0) ^ 1)
+                            T.barrier_wait(k_free[b], (rnd & 1) ^ 1)
                             for r in rows_of_thread:
                                 j = r * 16 + p // 8
                                 col = t * BI + j
@@ -886,28 +791,11 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, pv_split, row_length, ind
                                     T.ptx_cp_async(T.access_ptr(K_l[b][j, c], "w", 8),
                                                    T.access_ptr(KV[kv_row[0], c], "r", 8), 8,
                                                    ok)
-                                    if not pv_all:
-                                        T.ptx_cp_async(
-                                            T.access_ptr(K_r[b][j, c], "w", 8),
-                                            T.access_ptr(KV[kv_row[0], DH + c], "r", 8), 8, ok)
-                            # (by halves: arrives once this thread's left-half copies landed)
+                                    T.ptx_cp_async(T.access_ptr(K_r[b][j, c], "w", 8),
+                                                   T.access_ptr(KV[kv_row[0], DH + c], "r", 8),
+                                                   8, ok)
                             T.cp_async_barrier_noinc(k_ready[b])
                             T.barrier_arrive(k_ready[b])
-                            if pv_all:
-                                T.barrier_wait(k_free_r[b], phase(rnd, b, 1) ^ 1)
-                                for r in rows_of_thread:
-                                    j = r * 16 + p // 8
-                                    col = t * BI + j
-                                    ok = ((col < length) and (kv_rows[r] >= 0)
-                                          and (kv_rows[r] < s_kv))
-                                    kv_row[0] = T.if_then_else(ok, kv_rows[r], 0)
-                                    for u in T.unroll(DH // 64):
-                                        c = 64 * u + (p % 8) * 8
-                                        T.ptx_cp_async(
-                                            T.access_ptr(K_r[b][j, c], "w", 8),
-                                            T.access_ptr(KV[kv_row[0], DH + c], "r", 8), 8, ok)
-                                T.cp_async_barrier_noinc(k_ready_r[b])
-                                T.barrier_arrive(k_ready_r[b])  # the count of any ring half
                             if t + 1 < tiles:
                                 for r in rows_of_thread:
                                     col = (t + 1) * BI + r * 16 + p // 8
@@ -934,8 +822,4 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 24, "ragged": True, "tokens_in_m": True, "heads_per_block": 32,
                 "threads": 384, "num_stages": 2}},
-    # warpgroup 1 does all of P·V
-    {"builder": "build_sparse_prefill",
-     "kwargs": {"num_heads": 32, "ragged": False, "tokens_in_m": True, "heads_per_block": 32,
-                "threads": 384, "num_stages": 5, "pv_split": False}},
 ]

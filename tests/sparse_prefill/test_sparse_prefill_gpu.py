@@ -140,22 +140,16 @@ def test_prefill_tp_heads_run_tokens_in_m(s_q, h, s_kv, topk, seed):
     check_prefill(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
 
 
-@pytest.mark.parametrize("h,num_stages,threads,pv_split",
-                         [(16, 2, 256, True), (16, 3, 256, True), (32, 2, 256, True),
-                          (16, 2, 384, True), (16, 3, 384, True), (32, 2, 384, True),
-                          (16, 4, 384, False), (16, 6, 384, False), (32, 4, 384, False),
-                          (32, 5, 384, False)])
-def test_prefill_tokens_in_m_each_layout_dense_and_ragged(h, num_stages, threads, pv_split,
-                                                          seed):
+@pytest.mark.parametrize("h,num_stages,threads",
+                         [(16, 2, 256), (16, 3, 256), (32, 2, 256), (16, 2, 384), (16, 3, 384),
+                          (32, 2, 384)])
+def test_prefill_tokens_in_m_each_layout_dense_and_ragged(h, num_stages, threads, seed):
     """Every K-buffer count the schedule takes (the barrier phases of each buffer cycle per
-    round of num_stages tiles; the last round is partial) with one or two math warpgroups
-    (P·V split between them, or all on the second with a ring of 4-6 K halves: a ring of 5
-    uses each half twice per round of 5 tiles), dense and ragged, with the schedule forced;
-    ragged and dense give the same bits."""
+    round of num_stages tiles; the last round is partial) with one or two math warpgroups,
+    dense and ragged, with the schedule forced; ragged and dense give the same bits."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the tokens-in-M schedule needs sm_90a")
-    config = {**_prefill_schedule(h, 640), "num_stages": num_stages, "threads": threads,
-              "pv_split": pv_split}
+    config = {**_prefill_schedule(h, 640), "num_stages": num_stages, "threads": threads}
     assert config["tokens_in_m"] and config["heads_per_block"] == h
     gen = torch.Generator(DEV).manual_seed(seed)
     s_q, topk = 23, 1000  # 16 tiles of 64 for a full row

@@ -57,10 +57,6 @@ def smem_bytes(op: str, config: dict) -> int:
             return _ws_smem(hb, bi)  # decode's producer stages raw bytes in registers
         if c.get("tokens_in_m"):  # Q, num_stages K buffers, P (one per K buffer with two
             nb = c["num_stages"]  # math warpgroups)
-            if c["threads"] == 384 and c.get("pv_split") is False:  # a ring of nb K halves,
-                positions = nb if nb % 2 else nb // 2  # a P tile per tile position
-                return (_buffers(hb * HEAD_DIM * 2, *(bi * HEAD_DIM,) * nb,
-                                 *(hb * bi * 2,) * positions) + _REDUCE_SCRATCH)
             p_tiles = nb if c["threads"] == 384 else 1
             return (_buffers(hb * HEAD_DIM * 2, *(bi * HEAD_DIM * 2,) * nb,
                              *(hb * bi * 2,) * p_tiles) + _REDUCE_SCRATCH)
@@ -92,9 +88,6 @@ def acc_registers(op: str, config: dict) -> int:
         hb, bi = c["heads_per_block"], c["block_tokens"]
         if c.get("tokens_in_m"):  # math warpgroup 0: Oᵀ (all, or half of it with two math
             # warpgroups), Sᵀ and the partial sums
-            if c["threads"] == 384 and c.get("pv_split") is False:
-                # warpgroup 1 holds all of Oᵀ, warpgroup 0 only Sᵀ and the partial sums
-                return max(hb * HEAD_DIM, 2 * hb * bi) // 128 + _REG_OVERHEAD
             o_dims = HEAD_DIM if c["threads"] == 256 else HEAD_DIM // 2
             return (hb * o_dims + 2 * hb * bi) // 128 + _REG_OVERHEAD
         if c.get("warp_specialized"):  # consumer warpgroup 0: O[:, :256] and S over 128 threads
@@ -130,12 +123,7 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
                 return ("tokens_in_m: needs warp_specialized false, threads 256 or 384, "
                         "block_tokens 64 and heads_per_block 16 or 32 (got "
                         f"{c.get('warp_specialized')}, {threads}, {bi}, {hb})")
-            if c.get("pv_split") is False:
-                if threads != 384:
-                    return f"pv_split: False needs threads 384 (two math warpgroups), got {threads}"
-                if not 4 <= c["num_stages"] <= 6:
-                    return f"pv_split False: num_stages (K halves) {c['num_stages']} outside [4, 6]"
-            elif not 2 <= c["num_stages"] <= 4:
+            if not 2 <= c["num_stages"] <= 4:
                 return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} outside [2, 4]"
         elif c.get("warp_specialized"):
             if arch and not arch.wgmma:
