@@ -8,7 +8,10 @@
   ``[lo, hi)``, ``hi`` null = unbounded; or, for a string feature such as decode's
   ``scope``, a list of accepted values) and ``config``, the knobs it overrides;
 * ``space`` (optional): knob -> candidate values, what ``dsv4-tl tune`` searches
-  (first value = preferred; see :mod:`dsv4_tl.tune`).
+  (first value = preferred; see :mod:`dsv4_tl.tune`);
+* ``added_knobs`` (optional): knob -> the value that reproduces the kernel of before the
+  knob existed. A tuning log entry that lacks such a knob still applies, with that value;
+  an entry lacking any other knob is ignored with a warning (re-tune).
 
 :func:`schedule_for` resolves a call's features to a config: the first bucket whose ranges
 all contain the call's features (a bucket naming a feature the caller does not pass does not
@@ -100,10 +103,13 @@ def _logged_config(target_dir: str, op: str, spec: dict, bucket: dict, index: in
     entry = tuning_log.select_entry(target_dir, op, name, match=bucket["match"])
     if entry is not None:
         best = entry["best"]
-        if set(best) <= set(spec["default"]):
-            # A knob added to the file after the entry was logged takes the default's value
-            # (a new knob's default keeps the kernel the entry measured).
-            return {**spec["default"], **best}, "log"
+        missing = set(spec["default"]) - set(best)
+        added = spec.get("added_knobs", {})
+        if set(best) <= set(spec["default"]) and missing <= set(added):
+            # A knob added to the file after the entry was logged takes the value that keeps
+            # the kernel the entry measured (the file's ``added_knobs``; not the default,
+            # which may have moved since).
+            return {**spec["default"], **{k: added[k] for k in missing}, **best}, "log"
         _warn_once(("knobs", target_dir, op, name),
                    f"schedule: the tuning log entry of {target_dir}/{op} bucket {name!r} "
                    f"has knobs {sorted(best)}, the schedule file {sorted(spec['default'])}: "

@@ -13,7 +13,7 @@ bench`` times the gather row (median of CUDA-graph replays cycling through 3 inp
 (``bench.measure_ceilings``). A candidate that fails to compile, mismatches or raises is
 reported and the others go on; a CUDA error that kills the context makes the process exit
 with status 3 after saving its results, and ``--resume`` continues after that candidate
-(``/work/devq/C/run.sh`` loops so). Results: one JSON file (rows of shape x candidate) and a
+(a driver script can loop so). Results: one JSON file (rows of shape x candidate) and a
 table on stdout.
 """
 

@@ -107,9 +107,10 @@ class WarpSpecializedState:
 
     def __init__(self, heads: int, block_tokens: int, dim: int, split: bool = True):
         """``split``: the consumers of the macros below (warpgroup 0 scores, warpgroup 1
-        only accumulates), with their whole-buffer barriers, rescale rows and hand-over of
-        the denominators. False: only the buffers and the Q and P barriers (prefill's
-        seesaw consumers bring their own synchronisation)."""
+        only accumulates), with warpgroup 0's score and statistics fragments, their
+        whole-buffer barriers, rescale rows and hand-over of the denominators. False: only
+        the Q, K and P buffers, the output fragments and the Q and P barriers (prefill's
+        seesaw consumers bring their own fragments and synchronisation)."""
         HB, BI, DH = heads, block_tokens, dim // 2
         self.Q_l = T.alloc_shared([HB, DH], T.bfloat16)
         self.Q_r = T.alloc_shared([HB, DH], T.bfloat16)
@@ -117,8 +118,8 @@ class WarpSpecializedState:
         self.K_r = (T.alloc_shared([BI, DH], T.bfloat16), T.alloc_shared([BI, DH], T.bfloat16))
         self.valid = (T.alloc_shared([BI], T.bool, scope="shared"),
                       T.alloc_shared([BI], T.bool, scope="shared"))
-        # Two P tiles (and rescales), one per K buffer: warpgroup 0 writes tile k's while
-        # warpgroup 1 still reads tile k-1's.
+        # Two P tiles, one per K buffer (split consumers: warpgroup 0 writes tile k's while
+        # warpgroup 1 still reads tile k-1's; seesaw: each consumer's own tile's P).
         self.P_shared = (T.alloc_shared([HB, BI], T.bfloat16), T.alloc_shared([HB, BI], T.bfloat16))
         if split:
             self.alpha_shared = (T.alloc_shared([HB], T.float32, scope="shared"),
@@ -127,14 +128,16 @@ class WarpSpecializedState:
             self.inv_denom_shared = T.alloc_shared([HB], T.float32, scope="shared")
         self.acc_o_l = T.alloc_fragment([HB, DH], T.float32)
         self.acc_o_r = T.alloc_fragment([HB, DH], T.float32)
-        self.acc_s = T.alloc_fragment([HB, BI], T.float32)
-        self.l_i = T.alloc_fragment([HB], T.float32)
-        self.l_tile = T.alloc_fragment([HB], T.float32)
-        self.alpha = T.alloc_fragment([HB], T.float32)
-        self.m_i = T.alloc_fragment([HB], T.float32)
-        self.m_prev = T.alloc_fragment([HB], T.float32)
+        if split:  # warpgroup 0's scores and row statistics (the seesaw has one set each)
+            self.acc_s = T.alloc_fragment([HB, BI], T.float32)
+            self.l_i = T.alloc_fragment([HB], T.float32)
+            self.l_tile = T.alloc_fragment([HB], T.float32)
+            self.alpha = T.alloc_fragment([HB], T.float32)
+            self.m_i = T.alloc_fragment([HB], T.float32)
+            self.m_prev = T.alloc_fragment([HB], T.float32)
         # Q is in shared memory once every thread has arrived (and, when it comes by TMA, the
-        # bytes have landed); only warpgroup 0 waits for it, so the producer starts at once.
+        # bytes have landed); only the scoring consumers wait for it, so the producer starts
+        # at once.
         self.bar_q = T.alloc_barrier(arrive_count=WS_THREADS)
         if split:
             self.k_ready = (T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=128))

@@ -626,7 +626,7 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
     return sparse_decode_combine.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
-# Representative builds for the lowering smoke test (tests/test_lowering.py): the sm_90a
+# Representative builds for the lowering smoke test (tests/builds/test_lowering.py): the sm_90a
 # warp-specialised schedule, C4A (h128) on the plain schedule,
 # SWA-only split-KV (h64), an unpadded head count with a C128A-width extra scope, and a combine.
 LOWERING_EXAMPLES = [

@@ -70,7 +70,7 @@ def build_sparse_prefill(
             ``block_tokens`` 64): KV tokens in wgmma's M dimension and the heads in N, so a
             TP head count (16, 32) runs without padding to 64. ``threads`` 256: one math
             warpgroup, 384: two (the second takes half of P·V); a producer warpgroup
-            gathers into ``num_stages`` (2-4) K buffers. Same math and
+            gathers into ``num_stages`` (2 or 3; 3 only beside 16 heads) K buffers. Same math and
             index rules; sm_90a only (see ``_build_tokens_in_m``).
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
@@ -219,7 +219,7 @@ class SeesawState:
                        (T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=128)))
 
 
-# FlashMLA's sm90 sparse prefill schedule ("seesaw"), in two macros. Per tile pair,
+# FlashMLA's sm90 sparse prefill schedule ("seesaw"), in the macros below. Per tile pair,
 # consumer 0 scores the even tile (K buffer 0) and consumer 1 the odd one (buffer 1); each
 # accumulates both tiles' P·V into its own half of the output: its own P from registers,
 # the other's from shared memory. The row max runs down a chain, 0 then 1: consumer 0
@@ -368,7 +368,7 @@ def seesaw_sum_exchange(ss, me: int, pairs):
 
 def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv):
     """The warp-specialised Hopper schedule of the same kernel (attention_tile's
-    WarpSpecializedState and consumer macros). The producer warpgroup resolves the tile's
+    WarpSpecializedState, the seesaw macros above). The producer warpgroup resolves the tile's
     indices (clamped reads, validity flags) and gathers the rows with per-thread cp.async
     copies of 16 bytes, predicated on validity: an invalid row is zero-filled without being
     read. Its loads overlap the consumers' math because the roles live in different warps.
@@ -536,8 +536,8 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
     # reduction's workspace, against the 227 KiB of an sm_90a block.
     p_tiles = 1 if threads == 256 else num_stages
     smem_kib = num_stages * BI + HB + p_tiles * HB * BI * 2 / 1024 + 1
-    if not 2 <= num_stages <= 4 or smem_kib > 227:
-        raise ValueError("tokens_in_m: num_stages (K buffers) must be in [2, 4] and fit in "
+    if not 2 <= num_stages <= 3 or smem_kib > 227:
+        raise ValueError("tokens_in_m: num_stages (K buffers) must be 2 or 3 and fit in "
                          f"shared memory (~{smem_kib:.0f} KiB > 227), got {num_stages}")
 
 
@@ -805,7 +805,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
-# Representative builds for the lowering smoke test (tests/test_lowering.py): the sm_90a
+# Representative builds for the lowering smoke test (tests/builds/test_lowering.py): the sm_90a
 # warp-specialised and tokens-in-M schedules, DSv4 head counts,
 # an unpadded head count, and both index forms.
 LOWERING_EXAMPLES = [

@@ -308,19 +308,22 @@ def loader_for(target: "str | Target") -> KernelLoader:
 def clear_loaders() -> None:
     """Forget every process-wide loader: the next :func:`loader_for` makes one from the
     environment as it is then (after a change of ``$DSV4_TL_KERNEL_DIR`` or ``$DSV4_TL_JIT``).
-    Front ends that memoise kernels must drop those too."""
+    The front ends' launch plans and resolved kernels are dropped with them."""
     with _loaders_lock:
         _loaders.clear()
+    kernels_changed()
 
 
 @contextlib.contextmanager
 def using_loader(loader: KernelLoader) -> Iterator[KernelLoader]:
     """Make ``loader`` the process-wide loader of its target inside the block (``dsv4-tl
     tune`` points the front ends at its candidates' artifacts so); the one before it, or
-    none, is back after. Front ends that memoise kernels must drop them on both sides."""
+    none, is back after. The front ends' launch plans and resolved kernels are dropped after
+    each switch (so none made with the other loader survives it)."""
     with _loaders_lock:
         previous = _loaders.get(loader.target)
         _loaders[loader.target] = loader
+    kernels_changed()
     try:
         yield loader
     finally:
@@ -329,3 +332,4 @@ def using_loader(loader: KernelLoader) -> Iterator[KernelLoader]:
                 _loaders.pop(loader.target, None)
             else:
                 _loaders[loader.target] = previous
+        kernels_changed()

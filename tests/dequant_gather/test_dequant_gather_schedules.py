@@ -1,7 +1,7 @@
 """The schedule knobs of tile_kernels/dequant_gather.py (no GPU): bad values are refused
 with errors naming the knob, and every config the schedule files name builds.
 
-The results of each ``loads`` path are checked on a GPU by tests/test_gpu_gather_indices.py
+The results of each ``loads`` path are checked on a GPU by tests/dequant_gather/test_dequant_gather_gpu.py
 (every gather test runs under each path, bit for bit against the reference)."""
 
 import json

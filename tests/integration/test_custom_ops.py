@@ -11,7 +11,6 @@ import torch
 import dsv4_tl
 from dsv4_tl import loader as L
 from dsv4_tl import vllm_compat as vc
-from dsv4_tl.ops import _dispatch
 from dsv4_tl.targets import ENV_SYCL_DEVICE
 
 BF16, I32, U8 = torch.bfloat16, torch.int32, torch.uint8
@@ -55,10 +54,7 @@ def _calls():
 def fresh_routing():
     """Forget memoised device targets and loaders (they depend on the environment)."""
     def clear():
-        _dispatch._target_of.cache_clear()
-        _dispatch._resolve.cache_clear()
-        _dispatch._schedule_of.cache_clear()
-        L.clear_loaders()
+        L.clear_loaders()  # (drops the memoised targets, kernels and plans too)
     clear()
     yield
     clear()

@@ -12,7 +12,7 @@ import pytest
 
 from dsv4_tl import schedules, tune, tuning_log
 from dsv4_tl.build import build, build_variants, schedules_of
-from dsv4_tl.kernels import Variant
+from dsv4_tl.kernels import Variant, kernels_changed
 from dsv4_tl.targets import parse_target
 from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
 
@@ -304,8 +304,7 @@ def test_a_logged_config_changes_the_variant_the_front_end_resolves(logs, monkey
     features = tuple(sorted(dict(ctas=8, h=64, scope="c4a").items()))
 
     def resolve():
-        _dispatch._resolve.cache_clear()
-        _dispatch._schedule_of.cache_clear()
+        kernels_changed()
         return _dispatch._resolve("sparse_decode", TARGET, static, features)
 
     try:
@@ -319,8 +318,7 @@ def test_a_logged_config_changes_the_variant_the_front_end_resolves(logs, monkey
         assert after != before and after == Variant.make("sparse_decode", dict(static), schedule)
         assert after.key != before.key
     finally:
-        _dispatch._resolve.cache_clear()
-        _dispatch._schedule_of.cache_clear()
+        kernels_changed()
 
 
 # ------------------------------------------------------------------------------ builds
@@ -490,3 +488,38 @@ def test_report_reads_the_logs_the_installed_package_uses(logs, capsys, monkeypa
     assert tune.main(["--kernel", "sparse_decode", "--report"]) == 0
     text = capsys.readouterr().out
     assert "no log" not in text and "h64_c4a_ctas1_16" in text
+
+
+def _without(entry, knob):
+    """``entry`` as a log written before ``knob`` existed (no such key in its configs)."""
+    for config in [entry["best"], entry["default"]] + [c["config"] for c in entry["candidates"]]:
+        config.pop(knob, None)
+    return entry
+
+
+def test_an_entry_without_an_added_knob_takes_the_knobs_old_value(logs):
+    """sparse_prefill's ``added_knobs`` names tokens_in_m (false before it existed): an entry
+    logged before the knob still configures its bucket, with the old kernel."""
+    name = "h128_topk257_1024"
+    assert _spec("sparse_prefill")["added_knobs"] == {"tokens_in_m": False}
+    _write(logs, "sparse_prefill",
+           _without(_entry("sparse_prefill", name, {"block_tokens": 32}), "tokens_in_m"))
+    ((bucket, config, source),) = [r for r in schedules.resolved_buckets(SM90A, "sparse_prefill")
+                                   if r[0]["name"] == name]
+    assert source == "log" and config["block_tokens"] == 32
+    assert config["tokens_in_m"] is False
+
+
+def test_an_entry_without_a_knob_the_file_does_not_list_is_ignored(logs):
+    """dequant_gather's loads knob changed the kernel family (its default moved off the old
+    path): an entry logged before it is ignored with a warning, not applied with the new
+    default."""
+    name = "rows16k_256k"
+    assert "loads" not in _spec("dequant_gather").get("added_knobs", {})
+    _write(logs, "dequant_gather",
+           _without(_entry("dequant_gather", name, {"threads": 128}), "loads"))
+    with pytest.warns(UserWarning, match="has knobs"):
+        rows = schedules.resolved_buckets(SM90A, "dequant_gather")
+    ((bucket, config, source),) = [r for r in rows if r[0]["name"] == name]
+    assert source == "file" and config == {**_spec("dequant_gather")["default"],
+                                           **bucket["config"]}

@@ -32,12 +32,8 @@ def forcing(target: Target, op: str, config: dict):
 def tuning_loader(target: Target, kernel_dir: Path):
     """Point the process-wide loader of ``target`` at the tuning artifacts (JIT off: every
     variant was compiled by the pool)."""
-    with using_loader(KernelLoader(target, kernel_dir, jit=False)):
-        kernels_changed()
-        try:
-            yield
-        finally:
-            kernels_changed()
+    with using_loader(KernelLoader(target, kernel_dir, jit=False)):  # (drops the plans)
+        yield
 
 
 # Sticky CUDA errors: after one of these every later call fails, whatever it launches.

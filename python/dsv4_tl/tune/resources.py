@@ -90,8 +90,10 @@ def acc_registers(op: str, config: dict) -> int:
             # warpgroups), Sᵀ and the partial sums
             o_dims = HEAD_DIM if c["threads"] == 256 else HEAD_DIM // 2
             return (hb * o_dims + 2 * hb * bi) // 128 + _REG_OVERHEAD
-        if c.get("warp_specialized"):  # consumer warpgroup 0: O[:, :256] and S over 128 threads
-            return (hb * 256 + hb * bi) // 128 + _REG_OVERHEAD
+        if c.get("warp_specialized"):  # a scoring consumer: O[:, :256] and S over 128 threads
+            # (prefill's seesaw consumers also hold their P in bf16, the A of their own P·V)
+            p_regs = hb * bi // 2 if op == "sparse_prefill" else 0
+            return (hb * 256 + hb * bi + p_regs) // 128 + _REG_OVERHEAD
         return (hb * HEAD_DIM + hb * bi) // c["threads"] + _REG_OVERHEAD
     if op == "global_topk":  # flag fragment [tokens, cols] int32
         return c["tokens_per_block"] * c["cols_per_block"] // c["threads"] + _REG_OVERHEAD
@@ -123,8 +125,8 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
                 return ("tokens_in_m: needs warp_specialized false, threads 256 or 384, "
                         "block_tokens 64 and heads_per_block 16 or 32 (got "
                         f"{c.get('warp_specialized')}, {threads}, {bi}, {hb})")
-            if not 2 <= c["num_stages"] <= 4:
-                return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} outside [2, 4]"
+            if not 2 <= c["num_stages"] <= 3:  # (4 K buffers of 64 KiB never fit)
+                return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} outside [2, 3]"
         elif c.get("warp_specialized"):
             if arch and not arch.wgmma:
                 return f"warp_specialized: the Hopper schedule needs wgmma ({target_dir} has none)"

@@ -83,9 +83,15 @@ def run(args: argparse.Namespace, say=print) -> int:
     if args.resume and not args.force:
         todo = []
         for p in plans:
+            spec = load_schedule_file(target.dirname, p.op)
+            current = set(spec["default"])
+            old_ok = set(spec.get("added_knobs", {}))
+            # an entry of an older knob set that the schedule file no longer applies
+            # (schedules._logged_config) is not "done": it is re-tuned
             done = [e for e in tuning_log.entries_for(tuning_log.log_path(out, target.dirname, p.op),
                                                       info["device"], tools["tilelang"])
-                    if e["bucket"] == p.name and e["match"] == p.bucket["match"]]
+                    if e["bucket"] == p.name and e["match"] == p.bucket["match"]
+                    and set(e["best"]) <= current and current - set(e["best"]) <= old_ok]
             if done:
                 say(f"skip {p.op} / {p.name}: logged {done[-1]['date']} (--force re-tunes)")
             else:
