@@ -6,6 +6,7 @@ Frobenius <= 1e-2 (bf16 output, P rounded to bf16 before PV); max_logits/lse see
 accumulation of exact bf16 products: |err| <= 1e-3 + 2^-13·|ref|.
 """
 
+import contextlib
 import math
 
 import pytest
@@ -86,20 +87,32 @@ def test_prefill_ragged_matches_dense(h, seed):
         assert torch.equal(a, b), f"{name}: ragged and dense kernels differ"
 
 
-def test_prefill_ragged_malformed_indptr_is_safe(seed):
+# h 64 / 128 with the plain schedule (what their buckets take at this width) and with the
+# warp-specialised seesaw forced; h 16 / 32 take the tokens-in-M schedule (their buckets):
+# every producer's clamped, read-ahead index reads meet malformed windows.
+@pytest.mark.parametrize("h,forced", [(64, None), (128, "ws"), (64, "ws"), (16, None), (32, None)])
+def test_prefill_ragged_malformed_indptr_is_safe(seed, h, forced):
     """indptr past nnz / decreasing: clamped in the kernel, never read out of bounds; rows
     whose clamped window is empty are lonely."""
     gen = torch.Generator(DEV).manual_seed(seed)
-    s_q, h = 6, 64
+    s_q = 6
     q, kv, idx, lens, sink = _inputs(s_q, h, 512, 64, gen)
     flat, _ = to_csr(idx, torch.full((s_q,), 64, dtype=torch.int32, device=DEV))
     nnz = flat.numel()
     indptr = torch.tensor([0, 64, 10, nnz + 1000, 2**31 - 1, -7, nnz], dtype=torch.int32,
                           device=DEV)
     outs = _poisoned(s_q, h)
-    sparse_prefill_ragged(q, kv, flat, indptr, SCALE, sink, out=outs[0], max_logits=outs[1],
-                          lse=outs[2])
-    torch.cuda.synchronize()
+    config = None
+    if forced == "ws":
+        if torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("the warp-specialised schedule is sm_90a's")
+        config = {**_prefill_schedule(h, 8320), "warp_specialized": True, "threads": 384,
+                  "heads_per_block": 64, "block_tokens": 64, "num_stages": 0}
+    with (tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill", config)
+          if config else contextlib.nullcontext()):
+        sparse_prefill_ragged(q, kv, flat, indptr, SCALE, sink, out=outs[0],
+                              max_logits=outs[1], lse=outs[2])
+        torch.cuda.synchronize()
     dense, lens_t = clamped_csr_as_dense(flat, indptr)
     check_prefill(outs, sparse_prefill_ref(q, kv, dense, SCALE, 512, sink, lens_t), kv)
 
