@@ -272,21 +272,34 @@ def seesaw_exponentiate(st, ss, me: int, acc_o, scale_log2):
 
 
 @T.macro
+def seesaw_start(st, ss, me: int, acc_o):
+    """Consumer ``me``'s empty output and statistics; then it waits for Q."""
+    T.fill(ss.l_i[me], 0)
+    T.fill(ss.m_i[me], M_SENTINEL)
+    T.fill(acc_o, 0)
+    T.barrier_wait(st.bar_q, 0)
+
+
+@T.macro
+def seesaw_scored(st, ss, me: int, parity):
+    """Consumer ``me``'s raw scores of its tile of the pair, complete (the previous max kept
+    in ``m_prev``); the K half that only the other consumer still reads is released."""
+    seesaw_scores(st, ss, ss.acc_s[me], me, parity)
+    T.copy(ss.m_i[me], ss.m_prev[me])
+    T.wait_wgmma(0)
+    T.barrier_arrive(ss.k_free[me][1 - me])
+
+
+@T.macro
 def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
     """Consumer 0: even tiles, output columns [0, 256)."""
     HB, BI, DH = st.heads, st.block_tokens, st.half_dim
     me = 0
     acc_s, p_regs, m_i, m_peer, l_i, alpha = (ss.acc_s[me], ss.p_regs[me], ss.m_i[me],
                                               ss.m_peer[me], ss.l_i[me], ss.alpha[me])
-    T.fill(l_i, 0)
-    T.fill(m_i, M_SENTINEL)
-    T.fill(acc_o, 0)
-    T.barrier_wait(st.bar_q, 0)
+    seesaw_start(st, ss, me, acc_o)
     for pair in T.serial(pairs):
-        seesaw_scores(st, ss, acc_s, 0, pair & 1)
-        T.copy(m_i, ss.m_prev[me])
-        T.wait_wgmma(0)
-        T.barrier_arrive(ss.k_free[0][1])
+        seesaw_scored(st, ss, me, pair & 1)
         T.reduce_max(acc_s, m_i, dim=1, clear=False)
         T.copy(m_i, ss.m_shared[0])
         T.barrier_arrive(ss.stats_ready[0])
@@ -323,15 +336,9 @@ def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2):
     me = 1
     acc_s, p_regs, m_i, m_peer, l_i, alpha = (ss.acc_s[me], ss.p_regs[me], ss.m_i[me],
                                               ss.m_peer[me], ss.l_i[me], ss.alpha[me])
-    T.fill(l_i, 0)
-    T.fill(m_i, M_SENTINEL)
-    T.fill(acc_o, 0)
-    T.barrier_wait(st.bar_q, 0)
+    seesaw_start(st, ss, me, acc_o)
     for pair in T.serial(pairs):
-        seesaw_scores(st, ss, acc_s, 1, pair & 1)
-        T.copy(m_i, ss.m_prev[me])
-        T.wait_wgmma(0)
-        T.barrier_arrive(ss.k_free[1][0])
+        seesaw_scored(st, ss, me, pair & 1)
         # Consumer 0's max already holds the history (and the even tile).
         T.barrier_wait(ss.stats_ready[0], pair & 1)
         T.copy(ss.m_shared[0], m_i)
