@@ -142,15 +142,24 @@ def check_int(name: str, v: object, *, min_value: Optional[int] = None, max_valu
     return v
 
 
-def check_float(name: str, v: object) -> float:
+def check_float(name: str, v: object, min_value: Optional[float] = None) -> float:
     """A finite real number (``numbers.Real``: int, float, numpy floats and ints; not a bool
-    of either kind, not a tensor), returned as a Python float."""
+    of either kind, not a tensor), returned as a Python float; at least ``min_value`` when
+    given."""
     if isinstance(v, (bool, numpy.bool_)) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {type(v).__name__}")
     value = float(v)
     if not math.isfinite(value):
         raise ValueError(f"{name}: expected a finite value, got {v}")
+    if min_value is not None and value < min_value:
+        raise ValueError(f"{name}: expected a value >= {min_value}, got {v}")
     return value
+
+
+def check_softmax_scale(name: str, v: object) -> float:
+    """A softmax scale the kernels take: finite and >= 0 (they track the running max of the
+    raw scores, which is the max of the scaled ones only for a scale >= 0)."""
+    return check_float(name, v, min_value=0.0)
 
 
 def check_block_size(name: str, block_size: object) -> int:

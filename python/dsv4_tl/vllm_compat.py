@@ -47,7 +47,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from . import library  # noqa: F401  (registers torch.ops.dsv4_tl.*)
 from . import ops
 from .cache_format import HEAD_DIM
-from .validation import check_float, check_k_cache, check_tensor
+from .validation import check_k_cache, check_softmax_scale, check_tensor
 
 __all__ = [
     "FlashMLASchedMeta",
@@ -278,7 +278,7 @@ def flash_mla_with_kvcache(
     _check_sched_meta(meta, config)
     # a plain float for the op's schema (numpy floats are real numbers too)
     softmax_scale = (q.shape[-1] ** -0.5 if softmax_scale is None
-                     else check_float("softmax_scale", softmax_scale))
+                     else check_softmax_scale("softmax_scale", softmax_scale))
     args = (q, k_cache, indices, topk_length, softmax_scale, attn_sink, extra_k_cache,
             extra_indices_in_kvcache, extra_topk_length)
     if out is None:
@@ -322,7 +322,7 @@ def flash_mla_sparse_fwd(
     """
     if d_v != HEAD_DIM:
         raise ValueError(f"d_v: expected {HEAD_DIM}, got {d_v}")
-    sm_scale = check_float("sm_scale", sm_scale)  # a plain float for the op's schema
+    sm_scale = check_softmax_scale("sm_scale", sm_scale)  # a plain float for the op's schema
     args = (q, kv, indices, sm_scale, attn_sink, topk_length)
     if out is None:
         return torch.ops.dsv4_tl.sparse_prefill(*args)

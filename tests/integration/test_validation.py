@@ -402,3 +402,14 @@ def test_q_is_copied_to_a_16_byte_aligned_buffer_when_it_is_not():
     assert a.data_ptr() % 16 == 0 and torch.equal(a, q)
     q8 = buf[8:].view(2, 512)
     assert aligned16(q8).data_ptr() == q8.data_ptr()  # already aligned: no copy
+
+
+@pytest.mark.parametrize("scale", [-0.5, -1e-30])
+def test_a_negative_softmax_scale_is_refused_by_name(scale):
+    """The kernels track the running max of the raw scores, the max of the scaled ones only
+    for a scale >= 0: a negative scale is refused (0 is allowed: uniform weights)."""
+    from dsv4_tl.validation import check_softmax_scale
+
+    with pytest.raises(ValueError, match="^sm_scale: expected a value >= 0.0"):
+        check_softmax_scale("sm_scale", scale)
+    assert check_softmax_scale("sm_scale", 0) == 0.0

@@ -281,7 +281,8 @@ def check_aligned_output(name: str, given: torch.Tensor) -> None:
 
 def aligned16(t: torch.Tensor) -> torch.Tensor:
     """``t`` contiguous and starting on a 16-byte boundary (a copy when it is not): the
-    kernels load q by TMA, whose global address must be 16-byte aligned."""
+    kernels load q by TMA and prefill's KV rows by 16-byte cp.async, whose global addresses
+    must be 16-byte aligned."""
     t = t.contiguous()
     return t if t.data_ptr() % 16 == 0 else t.clone()
 

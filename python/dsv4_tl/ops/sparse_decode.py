@@ -7,7 +7,7 @@ import torch
 from ..cache_format import HEAD_DIM, CacheGeometry, cache_geometry
 from ..validation import (
     check_kernel_device,
-    check_float,
+    check_softmax_scale,
     check_fp8_format,
     check_optional_tensor,
     check_same_device,
@@ -61,7 +61,7 @@ def check_sparse_decode_args(
     if h < 1:
         raise ValueError(f"q: expected at least one head, got shape {list(q.shape)}")
     check_fp8_format("fp8_format", fp8_format)
-    scale = HEAD_DIM ** -0.5 if softmax_scale is None else check_float("softmax_scale", softmax_scale)
+    scale = HEAD_DIM ** -0.5 if softmax_scale is None else check_softmax_scale("softmax_scale", softmax_scale)
     check_optional_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(h,))
     if (extra_k_cache is None) != (extra_indices is None):
         raise ValueError("extra_indices: extra_k_cache and extra_indices must be given together")

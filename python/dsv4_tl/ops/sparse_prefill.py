@@ -8,7 +8,7 @@ import torch
 from ..cache_format import HEAD_DIM
 from ..validation import (
     check_kernel_device,
-    check_float,
+    check_softmax_scale,
     check_optional_tensor,
     check_same_device,
     check_tensor,
@@ -46,7 +46,7 @@ def check_sparse_prefill_args(q: torch.Tensor, kv: torch.Tensor, indices: torch.
     check_optional_tensor("topk_length", topk_length, dtype=torch.int32, shape=(s_q,))
     check_optional_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(h,))
     check_same_device(q=q, kv=kv, indices=indices, topk_length=topk_length, attn_sink=attn_sink)
-    return s_q, check_float("sm_scale", sm_scale)
+    return s_q, check_softmax_scale("sm_scale", sm_scale)
 
 
 def check_sparse_prefill_ragged_args(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
@@ -59,7 +59,7 @@ def check_sparse_prefill_ragged_args(q: torch.Tensor, kv: torch.Tensor, indices:
     check_tensor("indptr", indptr, dtype=torch.int32, shape=(s_q + 1,))
     check_optional_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(h,))
     check_same_device(q=q, kv=kv, indices=indices, indptr=indptr, attn_sink=attn_sink)
-    return check_float("sm_scale", sm_scale)
+    return check_softmax_scale("sm_scale", sm_scale)
 
 
 _PLANS = PlanCache()
@@ -152,8 +152,10 @@ class _Plan:
                                  dtype=torch.int32, device=dev)
         sink = sink_argument(attn_sink, self.sink, q.shape[1], dev)
         q = aligned16(q)
-        kv = kv.view(self.kv_shape) if kv.is_contiguous() else \
-            kv.reshape(self.kv_shape).contiguous()
+        # the producers copy KV rows in 16-byte pieces (cp.async): a view that starts off a
+        # 16-byte boundary is copied (as q is)
+        kv = aligned16(kv.view(self.kv_shape) if kv.is_contiguous() else
+                       kv.reshape(self.kv_shape))
         self.launch(q, kv, indices, lengths, sink, out, max_logits, lse)
         return out, max_logits, lse
 
