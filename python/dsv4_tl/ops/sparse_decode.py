@@ -104,7 +104,7 @@ def sparse_decode(
         indices: [b, s_q, topk], int32: global slot ``block * block_size + offset``; -1 invalid.
         topk_length: [b], int32, or None (= topk). Entries at positions >= topk_length are
             ignored whatever they hold; so are -1 and any slot outside the cache.
-        softmax_scale: float, default 512 ** -0.5.
+        softmax_scale: float >= 0, default 512 ** -0.5.
         attn_sink: [h_q], float32, or None. Adds e^sink to the softmax denominator
             (-inf: no effect, +inf: output 0).
         extra_k_cache, extra_indices [b, s_q, extra_topk] int32, extra_topk_length [b] int32:

@@ -193,7 +193,7 @@ def sparse_prefill(
         kv: [s_kv, 1, 512], bfloat16 (V = K, all 512 dims).
         indices: [s_q, 1, topk], int32. Entry c of row i is used iff c < topk_length[i],
             0 <= idx < s_kv; any other value (-1, garbage past topk_length) is ignored.
-        sm_scale: softmax scale (DSv4: 512 ** -0.5).
+        sm_scale: softmax scale, >= 0 (DSv4: 512 ** -0.5).
         attn_sink: [h_q], float32, or None; changes only ``out``.
         topk_length: [s_q], int32, or None (= topk).
         out, max_logits, lse: optional preallocated contiguous outputs of the shapes below.
