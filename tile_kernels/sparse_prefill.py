@@ -373,6 +373,27 @@ def seesaw_sum_exchange(ss, me: int, pairs):
         ss.l_i[me][i] = ss.l_i[me][i] + ss.l_tile[me][i]
 
 
+@T.macro
+def row_epilogue(m_i, l_i, inv, write_stats: bool, Sink, MaxLogits, Lse, row, h0,
+                 num_heads: int, sm_scale, scale_log2):
+    """``inv`` = 1 / (Σe^s + e^sink) for the head group's rows from ``h0`` (1 for a row with
+    no valid token), and, when ``write_stats``, the real rows' max_logits and lse (both
+    exclude the sink). ``m_i`` is the rows' max raw score, ``l_i`` Σ 2^((s - m)·scale_log2)."""
+    for i in T.Parallel(inv.shape[0]):
+        has = l_i[i] > 0
+        if write_stats:
+            if h0 + i < num_heads:
+                MaxLogits[row, h0 + i] = T.if_then_else(
+                    has, m_i[i] * sm_scale, -T.infinity(T.float32))
+                Lse[row, h0 + i] = T.if_then_else(
+                    has, T.log(l_i[i]) + m_i[i] * sm_scale, T.infinity(T.float32))
+        inv[i] = T.if_then_else(
+            has,
+            1.0 / (l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                   - m_i[i] * scale_log2)),
+            1.0)
+
+
 def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv):
     """The warp-specialised Hopper schedule of the same kernel (attention_tile's
     WarpSpecializedState, the seesaw macros above). The producer warpgroup resolves the tile's
@@ -448,25 +469,6 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                                 T.min(((pair + 1) * 2 + buf) * BI + r * 16 + p // 8,
                                       length - 1))
 
-    @T.macro
-    def row_epilogue(m_i, l_i, inv, write_stats: bool, Sink, MaxLogits, Lse, row, h0, sm_scale,
-                     scale_log2):
-        """``inv`` = 1 / (Σe^s + e^sink) per row (1 for a row with no valid token), and, when
-        ``write_stats``, the rows' max_logits and lse (both exclude the sink)."""
-        for i in T.Parallel(HB):
-            has = l_i[i] > 0
-            if write_stats:
-                if h0 + i < num_heads:
-                    MaxLogits[row, h0 + i] = T.if_then_else(
-                        has, m_i[i] * sm_scale, -T.infinity(T.float32))
-                    Lse[row, h0 + i] = T.if_then_else(
-                        has, T.log(l_i[i]) + m_i[i] * sm_scale, T.infinity(T.float32))
-            inv[i] = T.if_then_else(
-                has,
-                1.0 / (l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
-                                       - m_i[i] * scale_log2)),
-                1.0)
-
     @T.prim_func
     def sparse_prefill(
         Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
@@ -496,14 +498,14 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                 seesaw_consumer_0(st, ss, st.acc_o_l, pairs, scale_log2)
                 inv = T.alloc_fragment([HB], T.float32)
                 row_epilogue(ss.m_i[0], ss.l_i[0], inv, True, Sink, MaxLogits, Lse, row, h0,
-                             sm_scale, scale_log2)
+                             num_heads, sm_scale, scale_log2)
                 write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, row, h0)
             elif tx < 256:
                 ws_set_regs(PREFILL_WS_REGS[1])
                 seesaw_consumer_1(st, ss, st.acc_o_r, pairs, scale_log2)
                 inv = T.alloc_fragment([HB], T.float32)
                 row_epilogue(ss.m_i[1], ss.l_i[1], inv, False, Sink, MaxLogits, Lse, row, h0,
-                             sm_scale, scale_log2)
+                             num_heads, sm_scale, scale_log2)
                 write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, row, h0)
             else:
                 ws_set_regs(PREFILL_WS_REGS[2])
@@ -730,18 +732,8 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                             T.barrier_arrive(k_free[b])
                 # Epilogue. max_logits/lse exclude the sink; out divides by Σe^s + e^sink.
                 T.reduce_sum(l_part, l_i, dim=0, batch=HB // 4)
-                for i in T.Parallel(HB):
-                    has = l_i[i] > 0
-                    if h0 + i < num_heads:
-                        MaxLogits[row, h0 + i] = T.if_then_else(
-                            has, m_i[i] * sm_scale, -T.infinity(T.float32))
-                        Lse[row, h0 + i] = T.if_then_else(
-                            has, T.log(l_i[i]) + m_i[i] * sm_scale, T.infinity(T.float32))
-                    inv[i] = T.if_then_else(
-                        has,
-                        1.0 / (l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
-                                               - m_i[i] * scale_log2)),
-                        1.0)
+                row_epilogue(m_i, l_i, inv, True, Sink, MaxLogits, Lse, row, h0, num_heads,
+                             sm_scale, scale_log2)
                 if two:
                     T.copy(inv, inv_shared)
                     T.barrier_arrive(bar_done)
