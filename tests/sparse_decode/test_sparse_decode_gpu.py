@@ -179,6 +179,39 @@ def test_decode_warp_specialized_split_edges(block_tokens, num_splits, seed):
             check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
 
 
+def test_decode_split_scratch_streams_and_graphs(seed):
+    """Split-KV decode (8 splits at these few rows on sm_90a) with its partials in the
+    stream scratch shared by plans: two plans interleaved on one stream (the larger one
+    grows the scratch), a second stream and a captured CUDA graph all give the first
+    call's bits."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    cases = [decode_case(b, 1, 64, "c4a512", gen) for b in (2, 3)]
+
+    def run(case):
+        q, (k, i, n), (ek, ei, en), sink = case
+        return sparse_decode(q, k, i, n, SCALE, sink, ek, ei, en)
+
+    check_decode(*cases[0])
+    check_decode(*cases[1])
+    first = [run(c) for c in cases]
+    again = [run(cases[0]), run(cases[1]), run(cases[0])]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = run(cases[1])
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            captured = run(cases[0])
+    torch.cuda.current_stream().wait_stream(side)
+    for got in captured:
+        got.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    for (got_out, got_lse), (out, lse) in zip(again + [on_side, captured],
+                                             [first[0], first[1], first[0], first[1], first[0]]):
+        assert torch.equal(got_out, out) and torch.equal(got_lse, lse)
+
+
 def test_decode_zero_block_cache_refused():
     """The kernels read block 0 in place of invalid tokens, so an empty cache is an error."""
     from dsv4_tl.cache_format import alloc_k_cache

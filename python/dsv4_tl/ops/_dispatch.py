@@ -176,10 +176,16 @@ class Launch:
                             f"kernel's parameters {sorted(spec.params)}")
         self.kernel = kernel
         self.fixed = tuple(fixed.values())
-        self.order = operator.itemgetter(*(names.index(p) for p in spec.params))
+        # None when the per-call values then the fixed ones already are the kernel's order
+        # (the front ends name them so: no reordering per call)
+        self.order = (None if names == tuple(spec.params) else
+                      operator.itemgetter(*(names.index(p) for p in spec.params)))
 
     def __call__(self, *values) -> None:
-        self.kernel(*self.order(values + self.fixed))
+        if self.order is None:
+            self.kernel(*values, *self.fixed)
+        else:
+            self.kernel(*self.order(values + self.fixed))
 
 
 def routed_per_call(device: torch.device) -> bool:
@@ -253,6 +259,49 @@ def _placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torc
 
 
 # ------------------------------------------------------------------------------ buffers
+class StreamScratch:
+    """Float32 scratch that kernels use within one launch sequence (split-KV partials, from
+    the decode kernel to its combine), one buffer per (device, stream), shared by every
+    plan: calls on one stream run in order, so consecutive calls can reuse the same bytes,
+    which saves a per-call allocation (a few µs of host time each). Grown, never shrunk; a
+    buffer replaced by a larger one is freed when the last plan's views of it go (the
+    caching allocator reuses it in stream order). Not while a CUDA graph is captured or a
+    FakeTensorMode is active: then each call gets its own (a graph keeps its buffers)."""
+
+    def __init__(self):
+        self.pools: dict = {}  # (device, raw stream) -> float32 buffer
+
+    def views(self, owner: dict, device: torch.device, shapes: Tuple[tuple, ...]) -> tuple:
+        """Float32 tensors of ``shapes`` on CUDA ``device``'s current stream. ``owner``: the
+        calling plan's memo of its views (per stream), so a call that finds the pool
+        unchanged makes no tensor."""
+        if capturing(device) or faking():
+            return self.fresh(device, shapes)
+        stream = torch._C._cuda_getCurrentRawStream(device.index)
+        pool = self.pools.get((device, stream))
+        mine = owner.get(stream)
+        if mine is not None and mine[0] is pool:
+            return mine[1]
+        sizes = [math.prod(shape) for shape in shapes]
+        starts = [sum(-(-n // 4) * 4 for n in sizes[:i]) for i in range(len(sizes))]
+        need = starts[-1] + sizes[-1]  # (each view starts 16-byte aligned)
+        if pool is None or pool.numel() < need:
+            pool = torch.empty(max(need, 0 if pool is None else pool.numel()),
+                               dtype=torch.float32, device=device)
+            self.pools[(device, stream)] = pool
+        made = tuple(pool[at:at + n].view(shape) for at, n, shape in zip(starts, sizes, shapes))
+        owner[stream] = (pool, made)
+        return made
+
+    @staticmethod
+    def fresh(device: torch.device, shapes: Tuple[tuple, ...]) -> tuple:
+        """Per-call tensors of :meth:`views`' shapes."""
+        return tuple(torch.empty(shape, dtype=torch.float32, device=device) for shape in shapes)
+
+
+stream_scratch = StreamScratch()
+
+
 def output_tensor(name: str, given, shape: tuple, dtype: torch.dtype,
                   device: torch.device) -> torch.Tensor:
     """``given`` checked as a contiguous output of ``shape``/``dtype`` on ``device``, or a new
@@ -285,6 +334,27 @@ def aligned16(t: torch.Tensor) -> torch.Tensor:
     must be 16-byte aligned."""
     t = t.contiguous()
     return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+_reshaped: dict = {}  # (id(tensor), shape) -> (weak reference, data_ptr, view)
+
+
+def reshaped(t: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """``t.reshape(shape)``, contiguous (a copy when ``t`` is not). A view is memoised while
+    the same tensor stays at the same address (a step's KV workspace and index rows are
+    passed to every layer), which saves making it again per call; a copy never is."""
+    key = (id(t), shape)
+    ptr = t.data_ptr()
+    hit = _reshaped.get(key)
+    if hit is not None and hit[1] == ptr and hit[0]() is t:
+        return hit[2]
+    if not t.is_contiguous():
+        return t.reshape(shape).contiguous()
+    view = t.view(shape)
+    if not faking():
+        _reshaped[key] = (weakref.ref(t, lambda _ref, key=key: _reshaped.pop(key, None)), ptr,
+                          view)
+    return view
 
 
 _views: dict = {}  # (id(cache), span, dtypes) -> (weak reference, data_ptr, views)

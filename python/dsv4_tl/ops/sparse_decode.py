@@ -17,7 +17,7 @@ from ..kernels import SPARSE_DECODE, SPARSE_DECODE_COMBINE, decode_scope
 from ._dispatch import (Launch, PlanCache, _target, aligned16, cache_views, capturing,
                         check_aligned_output, check_output, meta, meta_contiguous, meta_last,
                         meta_strides, placeholder, recheck_device, resolve, reusable_no_sink,
-                        routed_per_call, sink_argument)
+                        routed_per_call, sink_argument, StreamScratch, stream_scratch)
 
 
 def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
@@ -154,8 +154,9 @@ _DYNAMIC = ("Q", "MainFp8", "MainBf16", "MainU8", "MainIndices", "MainLength", "
 class _Plan:
     """What one input signature of :func:`sparse_decode` resolves to: validated once, the
     variant, split count, combine, argument layout, output shapes and placeholders resolved
-    once; per call the outputs and split-KV partials are allocated, buffers aligned and the
-    kernels launched."""
+    once; per call the outputs are allocated, buffers aligned and the kernels launched.
+    Split-KV partials come from the stream's scratch (``stream_scratch``) on CUDA devices,
+    else are allocated per call."""
 
     def __init__(self, q, k_cache, indices, topk_length, softmax_scale, attn_sink,
                  extra_k_cache, extra_indices, extra_topk_length, fp8_format, batch_invariant,
@@ -203,8 +204,9 @@ class _Plan:
             self.partials = (placeholder(dev, torch.float32, (0, 0, 1, h, HEAD_DIM)),
                              placeholder(dev, torch.float32, (0, 0, 1, h)))
         else:
-            self.o_part_shape = (b, s_q, splits, h, HEAD_DIM)
-            self.lse_part_shape = (b, s_q, splits, h)
+            self.partial_shapes = ((b, s_q, splits, h, HEAD_DIM), (b, s_q, splits, h))
+            self.scratch = {}  # this plan's views of the stream scratch, per stream
+            self.pooled = dev.type == "cuda"
             self.no_out = (placeholder(dev, torch.bfloat16, (0, 0, h, HEAD_DIM)),
                            placeholder(dev, torch.float32, (0, h, 0)))
             combine, _ = resolve(SPARSE_DECODE_COMBINE, target, h=h, num_splits=splits)
@@ -242,11 +244,13 @@ class _Plan:
             self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
                         out, lse, *self.partials)
             return out, lse
-        o_part = q.new_empty(self.o_part_shape, dtype=torch.float32)
-        lse_part = q.new_empty(self.lse_part_shape, dtype=torch.float32)
+        if self.pooled:
+            partials = stream_scratch.views(self.scratch, self.device, self.partial_shapes)
+        else:
+            partials = StreamScratch.fresh(self.device, self.partial_shapes)
         self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
-                    *self.no_out, o_part, lse_part)
-        self.combine(o_part, lse_part, sink, out, lse)
+                    *self.no_out, *partials)
+        self.combine(*partials, sink, out, lse)
         return out, lse
 
 

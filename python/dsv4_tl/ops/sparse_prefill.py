@@ -17,7 +17,7 @@ from ..kernels import SPARSE_PREFILL
 from ._dispatch import (Launch, PlanCache, _target, aligned16, capturing, check_aligned_output,
                         check_output, meta, meta_contiguous, meta_last, placeholder,
                         recheck_device, resolve, reusable_no_sink, routed_per_call,
-                        sink_argument)
+                        reshaped, sink_argument)
 
 
 def _check_q_kv(q: torch.Tensor, kv: torch.Tensor) -> Tuple[int, int, int]:
@@ -138,7 +138,7 @@ class _Plan:
                 lse.fill_(math.inf)
             return out, max_logits, lse
         if not self.ragged:
-            indices = indices.reshape(self.indices_shape).contiguous()
+            indices = reshaped(indices, self.indices_shape)
         elif self.no_indices:
             indices = torch.full((1,), -1, dtype=torch.int32, device=dev)
         else:
@@ -154,8 +154,7 @@ class _Plan:
         q = aligned16(q)
         # the producers copy KV rows in 16-byte pieces (cp.async): a view that starts off a
         # 16-byte boundary is copied (as q is)
-        kv = aligned16(kv.view(self.kv_shape) if kv.is_contiguous() else
-                       kv.reshape(self.kv_shape))
+        kv = aligned16(reshaped(kv, self.kv_shape))
         self.launch(q, kv, indices, lengths, sink, out, max_logits, lse)
         return out, max_logits, lse
 
