@@ -12,9 +12,9 @@ tuning log, of its artifacts and of its kernel symbol):
 * ``static(**call)``: the static parameters of the variant a call needs (head count,
   ragged, fp8 flavour, ...) and ``features(target_dir, **call)``: the shape-bucket features
   ``schedule_for`` picks the schedule by; ``call`` describes one call of the front end (the
-  keywords of each spec below). The front ends (``dsv4_tl/ops``) and ``dsv4-tl build``
-  derive them here, and so should ``dsv4-tl tune``; :meth:`KernelSpec.variant` does both
-  plus the schedule lookup;
+  keywords of each spec below). The front ends (``dsv4_tl/ops``), ``dsv4-tl build`` and
+  ``dsv4-tl tune`` (whose harnesses describe each representative input as such a call)
+  derive them here; :meth:`KernelSpec.variant` does both plus the schedule lookup;
 * ``feature_values(static)``: the feature values a call with those static parameters can
   have (``dsv4-tl build`` leaves out buckets that can never select a variant);
 * ``front_ends`` / ``references``: the names of the op in ``dsv4_tl`` / ``dsv4_tl.ops`` and

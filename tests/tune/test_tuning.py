@@ -12,7 +12,7 @@ import pytest
 
 from dsv4_tl import schedules, tune, tuning_log
 from dsv4_tl.build import build, build_variants, schedules_of
-from dsv4_tl.kernels import Variant, kernels_changed
+from dsv4_tl.kernels import KERNELS, Variant, kernels_changed
 from dsv4_tl.targets import parse_target
 from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
 
@@ -214,6 +214,8 @@ def test_suite_covers_every_bucket_and_each_representative_lands_in_it(target):
     for p in plans:
         assert 1 <= len(p.kept) <= tune.DEFAULT_MAX_CANDIDATES + 1
         assert p.kept[0].role == "baseline"
+        # the tuned variant is one the bucket selects at run time (the op spec derives both)
+        assert KERNELS[p.op].admits(p.bucket["match"], p.static)
 
 
 def test_dry_run_lists_kept_and_pruned_candidates(capsys):
