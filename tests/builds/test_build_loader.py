@@ -110,26 +110,25 @@ def test_loader_rejects_a_missing_artifact(built, tmp_path):
         KernelLoader(TARGET, out, jit=False).get(variant)
 
 
-def test_loader_rejects_another_toolchain(built, tmp_path):
+def _another_toolchain(manifest: dict) -> None:
+    for entry in manifest["kernels"]:
+        entry["toolchain"]["tilelang"] = "0.0.1"
+
+
+def _another_target(manifest: dict) -> None:
+    manifest["target"] = "cuda:sm_100a"
+
+
+@pytest.mark.parametrize("edit, message", [(_another_toolchain, "TileLang 0.0.1"),
+                                           (_another_target, "built for cuda:sm_100a")])
+def test_loader_rejects_a_manifest_of_another_build(built, tmp_path, edit, message):
     out = _copy(built, tmp_path)
     variant, _ = _a_variant(built[1])
     path = out / "cuda_sm90a" / MANIFEST_NAME
     data = json.loads(path.read_text())
-    for e in data["kernels"]:
-        e["toolchain"]["tilelang"] = "0.0.1"
+    edit(data)
     path.write_text(json.dumps(data))
-    with pytest.raises(KernelBuildMismatchError, match="TileLang 0.0.1"):
-        KernelLoader(TARGET, out, jit=False).get(variant)
-
-
-def test_loader_rejects_a_manifest_of_another_target(built, tmp_path):
-    out = _copy(built, tmp_path)
-    variant, _ = _a_variant(built[1])
-    path = out / "cuda_sm90a" / MANIFEST_NAME
-    data = json.loads(path.read_text())
-    data["target"] = "cuda:sm_100a"
-    path.write_text(json.dumps(data))
-    with pytest.raises(KernelBuildMismatchError, match="built for cuda:sm_100a"):
+    with pytest.raises(KernelBuildMismatchError, match=message):
         KernelLoader(TARGET, out, jit=False).get(variant)
 
 
