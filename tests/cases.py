@@ -8,12 +8,13 @@ every kind, slots and block ids outside the cache, padding tokens. Every functio
 randomness from the ``gen`` it is given and makes its tensors on that generator's device.
 """
 
+import functools
 import math
 
 import torch
 
-from dsv4_tl.ops import sparse_decode
-from dsv4_tl.reference import sparse_decode_ref
+from dsv4_tl.ops import sparse_decode, sparse_prefill, sparse_prefill_ragged
+from dsv4_tl.reference import sparse_decode_ref, sparse_prefill_ragged_ref, sparse_prefill_ref
 from dsv4_tl.testing import (
     cache_kmax,
     check_attention,
@@ -186,6 +187,31 @@ def check_prefill(got, ref, kv) -> None:
     (out, ml, lse), (r_out, r_ml, r_lse) = got, ref
     check_attention(float(kv.float().abs().max()), out, r_out, max_logits=(ml, r_ml),
                     lse=(lse, r_lse))
+
+
+def _check_into_poisoned(run, ref, q, kv) -> tuple:
+    """``run(out=, max_logits=, lse=)`` into NaN-poisoned outputs of ``q``'s prefill, checked
+    against ``ref`` (:func:`check_prefill`); returns (out, max_logits, lse)."""
+    out, ml, lse = poisoned_prefill_outputs(q.shape[0], q.shape[1], q.device)
+    run(out=out, max_logits=ml, lse=lse)
+    if q.device.type == "cuda":
+        torch.cuda.synchronize()
+    check_prefill((out, ml, lse), ref, kv)
+    return out, ml, lse
+
+
+def check_sparse_prefill(q, kv, idx, lens, sink) -> tuple:
+    """``sparse_prefill`` into poisoned outputs against the float32 reference; returns them."""
+    run = functools.partial(sparse_prefill, q, kv, idx, SCALE, sink, lens)
+    return _check_into_poisoned(run, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), q, kv)
+
+
+def check_sparse_prefill_ragged(q, kv, flat, indptr, sink) -> tuple:
+    """``sparse_prefill_ragged`` (CSR rows) into poisoned outputs against the float32
+    reference; returns them."""
+    run = functools.partial(sparse_prefill_ragged, q, kv, flat, indptr, SCALE, sink)
+    ref = sparse_prefill_ragged_ref(q, kv, flat, indptr, SCALE, 512, sink)
+    return _check_into_poisoned(run, ref, q, kv)
 
 
 # ----------------------------------------------------------------------------- bit-exact ops
