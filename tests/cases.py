@@ -10,9 +10,12 @@ randomness from the ``gen`` it is given and makes its tensors on that generator'
 
 import functools
 import math
+from typing import Optional
 
 import torch
 
+from dsv4_tl import ops, reference
+from dsv4_tl.kernels import KERNELS
 from dsv4_tl.ops import sparse_decode, sparse_prefill, sparse_prefill_ragged
 from dsv4_tl.reference import sparse_decode_ref, sparse_prefill_ragged_ref, sparse_prefill_ref
 from dsv4_tl.testing import (
@@ -335,3 +338,32 @@ def combine_chunk(gen: torch.Generator, prefix, q_len, cr: int, K: int, window: 
     pos_cap = int(seq.max()) // max(cr, 1) + 1
     topk_idx = randint(0, max(pos_cap, 1), (Tc, K), gen)
     return (topk_idx, qsl.int().to(dev), seq.int().to(dev), gather.int().to(dev)), M, N
+
+
+def check_index_op(op: str, args: tuple, seed: int, width: Optional[int] = None) -> tuple:
+    """Index helper ``op`` (``global_topk``, ``combine_topk_swa``; its front ends and
+    references by the names its spec lists) on ``args``, both forms exactly against their
+    references and against each other: the dense form into -7-poisoned ``[T, width]`` /
+    ``[T]`` outputs that it must return (with ``width`` None, into outputs it allocates),
+    then the ragged form after :func:`poison_allocator`. Returns the dense (rows, lens)."""
+    spec = KERNELS[op]
+    dense, ragged = (getattr(ops, name) for name in spec.front_ends)
+    dense_ref, ragged_ref = (getattr(reference, name) for name in spec.references)
+    num_tokens, dev = args[0].shape[0], args[0].device
+    if width is None:
+        rows, lens = dense(*args)
+    else:
+        given = poisoned_i32((num_tokens, width), dev), poisoned_i32((num_tokens,), dev)
+        rows, lens = dense(*args, out=given[0], lens=given[1])
+        assert rows is given[0] and lens is given[1]
+    want = dense_ref(*args)
+    assert_equal(f"{op} rows", rows, want[0], seed)
+    assert_equal("lens", lens, want[1], seed)
+
+    poison_allocator(int(want[1].sum()) + num_tokens + 1, dev)
+    flat, indptr = ragged(*args)
+    r_flat, r_indptr = ragged_ref(*args)
+    assert_equal("indptr", indptr, r_indptr, seed)
+    assert_equal("flat", flat, r_flat, seed)
+    assert_dense_ragged_agree(rows, lens, flat, indptr, seed)
+    return rows, lens
