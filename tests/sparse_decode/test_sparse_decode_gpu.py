@@ -20,10 +20,7 @@ from dsv4_tl.ops import sparse_decode
 from dsv4_tl.reference import sparse_decode_ref
 from dsv4_tl.testing import cache_kmax, check_attention, poison_past_length, random_paged_cache
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu  # conftest skips it without a CUDA device
 
 DEV = "cuda"
 
