@@ -89,6 +89,21 @@ def lengths(b: int, width: int, gen: torch.Generator, *, full_rows: int = 1) -> 
     return lens
 
 
+def compressed_scope(b: int, s_q: int, extra_kind: str, gen: torch.Generator, *,
+                     fp8_format: str = "e4m3fn"):
+    """(cache, indices [b, s_q, width], width) of a decode step's compressed scope:
+    ``c4a<width>`` (indexer top-k over compressed entries, bs 64) or ``c128a<width>`` (every
+    visible compressed entry, in order, bs 2)."""
+    if extra_kind.startswith("c4a"):
+        width = int(extra_kind[3:])
+        cache, idx = decode_scope(b, s_q, width, 64, width // 64 + 2, gen, fp8_format=fp8_format)
+    else:
+        width = int(extra_kind[5:])
+        cache, idx = decode_scope(b, s_q, width, 2, width // 2, gen, full=True,
+                                  fp8_format=fp8_format)
+    return cache, idx, width
+
+
 def decode_case(b: int, s_q: int, h: int, extra_kind: str, gen: torch.Generator, *,
                 sink_kind: str = "mixed", holes: float = 0.1, lonely_row: bool = True,
                 fp8_format: str = "e4m3fn"):
@@ -102,14 +117,7 @@ def decode_case(b: int, s_q: int, h: int, extra_kind: str, gen: torch.Generator,
     lens = lengths(b, WINDOW, gen)
     extra = (None, None, None)
     if extra_kind != "swa":
-        if extra_kind.startswith("c4a"):
-            width = int(extra_kind[3:])
-            e_cache, e_idx = decode_scope(b, s_q, width, 64, width // 64 + 2, gen,
-                                          fp8_format=fp8_format)
-        else:
-            width = int(extra_kind[5:])
-            e_cache, e_idx = decode_scope(b, s_q, width, 2, width // 2, gen, full=True,
-                                          fp8_format=fp8_format)
+        e_cache, e_idx, width = compressed_scope(b, s_q, extra_kind, gen, fp8_format=fp8_format)
         e_lens = lengths(b, width, gen)
         punch_holes(e_idx, e_lens, holes, gen)
         poison_past_length(e_idx, e_lens, gen)
