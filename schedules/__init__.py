@@ -89,7 +89,7 @@ def _warn_once(key: tuple, message: str) -> None:
         fresh = key not in _no_log_warned
         _no_log_warned.add(key)
     if fresh:
-        # stacklevel: the caller of schedule_for / schedules_of, as before this helper existed
+        # stacklevel: the caller of schedule_for / KernelSpec.schedules
         warnings.warn(message, stacklevel=5)
 
 

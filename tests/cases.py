@@ -8,12 +8,16 @@ every kind, slots and block ids outside the cache, padding tokens. Every functio
 randomness from the ``gen`` it is given and makes its tensors on that generator's device.
 """
 
+import functools
 import math
+from typing import Optional
 
 import torch
 
-from dsv4_tl.ops import sparse_decode
-from dsv4_tl.reference import sparse_decode_ref
+from dsv4_tl import ops, reference
+from dsv4_tl.kernels import KERNELS
+from dsv4_tl.ops import sparse_decode, sparse_prefill, sparse_prefill_ragged
+from dsv4_tl.reference import sparse_decode_ref, sparse_prefill_ragged_ref, sparse_prefill_ref
 from dsv4_tl.testing import (
     cache_kmax,
     check_attention,
@@ -25,6 +29,10 @@ from dsv4_tl.testing import (
 )
 
 SCALE = 512 ** -0.5
+# Reference tests: two fp32 evaluations of the same sums with different matmul blocking (chunk
+# size, padded width, CPU vs GPU) differ by a few ulps of O(1) values; 1e-5 is ~100 ulps and
+# far below the size of any real masking / scaling bug (>= 1e-3 there).
+SAME_SUM_TOL = dict(atol=1e-5, rtol=1e-5)
 WINDOW = 128  # the sliding window: rows of the SWA scope
 BF16_POISON = 0x7FA1  # a NaN payload no dequantised value has
 I32_POISON = -7  # never produced by the index ops for these inputs
@@ -81,6 +89,21 @@ def lengths(b: int, width: int, gen: torch.Generator, *, full_rows: int = 1) -> 
     return lens
 
 
+def compressed_scope(b: int, s_q: int, extra_kind: str, gen: torch.Generator, *,
+                     fp8_format: str = "e4m3fn"):
+    """(cache, indices [b, s_q, width], width) of a decode step's compressed scope:
+    ``c4a<width>`` (indexer top-k over compressed entries, bs 64) or ``c128a<width>`` (every
+    visible compressed entry, in order, bs 2)."""
+    if extra_kind.startswith("c4a"):
+        width = int(extra_kind[3:])
+        cache, idx = decode_scope(b, s_q, width, 64, width // 64 + 2, gen, fp8_format=fp8_format)
+    else:
+        width = int(extra_kind[5:])
+        cache, idx = decode_scope(b, s_q, width, 2, width // 2, gen, full=True,
+                                  fp8_format=fp8_format)
+    return cache, idx, width
+
+
 def decode_case(b: int, s_q: int, h: int, extra_kind: str, gen: torch.Generator, *,
                 sink_kind: str = "mixed", holes: float = 0.1, lonely_row: bool = True,
                 fp8_format: str = "e4m3fn"):
@@ -94,14 +117,7 @@ def decode_case(b: int, s_q: int, h: int, extra_kind: str, gen: torch.Generator,
     lens = lengths(b, WINDOW, gen)
     extra = (None, None, None)
     if extra_kind != "swa":
-        if extra_kind.startswith("c4a"):
-            width = int(extra_kind[3:])
-            e_cache, e_idx = decode_scope(b, s_q, width, 64, width // 64 + 2, gen,
-                                          fp8_format=fp8_format)
-        else:
-            width = int(extra_kind[5:])
-            e_cache, e_idx = decode_scope(b, s_q, width, 2, width // 2, gen, full=True,
-                                          fp8_format=fp8_format)
+        e_cache, e_idx, width = compressed_scope(b, s_q, extra_kind, gen, fp8_format=fp8_format)
         e_lens = lengths(b, width, gen)
         punch_holes(e_idx, e_lens, holes, gen)
         poison_past_length(e_idx, e_lens, gen)
@@ -182,6 +198,31 @@ def check_prefill(got, ref, kv) -> None:
     (out, ml, lse), (r_out, r_ml, r_lse) = got, ref
     check_attention(float(kv.float().abs().max()), out, r_out, max_logits=(ml, r_ml),
                     lse=(lse, r_lse))
+
+
+def _check_into_poisoned(run, ref, q, kv) -> tuple:
+    """``run(out=, max_logits=, lse=)`` into NaN-poisoned outputs of ``q``'s prefill, checked
+    against ``ref`` (:func:`check_prefill`); returns (out, max_logits, lse)."""
+    out, ml, lse = poisoned_prefill_outputs(q.shape[0], q.shape[1], q.device)
+    run(out=out, max_logits=ml, lse=lse)
+    if q.device.type == "cuda":
+        torch.cuda.synchronize()
+    check_prefill((out, ml, lse), ref, kv)
+    return out, ml, lse
+
+
+def check_sparse_prefill(q, kv, idx, lens, sink) -> tuple:
+    """``sparse_prefill`` into poisoned outputs against the float32 reference; returns them."""
+    run = functools.partial(sparse_prefill, q, kv, idx, SCALE, sink, lens)
+    return _check_into_poisoned(run, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), q, kv)
+
+
+def check_sparse_prefill_ragged(q, kv, flat, indptr, sink) -> tuple:
+    """``sparse_prefill_ragged`` (CSR rows) into poisoned outputs against the float32
+    reference; returns them."""
+    run = functools.partial(sparse_prefill_ragged, q, kv, flat, indptr, SCALE, sink)
+    ref = sparse_prefill_ragged_ref(q, kv, flat, indptr, SCALE, 512, sink)
+    return _check_into_poisoned(run, ref, q, kv)
 
 
 # ----------------------------------------------------------------------------- bit-exact ops
@@ -305,3 +346,32 @@ def combine_chunk(gen: torch.Generator, prefix, q_len, cr: int, K: int, window: 
     pos_cap = int(seq.max()) // max(cr, 1) + 1
     topk_idx = randint(0, max(pos_cap, 1), (Tc, K), gen)
     return (topk_idx, qsl.int().to(dev), seq.int().to(dev), gather.int().to(dev)), M, N
+
+
+def check_index_op(op: str, args: tuple, seed: int, width: Optional[int] = None) -> tuple:
+    """Index helper ``op`` (``global_topk``, ``combine_topk_swa``; its front ends and
+    references by the names its spec lists) on ``args``, both forms exactly against their
+    references and against each other: the dense form into -7-poisoned ``[T, width]`` /
+    ``[T]`` outputs that it must return (with ``width`` None, into outputs it allocates),
+    then the ragged form after :func:`poison_allocator`. Returns the dense (rows, lens)."""
+    spec = KERNELS[op]
+    dense, ragged = (getattr(ops, name) for name in spec.front_ends)
+    dense_ref, ragged_ref = (getattr(reference, name) for name in spec.references)
+    num_tokens, dev = args[0].shape[0], args[0].device
+    if width is None:
+        rows, lens = dense(*args)
+    else:
+        given = poisoned_i32((num_tokens, width), dev), poisoned_i32((num_tokens,), dev)
+        rows, lens = dense(*args, out=given[0], lens=given[1])
+        assert rows is given[0] and lens is given[1]
+    want = dense_ref(*args)
+    assert_equal(f"{op} rows", rows, want[0], seed)
+    assert_equal("lens", lens, want[1], seed)
+
+    poison_allocator(int(want[1].sum()) + num_tokens + 1, dev)
+    flat, indptr = ragged(*args)
+    r_flat, r_indptr = ragged_ref(*args)
+    assert_equal("indptr", indptr, r_indptr, seed)
+    assert_equal("flat", flat, r_flat, seed)
+    assert_dense_ragged_agree(rows, lens, flat, indptr, seed)
+    return rows, lens

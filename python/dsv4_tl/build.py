@@ -9,10 +9,12 @@ loader (:mod:`dsv4_tl.loader`) refuses artifacts the manifest does not vouch for
 
 Variants: for each op, the static parameters of a DSv4 deployment (head counts 64 and 128,
 the ones vLLM pads to, plus any ``--heads``; with and without the extra scope; dense and
-ragged prefill) times every distinct schedule of the target's schedule file that can serve
-them (default and buckets; a bucket's config is its logged best from ``tuning_logs/`` when
-one exists, see :func:`schedules_of`). Index widths and batch sizes are run-time values, so
-they add no variants.
+ragged prefill; the target's FP8 cache formats: the op's build matrix,
+:attr:`~dsv4_tl.kernels.KernelSpec.aot_statics`) times every distinct schedule of the
+target's schedule file that can serve them (default and buckets; a bucket's config is its
+logged best from ``tuning_logs/`` when one exists, see
+:meth:`~dsv4_tl.kernels.KernelSpec.schedules`). Index widths and batch sizes are run-time
+values, so they add no variants.
 """
 
 import concurrent.futures
@@ -29,58 +31,11 @@ from .loader import (KernelCompileError, artifact_path, build_command, compile_v
                      default_kernel_dir)
 from .manifest import MANIFEST_NAME, CorruptManifestError, read_manifest, write_manifest
 from .provenance import record_for, source_hash, stale_reason, toolchain_versions
-from .schedules import load_schedule_file, resolved_buckets
 from .targets import Target, backend_of, parse_target
 
-__all__ = ["DEFAULT_HEADS", "build", "build_variants", "schedules_of", "source_hash",
-           "toolchain_versions"]
+__all__ = ["DEFAULT_HEADS", "build", "build_variants", "source_hash", "toolchain_versions"]
 
 DEFAULT_HEADS = (64, 128)
-
-
-
-
-def _bucket_admits(op: str, match: dict, static: Optional[dict]) -> bool:
-    """A bucket whose match excludes a static parameter set never selects that variant at
-    run time, so the build does not compile it (the op's spec relates features to static
-    parameters: :meth:`~dsv4_tl.kernels.KernelSpec.admits`)."""
-    return static is None or KERNELS[op].admits(match, static)
-
-
-def schedules_of(target: Target, op: str, static: Optional[dict] = None) -> list:
-    """The distinct configs ``op`` can run with on ``target``: the schedule file's default,
-    then each bucket's config in file order, where a bucket's config is its logged best
-    when ``tuning_logs/<target>/<op>.jsonl`` has a valid entry for this TileLang version,
-    else the file's (with a warning naming the bucket: :func:`dsv4_tl.schedules.schedule_for`
-    resolves the same way at run time). With ``static``, buckets whose features exclude
-    those static parameters (another head count, another scope) are left out. Depends only
-    on the schedule files and the logs: same logs, same variants, same manifest."""
-    spec = load_schedule_file(target.dirname, op)
-    configs = [dict(spec["default"])]
-    for bucket, config, _source in resolved_buckets(target.dirname, op):
-        if _bucket_admits(op, bucket["match"], static) and config not in configs:
-            configs.append(config)
-    return configs
-
-
-def _statics(op: str, target: Target, heads: Iterable[int]) -> list:
-    """Static parameter sets of ``op`` a deployment needs (see the module docstring)."""
-    heads = sorted(set(heads))
-    # cache byte flavours built ahead of time (others compile on first use): the target's own
-    fp8_formats = backend_of(target).fp8_formats(target.arch)
-    if op == "sparse_decode":
-        return [dict(num_heads=h, has_extra=e, fp8_format=f)
-                for h in heads for e in (False, True) for f in fp8_formats]
-    if op == "sparse_decode_combine":
-        splits = sorted({c["num_splits"] for c in schedules_of(target, "sparse_decode")} - {1})
-        return [dict(num_heads=h, num_splits=s) for h in heads for s in splits]
-    if op == "sparse_prefill":
-        return [dict(num_heads=h, ragged=r) for h in heads for r in (False, True)]
-    if op in ("dequant_gather", "insert_k_cache"):
-        return [dict(fp8_format=f) for f in fp8_formats]
-    if op in ("global_topk", "combine_topk_swa"):
-        return [dict(ragged=r) for r in (False, True)]
-    raise ValueError(f"op: no build matrix for {op!r}")
 
 
 def build_variants(target: "str | Target", heads: Iterable[int] = DEFAULT_HEADS,
@@ -92,10 +47,14 @@ def build_variants(target: "str | Target", heads: Iterable[int] = DEFAULT_HEADS,
     for op in selected:
         if op not in KERNELS:
             raise ValueError(f"ops: unknown kernel {op!r}; known: {', '.join(sorted(KERNELS))}")
+    heads = tuple(sorted(set(heads)))
+    # cache byte flavours built ahead of time (others compile on first use): the target's own
+    fp8_formats = backend_of(target).fp8_formats(target.arch)
     variants = []
     for op in selected:
-        for static in _statics(op, target, heads):
-            for schedule in schedules_of(target, op, static):
+        spec = KERNELS[op]
+        for static in spec.aot_statics(target.dirname, heads, fp8_formats):
+            for schedule in spec.schedules(target.dirname, static):
                 variants.append(Variant.make(op, static, schedule))
     return variants
 

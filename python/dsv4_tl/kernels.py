@@ -12,11 +12,15 @@ tuning log, of its artifacts and of its kernel symbol):
 * ``static(**call)``: the static parameters of the variant a call needs (head count,
   ragged, fp8 flavour, ...) and ``features(target_dir, **call)``: the shape-bucket features
   ``schedule_for`` picks the schedule by; ``call`` describes one call of the front end (the
-  keywords of each spec below). The front ends (``dsv4_tl/ops``) and ``dsv4-tl build``
-  derive them here, and so should ``dsv4-tl tune``; :meth:`KernelSpec.variant` does both
-  plus the schedule lookup;
+  keywords of each spec below). The front ends (``dsv4_tl/ops``), ``dsv4-tl build`` and
+  ``dsv4-tl tune`` (whose harnesses describe each representative input as such a call)
+  derive them here; :meth:`KernelSpec.variant` does both plus the schedule lookup;
 * ``feature_values(static)``: the feature values a call with those static parameters can
   have (``dsv4-tl build`` leaves out buckets that can never select a variant);
+* ``aot_statics(target_dir, heads, fp8_formats)``: the build matrix, every static parameter
+  set ``dsv4-tl build`` compiles ahead of time for a deployment with those head counts and
+  the target's FP8 cache formats; :meth:`KernelSpec.schedules` lists the schedules each set
+  is compiled with;
 * ``front_ends`` / ``references``: the names of the op in ``dsv4_tl`` / ``dsv4_tl.ops`` and
   in ``dsv4_tl.reference``, which differ from the kernel's (``global_topk`` is
   ``compute_global_topk_indices_and_lens``); a test keeps them in step.
@@ -37,7 +41,7 @@ import json
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 # ------------------------------------------------------------------------------ invalidation
@@ -88,6 +92,8 @@ class KernelSpec:
     build: Callable[..., Any]  # (**static, **schedule) -> TileLang prim_func
     params: Tuple[str, ...]  # kernel parameters in call order
     static: Callable[..., dict]  # (**call) -> static parameters
+    # (target_dir, heads, fp8_formats) -> the static parameter sets built ahead of time
+    aot_statics: Callable[[str, Tuple[int, ...], Tuple[str, ...]], List[dict]]
     features: Callable[..., dict] = _no_features  # (target_dir, **call) -> bucket features
     feature_values: Callable[[dict], dict] = _any_feature  # static -> {feature: values}
     front_ends: Tuple[str, ...] = ()  # names in dsv4_tl (custom ops) and dsv4_tl.ops
@@ -110,6 +116,25 @@ class KernelSpec:
             if feature in match and not any(in_range(v, match[feature]) for v in values):
                 return False
         return True
+
+    def schedules(self, target_dir: str, static: Optional[dict] = None) -> List[dict]:
+        """The distinct configs the op can run with on ``target_dir``: the schedule file's
+        default, then each bucket's config in file order, where a bucket's config is its
+        logged best when ``tuning_logs/<target>/<op>.jsonl`` has a valid entry for this
+        TileLang version, else the file's (with a warning naming the bucket:
+        :func:`dsv4_tl.schedules.schedule_for` resolves the same way at run time). With
+        ``static``, buckets that can never select those static parameters (another head
+        count, another scope: :meth:`admits`) are left out, so the build does not compile
+        them. Depends only on the schedule files and the logs: same logs, same variants,
+        same build manifest."""
+        from .schedules import load_schedule_file, resolved_buckets
+
+        configs = [dict(load_schedule_file(target_dir, self.op)["default"])]
+        for bucket, config, _source in resolved_buckets(target_dir, self.op):
+            admitted = static is None or self.admits(bucket["match"], static)
+            if admitted and config not in configs:
+                configs.append(config)
+        return configs
 
 
 # ------------------------------------------------------------------------------ sparse decode
@@ -145,6 +170,13 @@ def _decode_features(target_dir: str, *, h: int, b: int, scope: str, s_q: int = 
     return {"ctas": ctas, "h": h, "scope": scope}
 
 
+def _decode_aot_statics(target_dir: str, heads: Tuple[int, ...],
+                        fp8_formats: Tuple[str, ...]) -> List[dict]:
+    """Each head count, without and with the extra scope, in each FP8 format."""
+    return [dict(num_heads=h, has_extra=e, fp8_format=f)
+            for h in heads for e in (False, True) for f in fp8_formats]
+
+
 def _decode_feature_values(static: dict) -> dict:
     values = {}
     if "num_heads" in static:
@@ -164,6 +196,7 @@ SPARSE_DECODE = KernelSpec(
             "main_block_size", "main_block_stride", "main_num_blocks",
             "extra_block_size", "extra_block_stride", "extra_num_blocks"),
     static=_decode_static,
+    aot_statics=_decode_aot_statics,
     features=_decode_features,
     feature_values=_decode_feature_values,
     front_ends=("sparse_decode",),
@@ -183,12 +216,20 @@ def _combine_static(*, h: int, num_splits: int, **_call) -> dict:
     return dict(num_heads=h, num_splits=num_splits)
 
 
+def _combine_aot_statics(target_dir: str, heads: Tuple[int, ...],
+                         fp8_formats: Tuple[str, ...]) -> List[dict]:
+    """Each head count with each split count > 1 of the target's decode schedules."""
+    splits = sorted({c["num_splits"] for c in SPARSE_DECODE.schedules(target_dir)} - {1})
+    return [dict(num_heads=h, num_splits=s) for h in heads for s in splits]
+
+
 SPARSE_DECODE_COMBINE = KernelSpec(
     op="sparse_decode_combine",
     entry="sparse_decode_combine",
     build=_build_sparse_decode_combine,
     params=("OPartial", "LsePartial", "Sink", "Out", "Lse"),
     static=_combine_static,
+    aot_statics=_combine_aot_statics,
     front_ends=("sparse_decode",),  # the second launch of split-KV decode
 )
 """call: ``h``, ``num_splits`` (the decode schedule's, > 1)."""
@@ -203,6 +244,12 @@ def _build_sparse_prefill(**params):
 
 def _prefill_static(*, h: int, ragged: bool = False, **_call) -> dict:
     return dict(num_heads=h, ragged=ragged)
+
+
+def _prefill_aot_statics(target_dir: str, heads: Tuple[int, ...],
+                         fp8_formats: Tuple[str, ...]) -> List[dict]:
+    """Each head count, dense and ragged."""
+    return [dict(num_heads=h, ragged=r) for h in heads for r in (False, True)]
 
 
 def _prefill_features(target_dir: str, *, h: int, topk: int, ragged: bool = False,
@@ -222,6 +269,7 @@ SPARSE_PREFILL = KernelSpec(
     build=_build_sparse_prefill,
     params=("Q", "KV", "Indices", "Lengths", "Sink", "Out", "MaxLogits", "Lse", "sm_scale"),
     static=_prefill_static,
+    aot_statics=_prefill_aot_statics,
     features=_prefill_features,
     feature_values=_prefill_feature_values,
     front_ends=("sparse_prefill", "sparse_prefill_ragged"),
@@ -242,6 +290,12 @@ def _fp8_static(*, fp8_format: str = "e4m3fn", **_call) -> dict:
     return dict(fp8_format=fp8_format)
 
 
+def _fp8_aot_statics(target_dir: str, heads: Tuple[int, ...],
+                     fp8_formats: Tuple[str, ...]) -> List[dict]:
+    """Each FP8 format (no head count)."""
+    return [dict(fp8_format=f) for f in fp8_formats]
+
+
 def _gather_features(target_dir: str, *, rows: int, **_call) -> dict:
     """Rows the call may write (``num_reqs * (max_tokens - offset)``), rounded up to a power
     of two."""
@@ -256,6 +310,7 @@ DEQUANT_GATHER = KernelSpec(
             "block_size", "block_stride16", "num_blocks", "offset", "max_tokens",
             "out_stride0_8", "out_stride1_8"),
     static=_fp8_static,
+    aot_statics=_fp8_aot_statics,
     features=_gather_features,
     front_ends=("dequantize_and_gather_k_cache",),
     references=("dequantize_and_gather_k_cache_ref",),
@@ -282,6 +337,7 @@ INSERT_K_CACHE = KernelSpec(
     params=("K", "SlotMapping", "Cache", "k_stride8", "block_size", "block_stride16",
             "num_slots"),
     static=_fp8_static,
+    aot_statics=_fp8_aot_statics,
     features=_insert_features,
     front_ends=("insert_k_cache",),
     references=(),  # the torch writer dsv4_tl.cache_format.insert_k defines it
@@ -300,6 +356,12 @@ def _ragged_static(*, ragged: bool = False, **_call) -> dict:
     return dict(ragged=ragged)
 
 
+def _ragged_aot_statics(target_dir: str, heads: Tuple[int, ...],
+                        fp8_formats: Tuple[str, ...]) -> List[dict]:
+    """Dense and ragged."""
+    return [dict(ragged=r) for r in (False, True)]
+
+
 GLOBAL_TOPK = KernelSpec(
     op="global_topk",
     entry="global_topk",
@@ -307,6 +369,7 @@ GLOBAL_TOPK = KernelSpec(
     params=("TopkIndices", "TokenToReq", "BlockTable", "IsValid", "Lens", "Indptr", "Out",
             "block_size", "phase"),
     static=_ragged_static,
+    aot_statics=_ragged_aot_statics,
     front_ends=("compute_global_topk_indices_and_lens",
                 "compute_global_topk_ragged_indices_and_indptr"),
     references=("compute_global_topk_indices_and_lens_ref",
@@ -328,6 +391,7 @@ COMBINE_TOPK_SWA = KernelSpec(
     params=("TopkIndices", "QueryStartLoc", "SeqLens", "GatherLens", "Lens", "Indptr", "Out",
             "window", "compress_ratio", "topk", "M", "N", "phase"),
     static=_ragged_static,
+    aot_statics=_ragged_aot_statics,
     front_ends=("combine_topk_swa_indices", "combine_topk_swa_ragged_indices"),
     references=("combine_topk_swa_indices_ref", "combine_topk_swa_ragged_indices_ref"),
 )

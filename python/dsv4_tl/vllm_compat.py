@@ -8,8 +8,10 @@ Same names, argument names, defaults and results as the functions vLLM imports:
 * :func:`dequantize_and_gather_k_cache`, :func:`compute_global_topk_indices_and_lens` and
   :func:`combine_topk_swa_indices`, from vLLM's DSv4 ``cache_utils``.
 
-They call the ``torch.ops.dsv4_tl.*`` custom ops (:mod:`dsv4_tl.library`), so a model that
-calls them traces under ``torch.compile(fullgraph=True)`` and replays in CUDA graphs.
+They call the ``torch.ops.dsv4_tl.*`` custom ops through the OpOverloads
+:mod:`dsv4_tl.library` defines (``library.sparse_decode`` is
+``torch.ops.dsv4_tl.sparse_decode.default``), so a model that calls them traces under
+``torch.compile(fullgraph=True)`` and replays in CUDA graphs.
 Shapes, dtypes and the index-safety rules are those of :mod:`dsv4_tl.ops`; the float32
 references in :mod:`dsv4_tl.reference` define the math.
 
@@ -44,7 +46,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import library  # noqa: F401  (registers torch.ops.dsv4_tl.*)
+from . import library  # the torch.ops.dsv4_tl.* OpOverloads: no overload resolution per call
 from . import ops
 from .cache_format import HEAD_DIM
 from .validation import check_k_cache, check_softmax_scale, check_tensor
@@ -282,11 +284,11 @@ def flash_mla_with_kvcache(
     args = (q, k_cache, indices, topk_length, softmax_scale, attn_sink, extra_k_cache,
             extra_indices_in_kvcache, extra_topk_length)
     if out is None:
-        result = torch.ops.dsv4_tl.sparse_decode(*args)
+        result = library.sparse_decode(*args)
     elif _eager_out_ok(*args, out):
         result = ops.sparse_decode(*args, out=out)
     else:
-        full, lse = torch.ops.dsv4_tl.sparse_decode(*args)
+        full, lse = library.sparse_decode(*args)
         out.copy_(full)
         result = (out, lse)
     _record_sched_meta(meta, config)
@@ -325,12 +327,12 @@ def flash_mla_sparse_fwd(
     sm_scale = check_softmax_scale("sm_scale", sm_scale)  # a plain float for the op's schema
     args = (q, kv, indices, sm_scale, attn_sink, topk_length)
     if out is None:
-        return torch.ops.dsv4_tl.sparse_prefill(*args)
+        return library.sparse_prefill(*args)
     check_tensor("q", q, ndim=3)
     _check_given("out", out, (*q.shape[:2], HEAD_DIM), torch.bfloat16, q.device)
     if _eager_out_ok(*args, out):
         return ops.sparse_prefill(*args, out=out)
-    result, max_logits, lse = torch.ops.dsv4_tl.sparse_prefill(*args)
+    result, max_logits, lse = library.sparse_prefill(*args)
     out.copy_(result)
     return out, max_logits, lse
 
@@ -365,7 +367,7 @@ def dequantize_and_gather_k_cache(
     """
     if not isinstance(use_fnuz, bool):
         raise TypeError(f"use_fnuz: expected a bool, got {type(use_fnuz).__name__}")
-    torch.ops.dsv4_tl.dequantize_and_gather_k_cache(
+    library.dequantize_and_gather_k_cache(
         out, k_cache, seq_lens, gather_lens, block_table, block_size, offset,
         "e4m3fnuz" if use_fnuz else "e4m3fn")
 
@@ -403,14 +405,14 @@ def compute_global_topk_indices_and_lens(
             is_valid_token = is_valid_token != 0
     args = (topk_indices, token_to_req_indices, block_table, block_size, is_valid_token)
     if output_buffers is None:
-        return torch.ops.dsv4_tl.compute_global_topk_indices_and_lens(*args)
+        return library.compute_global_topk_indices_and_lens(*args)
     out, lens = _pair("output_buffers", output_buffers)
     t, k = topk_indices.shape
     _check_given("output_buffers[0]", out, (t, k), torch.int32, topk_indices.device)
     _check_given("output_buffers[1]", lens, (t,), torch.int32, topk_indices.device)
     if _eager_out_ok(*args, out, lens):
         return ops.compute_global_topk_indices_and_lens(*args, out=out, lens=lens)
-    return _copy_into((out, lens), torch.ops.dsv4_tl.compute_global_topk_indices_and_lens(*args))
+    return _copy_into((out, lens), library.compute_global_topk_indices_and_lens(*args))
 
 
 def combine_topk_swa_indices(
@@ -447,7 +449,7 @@ def combine_topk_swa_indices(
     args = (topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio,
             topk, M, N)
     if out is None:
-        return torch.ops.dsv4_tl.combine_topk_swa_indices(*args)
+        return library.combine_topk_swa_indices(*args)
     combined, lens = _pair("out", out)
     t = topk_indices.shape[0]
     width = None  # bad topk / window_size values are the op's to reject, by name
@@ -458,4 +460,4 @@ def combine_topk_swa_indices(
     _check_given("out[1]", lens, (t,), torch.int32, topk_indices.device)
     if _eager_out_ok(*args, combined, lens):
         return ops.combine_topk_swa_indices(*args, out=combined, lens=lens)
-    return _copy_into((combined, lens), torch.ops.dsv4_tl.combine_topk_swa_indices(*args))
+    return _copy_into((combined, lens), library.combine_topk_swa_indices(*args))

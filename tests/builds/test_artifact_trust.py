@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 from dsv4_tl import cli, loader as L, provenance
-from dsv4_tl.build import build, schedules_of
+from dsv4_tl.build import build
 from dsv4_tl.kernels import Variant
 from dsv4_tl.loader import (
     MANIFEST_NAME,

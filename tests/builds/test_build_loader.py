@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 import dsv4_tl
-from dsv4_tl.build import build, build_variants, schedules_of
-from dsv4_tl.kernels import Variant
+from dsv4_tl.build import build, build_variants
+from dsv4_tl.kernels import KERNELS, Variant
 from dsv4_tl.loader import (
     MANIFEST_NAME,
     KernelBuildMismatchError,
@@ -43,9 +43,9 @@ def test_manifest_records_every_variant_with_hashes(built):
     expected = build_variants(TARGET, heads=(64,), ops=OPS)
     # combine: one variant per split count >1 of the decode schedules; global_topk: dense and
     # ragged for each of its distinct schedules (file + tuning logs)
-    target = parse_target(TARGET)
-    splits = {c["num_splits"] for c in schedules_of(target, "sparse_decode")} - {1}
-    assert len(expected) == len(splits) + 2 * len(schedules_of(target, "global_topk"))
+    target_dir = parse_target(TARGET).dirname
+    splits = {c["num_splits"] for c in KERNELS["sparse_decode"].schedules(target_dir)} - {1}
+    assert len(expected) == len(splits) + 2 * len(KERNELS["global_topk"].schedules(target_dir))
     assert sorted(e["key"] for e in manifest["kernels"]) == sorted(v.key for v in expected)
     assert manifest["target"] == TARGET
     assert manifest["toolchain"]["tilelang"] == "0.1.15"
@@ -110,33 +110,33 @@ def test_loader_rejects_a_missing_artifact(built, tmp_path):
         KernelLoader(TARGET, out, jit=False).get(variant)
 
 
-def test_loader_rejects_another_toolchain(built, tmp_path):
+def _another_toolchain(manifest: dict) -> None:
+    for entry in manifest["kernels"]:
+        entry["toolchain"]["tilelang"] = "0.0.1"
+
+
+def _another_target(manifest: dict) -> None:
+    manifest["target"] = "cuda:sm_100a"
+
+
+@pytest.mark.parametrize("edit, message", [(_another_toolchain, "TileLang 0.0.1"),
+                                           (_another_target, "built for cuda:sm_100a")])
+def test_loader_rejects_a_manifest_of_another_build(built, tmp_path, edit, message):
     out = _copy(built, tmp_path)
     variant, _ = _a_variant(built[1])
     path = out / "cuda_sm90a" / MANIFEST_NAME
     data = json.loads(path.read_text())
-    for e in data["kernels"]:
-        e["toolchain"]["tilelang"] = "0.0.1"
+    edit(data)
     path.write_text(json.dumps(data))
-    with pytest.raises(KernelBuildMismatchError, match="TileLang 0.0.1"):
-        KernelLoader(TARGET, out, jit=False).get(variant)
-
-
-def test_loader_rejects_a_manifest_of_another_target(built, tmp_path):
-    out = _copy(built, tmp_path)
-    variant, _ = _a_variant(built[1])
-    path = out / "cuda_sm90a" / MANIFEST_NAME
-    data = json.loads(path.read_text())
-    data["target"] = "cuda:sm_100a"
-    path.write_text(json.dumps(data))
-    with pytest.raises(KernelBuildMismatchError, match="built for cuda:sm_100a"):
+    with pytest.raises(KernelBuildMismatchError, match=message):
         KernelLoader(TARGET, out, jit=False).get(variant)
 
 
 def test_missing_variant_without_jit_names_the_build_command(built):
     out, _ = built
-    variant = Variant.make("sparse_decode_combine", dict(num_heads=24, num_splits=2),
-                           schedules_of(parse_target(TARGET), "sparse_decode_combine")[0])
+    combine = KERNELS["sparse_decode_combine"]
+    variant = Variant.make(combine.op, dict(num_heads=24, num_splits=2),
+                           combine.schedules(parse_target(TARGET).dirname)[0])
     with pytest.raises(KernelNotBuiltError,
                        match=f"dsv4-tl build --target {TARGET} --out {out} --heads 24"):
         KernelLoader(TARGET, out, jit=False).get(variant)

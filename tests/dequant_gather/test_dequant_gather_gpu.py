@@ -16,10 +16,7 @@ from dsv4_tl.ops.dequant_gather import dequantize_and_gather_k_cache
 from dsv4_tl.reference import dequantize_and_gather_k_cache_ref
 from dsv4_tl.testing import random_paged_cache
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu  # conftest skips it without a CUDA device
 
 DEV = "cuda"
 INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)

@@ -11,33 +11,9 @@ element shows up as a mismatch.
 import pytest
 import torch
 
-from cases import (
-    assert_dense_ragged_agree,
-    assert_equal,
-    combine_chunk,
-    global_topk_inputs,
-    poison_allocator,
-    poisoned_i32,
-    randint,
-)
+from cases import check_index_op, combine_chunk, global_topk_inputs, randint
 
-from dsv4_tl.ops.indices import (
-    combine_topk_swa_indices,
-    combine_topk_swa_ragged_indices,
-    compute_global_topk_indices_and_lens,
-    compute_global_topk_ragged_indices_and_indptr,
-)
-from dsv4_tl.reference import (
-    combine_topk_swa_indices_ref,
-    combine_topk_swa_ragged_indices_ref,
-    compute_global_topk_indices_and_lens_ref,
-    compute_global_topk_ragged_indices_and_indptr_ref,
-)
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu  # conftest skips it without a CUDA device
 
 DEV = "cuda"
 
@@ -54,19 +30,7 @@ def gen(seed):
 def test_global_topk(seed, gen, K):
     T, R, max_blocks, bs = 37, 5, 8, 64
     local, t2r, bt, valid = global_topk_inputs(gen, T, K, R, max_blocks, bs)
-    out, lens = poisoned_i32((T, K), DEV), poisoned_i32((T,), DEV)
-    got = compute_global_topk_indices_and_lens(local, t2r, bt, bs, valid, out=out, lens=lens)
-    assert got[0] is out and got[1] is lens
-    want = compute_global_topk_indices_and_lens_ref(local, t2r, bt, bs, valid)
-    assert_equal("global", out, want[0], seed)
-    assert_equal("lens", lens, want[1], seed)
-
-    poison_allocator(int(want[1].sum()) + T + 1, DEV)
-    flat, indptr = compute_global_topk_ragged_indices_and_indptr(local, t2r, bt, bs, valid)
-    r_flat, r_indptr = compute_global_topk_ragged_indices_and_indptr_ref(local, t2r, bt, bs, valid)
-    assert_equal("indptr", indptr, r_indptr, seed)
-    assert_equal("flat", flat, r_flat, seed)
-    assert_dense_ragged_agree(out, lens, flat, indptr, seed)
+    check_index_op("global_topk", (local, t2r, bt, bs, valid), seed, width=K)
 
 
 def test_global_topk_slot_overflow_and_small_blocks(seed, gen):
@@ -77,11 +41,7 @@ def test_global_topk_slot_overflow_and_small_blocks(seed, gen):
     bt = randint(0, 50, (R, 20), gen)
     bt[1, 3] = 2**30 + 5  # (2^30 + 5) * 2 > INT32_MAX
     valid = torch.ones(T, dtype=torch.bool, device=DEV)
-    out, lens = poisoned_i32((T, K), DEV), poisoned_i32((T,), DEV)
-    compute_global_topk_indices_and_lens(local, t2r, bt, bs, valid, out=out, lens=lens)
-    want = compute_global_topk_indices_and_lens_ref(local, t2r, bt, bs, valid)
-    assert_equal("global", out, want[0], seed)
-    assert_equal("lens", lens, want[1], seed)
+    check_index_op("global_topk", (local, t2r, bt, bs, valid), seed, width=K)
 
 
 def test_global_topk_empty_cases(seed, gen):
@@ -93,14 +53,7 @@ def test_global_topk_empty_cases(seed, gen):
                torch.zeros((1, 0), dtype=torch.int32, device=DEV)):  # no table columns
         for args in ((local, t2r, bt, bs, valid), (local[:0], t2r[:0], bt, bs, valid[:0]),
                      (local[:, :0].contiguous(), t2r, bt, bs, valid)):
-            got = compute_global_topk_indices_and_lens(*args)
-            want = compute_global_topk_indices_and_lens_ref(*args)
-            assert_equal("global", got[0], want[0], seed)
-            assert_equal("lens", got[1], want[1], seed)
-            got = compute_global_topk_ragged_indices_and_indptr(*args)
-            want = compute_global_topk_ragged_indices_and_indptr_ref(*args)
-            assert_equal("flat", got[0], want[0], seed)
-            assert_equal("indptr", got[1], want[1], seed)
+            check_index_op("global_topk", args, seed)
 
 
 # ---------------------------------------------------------------------------------------
@@ -120,33 +73,16 @@ CONFIGS = {
 def test_combine_topk_swa(seed, gen, name):
     prefix, q_len, cr, K, topk, window = CONFIGS[name]
     tensors, M, N = combine_chunk(gen, prefix, q_len, cr, K, window)
-    args = (*tensors, window, cr, topk, M, N)
-    Tc = tensors[0].shape[0]
     C = -(-(topk + window) // 128) * 128
-    out, lens = poisoned_i32((Tc, C), DEV), poisoned_i32((Tc,), DEV)
-    got = combine_topk_swa_indices(*args, out=out, lens=lens)
-    assert got[0] is out and got[1] is lens
-    want = combine_topk_swa_indices_ref(*args)
-    assert_equal("combined", out, want[0], seed)
-    assert_equal("lens", lens, want[1], seed)
+    _, lens = check_index_op("combine_topk_swa", (*tensors, window, cr, topk, M, N), seed,
+                             width=C)
     assert bool((lens[-3:] == 0).all())  # padding tokens
-
-    poison_allocator(int(want[1].sum()) + Tc + 1, DEV)
-    flat, indptr = combine_topk_swa_ragged_indices(*args)
-    r_flat, r_indptr = combine_topk_swa_ragged_indices_ref(*args)
-    assert_equal("indptr", indptr, r_indptr, seed)
-    assert_equal("flat", flat, r_flat, seed)
-    assert_dense_ragged_agree(out, lens, flat, indptr, seed)
 
 
 def test_combine_topk_swa_wraps_like_reference(seed, gen):
     # M * b + N past INT32_MAX: computed in int64, wrapped to int32 like the reference.
     tensors, _, _ = combine_chunk(gen, [10, 20, 5], [4, 4, 4], 4, 8, 8)
-    args = (*tensors, 8, 4, 8, 2**31 - 100, 2**31 + 7)
-    got = combine_topk_swa_indices(*args)
-    want = combine_topk_swa_indices_ref(*args)
-    assert_equal("combined", got[0], want[0], seed)
-    assert_equal("lens", got[1], want[1], seed)
+    check_index_op("combine_topk_swa", (*tensors, 8, 4, 8, 2**31 - 100, 2**31 + 7), seed)
 
 
 def test_combine_topk_swa_empty_cases(seed, gen):
@@ -158,10 +94,4 @@ def test_combine_topk_swa_empty_cases(seed, gen):
               torch.tensor([5], dtype=torch.int32, device=DEV),
               torch.tensor([5], dtype=torch.int32, device=DEV), 128, 4, 8, 100, 10)
     for args in (no_req, no_tok):
-        got, want = combine_topk_swa_indices(*args), combine_topk_swa_indices_ref(*args)
-        assert_equal("combined", got[0], want[0], seed)
-        assert_equal("lens", got[1], want[1], seed)
-        got = combine_topk_swa_ragged_indices(*args)
-        want = combine_topk_swa_ragged_indices_ref(*args)
-        assert_equal("flat", got[0], want[0], seed)
-        assert_equal("indptr", got[1], want[1], seed)
+        check_index_op("combine_topk_swa", args, seed)

@@ -15,10 +15,7 @@ from dsv4_tl import cache_format as cf
 from dsv4_tl.ops.insert_k_cache import insert_k_cache
 from dsv4_tl.testing import CACHE_POISON, all_bf16_rows, expected_insert, random_insert_case
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu  # conftest skips it without a CUDA device
 
 DEV = "cuda"
 FORMATS = ["e4m3fn", "e4m3fnuz"]

@@ -11,10 +11,7 @@ import torch
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dsv4_attention.py"
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu  # conftest skips it without a CUDA device
 
 
 def _load_example():

@@ -9,10 +9,7 @@ import torch
 import dsv4_tl
 from dsv4_tl.testing import random_k, random_paged_cache
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu  # conftest skips it without a CUDA device
 
 DEV = "cuda"
 SCALE = 512 ** -0.5

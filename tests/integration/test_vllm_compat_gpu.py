@@ -50,10 +50,7 @@ from dsv4_tl.testing import (
     random_k,
 )
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu  # conftest skips it without a CUDA device
 
 DEV = "cuda"
 

@@ -13,19 +13,24 @@ import math
 import pytest
 import torch
 
-from cases import SCALE, WINDOW, check_decode, decode_case, decode_scope, lengths, make_sink
+from cases import (SCALE, WINDOW, check_decode, compressed_scope, decode_case, decode_scope,
+                   lengths, make_sink)
 
 from dsv4_tl.cache_format import cache_geometry
 from dsv4_tl.ops import sparse_decode
 from dsv4_tl.reference import sparse_decode_ref
 from dsv4_tl.testing import cache_kmax, check_attention, poison_past_length, random_paged_cache
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu  # conftest skips it without a CUDA device
 
 DEV = "cuda"
+
+
+def _window_step(b, h, gen):
+    """q [b, 1, h, 512] bf16 and the window scope (cache, indices [b, 1, 128]) of a decode
+    step."""
+    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    return (q, *decode_scope(b, 1, WINDOW, 64, 3, gen))
 
 
 def _case(b, s_q, h, extra_kind, gen, *, sink="mixed", fp8_format="e4m3fn"):
@@ -75,8 +80,7 @@ def test_decode_all_rows_lonely(seed):
     """Every length 0: out must be exactly 0 and lse +inf, whatever the indices hold."""
     gen = torch.Generator(DEV).manual_seed(seed)
     b, h = 4, 64
-    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = decode_scope(b, 1, WINDOW, 64, 3, gen)
+    q, k_cache, idx = _window_step(b, h, gen)
     lens = torch.zeros(b, dtype=torch.int32, device=DEV)
     poison_past_length(idx, lens, gen)
     check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
@@ -86,8 +90,7 @@ def test_decode_all_invalid_holes(seed):
     """Lengths cover the row but every entry is -1: a lonely row again."""
     gen = torch.Generator(DEV).manual_seed(seed)
     b, h = 3, 128
-    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = decode_scope(b, 1, WINDOW, 64, 3, gen)
+    q, k_cache, idx = _window_step(b, h, gen)
     idx.fill_(-1)
     lens = torch.full((b,), WINDOW, dtype=torch.int32, device=DEV)
     check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
@@ -97,8 +100,7 @@ def test_decode_out_of_range_slots_ignored(seed):
     """Slots past the cache (and negative ones other than -1) inside topk_length are skipped."""
     gen = torch.Generator(DEV).manual_seed(seed)
     b, h = 4, 64
-    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = decode_scope(b, 1, WINDOW, 64, 3, gen)
+    q, k_cache, idx = _window_step(b, h, gen)
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     bad = torch.rand(idx.shape, generator=gen, device=DEV) < 0.2
     garbage = torch.tensor([num_slots, num_slots + 63, 2**31 - 1, -2, -(2**31)],
@@ -119,8 +121,7 @@ def test_decode_flashmla_4d_cache_view(seed):
     """FlashMLA's [num_blocks, bs, 1, 584] view of the same bytes gives the same result."""
     gen = torch.Generator(DEV).manual_seed(seed)
     b, h = 3, 64
-    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = decode_scope(b, 1, WINDOW, 64, 3, gen)
+    q, k_cache, idx = _window_step(b, h, gen)
     lens = lengths(b, WINDOW, gen)
     out3, lse3 = sparse_decode(q, k_cache, idx, lens, SCALE)
     out4, lse4 = sparse_decode(q, k_cache.unsqueeze(2), idx, lens, SCALE)
@@ -243,14 +244,9 @@ def test_decode_batch_invariant(h, extra_kind, seed):
     pick different split counts: 8 splits at b <= 16, 1 at b 256 on sm_90a)."""
     gen = torch.Generator(DEV).manual_seed(seed)
     b = 256
-    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = decode_scope(b, 1, WINDOW, 64, 3, gen)
+    q, k_cache, idx = _window_step(b, h, gen)
     lens = lengths(b, WINDOW, gen)
-    width = int(extra_kind[3:] if extra_kind.startswith("c4a") else extra_kind[5:])
-    if extra_kind.startswith("c4a"):
-        e_cache, e_idx = decode_scope(b, 1, width, 64, width // 64 + 2, gen)
-    else:
-        e_cache, e_idx = decode_scope(b, 1, width, 2, width // 2, gen, full=True)
+    e_cache, e_idx, width = compressed_scope(b, 1, extra_kind, gen)
     e_lens = lengths(b, width, gen, full_rows=4)
     main, extra, sink = (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(h, gen)
 

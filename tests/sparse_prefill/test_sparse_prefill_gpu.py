@@ -12,19 +12,17 @@ import math
 import pytest
 import torch
 
-from cases import SCALE, check_prefill, poisoned_prefill_outputs, prefill_inputs, to_csr
+from cases import (SCALE, check_prefill, check_sparse_prefill, check_sparse_prefill_ragged,
+                   poisoned_prefill_outputs, prefill_inputs, to_csr)
 
 from dsv4_tl import tune
 from dsv4_tl.ops import sparse_prefill, sparse_prefill_ragged
 from dsv4_tl.ops._dispatch import schedule_of
-from dsv4_tl.reference import sparse_prefill_ragged_ref, sparse_prefill_ref
+from dsv4_tl.reference import sparse_prefill_ref
 from dsv4_tl.targets import target_for_device
 from dsv4_tl.testing import clamped_csr_as_dense
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu  # conftest skips it without a CUDA device
 
 DEV = "cuda"
 
@@ -45,20 +43,13 @@ def _poisoned(s_q, h):
 )
 def test_prefill_dense_matches_reference(s_q, h, s_kv, topk, seed):
     gen = torch.Generator(DEV).manual_seed(seed)
-    q, kv, idx, lens, sink = _inputs(s_q, h, s_kv, topk, gen)
-    outs = _poisoned(s_q, h)
-    sparse_prefill(q, kv, idx, SCALE, sink, lens, out=outs[0], max_logits=outs[1], lse=outs[2])
-    torch.cuda.synchronize()
-    check_prefill(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
+    check_sparse_prefill(*_inputs(s_q, h, s_kv, topk, gen))
 
 
 @pytest.mark.parametrize("sink", ["none", "-inf", "+inf", "finite"])
 def test_prefill_sink(sink, seed):
     gen = torch.Generator(DEV).manual_seed(seed)
-    q, kv, idx, lens, sink_t = _inputs(24, 64, 1024, 256, gen, sink=sink)
-    outs = _poisoned(24, 64)
-    sparse_prefill(q, kv, idx, SCALE, sink_t, lens, out=outs[0], max_logits=outs[1], lse=outs[2])
-    check_prefill(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink_t, lens), kv)
+    check_sparse_prefill(*_inputs(24, 64, 1024, 256, gen, sink=sink))
 
 
 def test_prefill_no_topk_length(seed):
@@ -66,9 +57,7 @@ def test_prefill_no_topk_length(seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     q, kv, idx, lens, sink = _inputs(16, 128, 2048, 384, gen)
     idx.view(16, 384)[torch.arange(384, device=DEV)[None] >= lens[:, None]] = -1
-    outs = _poisoned(16, 128)
-    sparse_prefill(q, kv, idx, SCALE, sink, None, out=outs[0], max_logits=outs[1], lse=outs[2])
-    check_prefill(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, None), kv)
+    check_sparse_prefill(q, kv, idx, None, sink)
 
 
 @pytest.mark.parametrize("h", [64, 128, 16])
@@ -76,12 +65,7 @@ def test_prefill_ragged_matches_dense(h, seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     s_q, topk = 48, 640
     q, kv, idx, lens, sink = _inputs(s_q, h, 4096, topk, gen)
-    flat, indptr = to_csr(idx, lens)
-    outs = _poisoned(s_q, h)
-    sparse_prefill_ragged(q, kv, flat, indptr, SCALE, sink, out=outs[0], max_logits=outs[1],
-                          lse=outs[2])
-    ref = sparse_prefill_ragged_ref(q, kv, flat, indptr, SCALE, 512, sink)
-    check_prefill(outs, ref, kv)
+    outs = check_sparse_prefill_ragged(q, kv, *to_csr(idx, lens), sink)
     dense = sparse_prefill(q, kv, idx, SCALE, sink, lens)
     for name, a, b in zip(("out", "max_logits", "lse"), outs, dense):
         assert torch.equal(a, b), f"{name}: ragged and dense kernels differ"
@@ -146,11 +130,7 @@ def test_prefill_tp_heads_run_tokens_in_m(s_q, h, s_kv, topk, seed):
         pytest.skip("the tokens-in-M schedule is the sm_90a schedule of these head counts")
     assert _prefill_schedule(h, topk)["tokens_in_m"]
     gen = torch.Generator(DEV).manual_seed(seed)
-    q, kv, idx, lens, sink = _inputs(s_q, h, s_kv, topk, gen)
-    outs = _poisoned(s_q, h)
-    sparse_prefill(q, kv, idx, SCALE, sink, lens, out=outs[0], max_logits=outs[1], lse=outs[2])
-    torch.cuda.synchronize()
-    check_prefill(outs, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
+    check_sparse_prefill(*_inputs(s_q, h, s_kv, topk, gen))
 
 
 @pytest.mark.parametrize("h,num_stages,threads",

@@ -1,17 +1,15 @@
 """sparse_prefill_ref / sparse_prefill_ragged_ref: hand cases, corner cases, dense vs ragged."""
 
 import math
+
 import pytest
 import torch
+from cases import SAME_SUM_TOL
 
 from dsv4_tl.reference import sparse_prefill_ragged_ref, sparse_prefill_ref
+from dsv4_tl.testing import INT32_MAX, INT32_MIN
 
-INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
 INF = float("inf")
-# Two fp32 evaluations of the same sums with different matmul blocking (chunk size, padded
-# width, CPU vs GPU) differ by a few ulps of O(1) values; 1e-5 is ~100 ulps and far below the
-# size of any real masking / scaling bug (>= 1e-3 here).
-SAME_SUM_TOL = dict(atol=1e-5, rtol=1e-5)
 
 
 @pytest.fixture(autouse=True)

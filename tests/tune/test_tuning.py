@@ -11,8 +11,8 @@ import warnings
 import pytest
 
 from dsv4_tl import schedules, tune, tuning_log
-from dsv4_tl.build import build, build_variants, schedules_of
-from dsv4_tl.kernels import Variant, kernels_changed
+from dsv4_tl.build import build, build_variants
+from dsv4_tl.kernels import KERNELS, Variant, kernels_changed
 from dsv4_tl.targets import parse_target
 from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
 
@@ -214,6 +214,8 @@ def test_suite_covers_every_bucket_and_each_representative_lands_in_it(target):
     for p in plans:
         assert 1 <= len(p.kept) <= tune.DEFAULT_MAX_CANDIDATES + 1
         assert p.kept[0].role == "baseline"
+        # the tuned variant is one the bucket selects at run time (the op spec derives both)
+        assert KERNELS[p.op].admits(p.bucket["match"], p.static)
 
 
 def test_dry_run_lists_kept_and_pruned_candidates(capsys):
@@ -336,7 +338,7 @@ def test_build_variants_follow_the_logs_and_the_static_parameters(logs):
     # only the static parameters the bucket can see: 128 heads, with the extra scope
     assert new and all(dict(v.static)["num_heads"] == 128 and dict(v.static)["has_extra"]
                        and dict(v.schedule)["block_tokens"] == 64 for v in new)
-    assert all(c["num_splits"] in (1, 2, 4, 8) for c in schedules_of(TARGET, "sparse_decode"))
+    assert all(c["num_splits"] in (1, 2, 4, 8) for c in KERNELS["sparse_decode"].schedules(SM90A))
 
 
 def test_same_logs_give_byte_identical_manifests(logs, tmp_path):

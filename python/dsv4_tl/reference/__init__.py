@@ -16,15 +16,5 @@ from .indices import (
 from .sparse_decode import sparse_decode_ref
 from .sparse_prefill import sparse_prefill_ragged_ref, sparse_prefill_ref
 
-__all__ = [
-    "build_c128a_indices_ref",
-    "combine_topk_swa_indices_ref",
-    "combine_topk_swa_ragged_indices_ref",
-    "compute_global_topk_indices_and_lens_ref",
-    "compute_global_topk_ragged_indices_and_indptr_ref",
-    "compute_swa_decode_indices_ref",
-    "dequantize_and_gather_k_cache_ref",
-    "sparse_decode_ref",
-    "sparse_prefill_ragged_ref",
-    "sparse_prefill_ref",
-]
+# every reference imported above (``<op>_ref``)
+__all__ = sorted(name for name in dir() if name.endswith("_ref"))

@@ -60,18 +60,24 @@ def _lookup_slots(block_table: torch.Tensor, req: torch.Tensor, pos: torch.Tenso
     return torch.where(ok, slot, torch.full_like(slot, -1))
 
 
-def _requests_of_tokens(
-    query_start_loc: torch.Tensor, num_tokens: int
+def _token_positions(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """query_start_loc [R+1] (rebased by its first element) -> per token t in [0, num_tokens):
-    (req [T] int64 clamped to a legal row, owned [T] bool, qsl [R+1] int64 rebased)."""
+    """query_start_loc [R+1] (rebased by its first element), seq_lens [R] -> per token t in
+    [0, num_tokens): (req [T] int64 clamped to a legal row, owned [T] bool: a request owns
+    t, pos [T] int64 = seq_len - query_len + (t - q_start) of its request)."""
     qsl = query_start_loc.to(torch.int64)
     qsl = qsl - qsl[0]
-    t = torch.arange(num_tokens, device=qsl.device)
-    req = torch.searchsorted(qsl[1:].contiguous(), t, right=True)
-    owned = t < qsl[-1]
     num_reqs = qsl.shape[0] - 1
-    return req.clamp(max=max(num_reqs - 1, 0)), owned, qsl
+    t = torch.arange(num_tokens, device=qsl.device)
+    if num_reqs == 0:  # no request owns a token; positions stay 0
+        zero = torch.zeros_like(t)
+        return zero, zero.bool(), zero
+    req = torch.searchsorted(qsl[1:].contiguous(), t, right=True).clamp(max=num_reqs - 1)
+    q_start = qsl[req]
+    q_len = qsl[req + 1] - q_start
+    pos = seq_lens.to(torch.int64)[req] - q_len + (t - q_start)
+    return req, t < qsl[-1], pos
 
 
 def _check_qsl(query_start_loc: torch.Tensor) -> int:
@@ -197,15 +203,9 @@ def combine_topk_swa_indices_ref(
     )
     dev = topk_indices.device
     C = _round_up(topk + window, _C_ALIGN)
-    req, owned, qsl = _requests_of_tokens(query_start_loc, Tc)
-    if num_reqs == 0:
-        owned = torch.zeros_like(owned)
+    req, owned, pos = _token_positions(query_start_loc, seq_lens, Tc)
     seq = seq_lens.to(torch.int64)[req] if num_reqs else torch.zeros_like(req)
     glen = gather_lens.to(torch.int64)[req] if num_reqs else torch.zeros_like(req)
-    q_start = qsl[req]
-    q_len = qsl[req + 1] - q_start if num_reqs else torch.zeros_like(req)
-    t = torch.arange(Tc, device=dev)
-    pos = seq - q_len + (t - q_start)
     zero = torch.zeros_like(pos)
     topk_len = torch.where(owned, torch.minimum(torch.div(pos + 1, cr, rounding_mode="floor"), zero + topk), zero)
     swa_len = torch.where(owned, torch.minimum(pos + 1, zero + window), zero)
@@ -281,15 +281,9 @@ def compute_swa_decode_indices_ref(
     else:
         T = int(query_start_loc[-1]) - int(query_start_loc[0])
     dev = query_start_loc.device
-    req, owned, qsl = _requests_of_tokens(query_start_loc, T)
-    if num_reqs == 0:
-        owned = torch.zeros_like(owned)
+    req, owned, pos = _token_positions(query_start_loc, seq_lens, T)
     if is_valid_token is not None:
         owned &= is_valid_token
-    seq = seq_lens.to(torch.int64)[req] if num_reqs else torch.zeros_like(req)
-    q_start = qsl[req]
-    q_len = qsl[req + 1] - q_start if num_reqs else torch.zeros_like(req)
-    pos = seq - q_len + (torch.arange(T, device=dev) - q_start)
     lens = torch.where(owned, torch.minimum(pos + 1, torch.full_like(pos, window)).clamp_min(0), torch.zeros_like(pos))
     k = torch.arange(window, device=dev)[None, :]
     positions = (pos - lens + 1)[:, None] + k

@@ -1,10 +1,12 @@
 """What ``dsv4-tl tune`` needs of one op to measure its candidates: an :class:`OpHarness`
-(features, static parameters, inputs, reference, check, timed call), and the checks the
-entries share. The entries live beside their ops' kin (:mod:`.harness_attention`,
+(the op's spec and the call a representative input makes, inputs, reference, check, timed
+call), and the checks the entries share. The entries live beside their ops' kin (:mod:`.harness_attention`,
 :mod:`.harness_cache`, :mod:`.harness_indices`) and are listed in :data:`.harnesses.HARNESSES`."""
 
 import dataclasses
 from typing import Any, Callable
+
+from ..kernels import KernelSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,11 +17,12 @@ class OpHarness:
     input set (a dict) of it.
     """
 
-    # rep -> the features the front end passes to ``schedule_for`` for that input; must stay
-    # in step with ``dsv4_tl/ops`` (``plan`` checks every representative lands in its bucket)
-    features: Callable[[Any], dict]
-    # rep -> the static parameters of the variant the front end runs for it
-    static: Callable[[Any], dict]
+    # the op's spec: it derives the bucket features and static parameters of a call, for the
+    # front ends (``dsv4_tl/ops``) and here alike
+    spec: KernelSpec
+    # rep -> the front end's call on that input as the spec describes calls (its ``call``
+    # keywords: head count, batch, scope, rows, ...)
+    describe: Callable[[Any], dict]
     # (rep, torch.Generator, sets, device) -> ``sets`` input sets
     inputs: Callable[[Any, Any, int, Any], list]
     # (x, device) -> the reference result (computed once per bucket, on the first set)
@@ -29,6 +32,14 @@ class OpHarness:
     # x -> the closure that is timed (outputs allocated by the front end where it can)
     call: Callable[[dict], Callable[[], Any]]
 
+    def features(self, target_dir: str, rep) -> dict:
+        """The bucket features the front end passes to ``schedule_for`` for ``rep``."""
+        return self.spec.features(target_dir, **self.describe(rep))
+
+    def static(self, rep) -> dict:
+        """The static parameters of the variant the front end runs for ``rep``."""
+        return self.spec.static(**self.describe(rep))
+
 
 def bench_module():
     """:mod:`dsv4_tl.bench` (its input makers and timed calls), imported on first use: it
@@ -36,11 +47,6 @@ def bench_module():
     from .. import bench
 
     return bench
-
-
-def pow2_ceil(n: int) -> int:
-    """The power of two >= ``n`` (>= 1): the front ends' row-count features are rounded so."""
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def poisoned_bf16(shape, device):

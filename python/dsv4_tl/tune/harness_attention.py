@@ -4,8 +4,9 @@ tolerances (:func:`dsv4_tl.testing.check_attention`)."""
 
 import math
 
+from ..kernels import SPARSE_DECODE as DECODE_SPEC
+from ..kernels import SPARSE_PREFILL as PREFILL_SPEC
 from .harness import OpHarness, bench_module
-from .suites import decode_ctas
 
 
 def _decode_reference(x: dict, device):
@@ -37,8 +38,9 @@ def _decode_check(x: dict, ref, device) -> None:
 
 
 SPARSE_DECODE = OpHarness(
-    features=lambda rep: {"ctas": decode_ctas(rep), "h": rep.h, "scope": rep.kind},
-    static=lambda rep: dict(num_heads=rep.h, has_extra=rep.kind != "swa", fp8_format="e4m3fn"),
+    spec=DECODE_SPEC,
+    describe=lambda rep: dict(h=rep.h, b=rep.b, s_q=rep.s_q, scope=rep.kind,
+                              batch_invariant=rep.batch_invariant),
     inputs=lambda rep, gen, sets, device: bench_module().decode_inputs(rep, gen, sets, device),
     reference=_decode_reference,
     check=_decode_check,
@@ -72,8 +74,8 @@ def _prefill_check(x: dict, ref, device) -> None:
 
 
 SPARSE_PREFILL = OpHarness(
-    features=lambda rep: {"h": rep.h, "topk": rep.topk},
-    static=lambda rep: dict(num_heads=rep.h, ragged=False),
+    spec=PREFILL_SPEC,
+    describe=lambda rep: dict(h=rep.h, topk=rep.topk),  # the dense front end
     inputs=lambda rep, gen, sets, device: bench_module().prefill_inputs(rep, gen, sets, device),
     reference=_prefill_reference,
     check=_prefill_check,

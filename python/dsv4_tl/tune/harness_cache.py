@@ -1,7 +1,9 @@
 """Tuning harnesses of the FP8 cache ops (dequantize-and-gather, insert): bit-exact checks
 on poisoned outputs."""
 
-from .harness import OpHarness, assert_same, bench_module, poisoned_bf16, pow2_ceil
+from ..kernels import DEQUANT_GATHER as GATHER_SPEC
+from ..kernels import INSERT_K_CACHE as INSERT_SPEC
+from .harness import OpHarness, assert_same, bench_module, poisoned_bf16
 
 
 def _gather_inputs(rep, gen, sets: int, device) -> list:
@@ -49,8 +51,8 @@ def _gather_call(x: dict):
 
 
 DEQUANT_GATHER = OpHarness(
-    features=lambda rep: {"rows": pow2_ceil(rep.reqs * rep.rows)},
-    static=lambda rep: dict(fp8_format="e4m3fn"),
+    spec=GATHER_SPEC,
+    describe=lambda rep: dict(rows=rep.reqs * rep.rows),  # e4m3fn cache
     inputs=_gather_inputs,
     reference=_gather_reference,
     check=_gather_check,
@@ -85,8 +87,8 @@ def _insert_check(x: dict, ref, device) -> None:
 
 
 INSERT_K_CACHE = OpHarness(
-    features=lambda rep: {"tokens": pow2_ceil(rep.rows)},
-    static=lambda rep: dict(fp8_format="e4m3fn"),
+    spec=INSERT_SPEC,
+    describe=lambda rep: dict(tokens=rep.rows),  # e4m3fn cache
     inputs=lambda rep, gen, sets, device: bench_module().insert_inputs(
         rep.rows, rep.block_size, gen, sets, device)[0],
     reference=_insert_reference,

@@ -1,11 +1,14 @@
 """Tuning harnesses of the index helpers (global top-k, combine top-k + window): bit-exact
 checks on outputs poisoned with -7."""
 
+from ..kernels import COMBINE_TOPK_SWA as COMBINE_SPEC
+from ..kernels import GLOBAL_TOPK as GLOBAL_SPEC
+from ..kernels import KernelSpec
 from .harness import OpHarness, assert_same
 
 
-def _index_harness(inputs, reference, call, name: str) -> OpHarness:
-    """An index op's harness: no bucket features and the dense variant; the check calls
+def _index_harness(spec: KernelSpec, inputs, reference, call, name: str) -> OpHarness:
+    """An index op's harness: the dense front end (no bucket features); the check calls
     ``call(x, out=, lens=)`` into outputs poisoned with -7 (no valid index or length) and
     compares both exactly with the reference's ``(indices, lens)``."""
 
@@ -19,8 +22,8 @@ def _index_harness(inputs, reference, call, name: str) -> OpHarness:
         assert_same(name, out, ref[0])
         assert_same("lens", lens, ref[1])
 
-    return OpHarness(features=lambda rep: {}, static=lambda rep: dict(ragged=False),
-                     inputs=inputs, reference=reference, check=check, call=call)
+    return OpHarness(spec=spec, describe=lambda rep: {}, inputs=inputs, reference=reference,
+                     check=check, call=call)
 
 
 def _global_inputs(rep, gen, sets: int, device) -> list:
@@ -59,7 +62,8 @@ def _global_call(x: dict, **outputs):
         x["is_valid_token"], **outputs)
 
 
-GLOBAL_TOPK = _index_harness(_global_inputs, _global_reference, _global_call, "global")
+GLOBAL_TOPK = _index_harness(GLOBAL_SPEC, _global_inputs, _global_reference, _global_call,
+                             "global")
 
 
 def _combine_inputs(rep, gen, sets: int, device) -> list:
@@ -93,5 +97,5 @@ def _combine_call(x: dict, **outputs):
     return lambda: combine_topk_swa_indices(*x["args"], **outputs)
 
 
-COMBINE_TOPK_SWA = _index_harness(_combine_inputs, _combine_reference, _combine_call,
-                                  "combined")
+COMBINE_TOPK_SWA = _index_harness(COMBINE_SPEC, _combine_inputs, _combine_reference,
+                                  _combine_call, "combined")

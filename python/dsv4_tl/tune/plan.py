@@ -117,7 +117,7 @@ def plan(target: "str | Target", ops: Iterable[str], suite: str = "dsv4",
             if name not in reps:
                 raise ValueError(f"suite {suite}: no representative input for {op} bucket {name!r}")
             rep = reps[name]
-            features = harness_for(op).features(rep)
+            features = harness_for(op).features(target.dirname, rep)
             hit = bucket_for(spec, features)
             if hit is not bucket:
                 raise ValueError(f"suite {suite}: the representative of {op} bucket {name!r} "

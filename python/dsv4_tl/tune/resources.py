@@ -8,7 +8,8 @@ from typing import Optional
 
 from ..targets import target_for_dirname
 from ..tile_kernels.layout import HEAD_DIM
-from .suites import decode_ctas, decode_tiles
+from .harnesses import harness_for
+from .suites import decode_tiles
 
 
 def arch_limits(target_dir: str):
@@ -157,7 +158,7 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
             tiles = decode_tiles(rep, c["block_tokens"])
             if splits > tiles:
                 return f"num_splits: {splits} splits > {tiles} KV tiles of a row (empty splits)"
-            ctas = decode_ctas(rep)
+            ctas = harness_for(op).features(target_dir, rep)["ctas"]
             if arch and splits > 1 and ctas * splits > 2 * arch.sms:
                 return (f"num_splits: {ctas} CTAs x {splits} splits > two waves of "
                         f"{arch.sms} SMs")

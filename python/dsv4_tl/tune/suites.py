@@ -55,10 +55,6 @@ class CombineShape:
                 f"cr {self.compress_ratio}, top-k {self.topk} + window {self.window}")
 
 
-def decode_ctas(rep) -> int:
-    return rep.b * math.ceil(rep.h / 64)  # s_q = 1; heads_per_block is 64 in every schedule
-
-
 def decode_tiles(rep, block_tokens: int) -> int:
     extra = {"swa": 0, "c4a": 512 if rep.h == 64 else 1024, "c128a": 1024}[rep.kind]
     return math.ceil(128 / block_tokens) + math.ceil(extra / block_tokens)
