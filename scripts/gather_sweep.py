@@ -72,7 +72,7 @@ def round4_candidates() -> list:
     lanes and bytes as cp.async copies into per-thread shared-memory slots (80 bytes per
     row and lane), one commit group per row, so rows in flight cost shared memory, not
     registers, and a register cap no longer serialises the loads. ptxas -v for sm_90a
-    (no spills anywhere): ldg8x8 tb16 54 registers, min12 39; cpa8x8 tb16 54, min12 38,
+    (no spills anywhere): ldg8x8 tb16 54 registers, min12 39; cpa8x8 tb16 54, min12 39,
     min16 32 (16 CTAs of 128 = 2048 threads, 160 KB in flight
     per SM; SWA 2080 CTAs in one wave of 2112); tb32 (2 rows) min8 55, min10 45; tb32 on
     256 threads min8 32; tb64 (4 rows, 40 KB per CTA, 5 per SM: SWA 520 CTAs) 56."""
