@@ -2,7 +2,10 @@
 
 Run on a CUDA machine from the repository root after ``source scripts/device_setup.sh``::
 
-    python3 scripts/gather_sweep.py --out $OUT/gather_sweep.json
+    python3 scripts/gather_sweep.py --out $OUT/gather_sweep.json [--round 4]
+
+(``--round 4``: the cp.async candidates of :func:`round4_candidates`; ``--compile-only
+cuda:sm_90a`` compiles a list without a GPU.)
 
 Every candidate (a full ``schedules/<target>/dequant_gather.json`` config) is compiled first,
 several at a time, into ``$DSV4_TL_KERNEL_DIR``; then, per shape, it runs through the front
@@ -63,6 +66,37 @@ def default_candidates() -> list:
     ]
 
 
+def round4_candidates() -> list:
+    """Round 4 (bench/PERF_NOTES.md item 26): bytes in flight per SM for the one-wave SWA
+    shape (4 x 8319 rows, 2080 tiles of 16). Today's default, then ``cpa8x8``: ldg8x8's
+    lanes and bytes as cp.async copies into per-thread shared-memory slots (80 bytes per
+    row and lane), one commit group per row, so rows in flight cost shared memory, not
+    registers, and a register cap no longer serialises the loads. ptxas -v for sm_90a
+    (no spills anywhere): ldg8x8 tb16 54 registers, min12 39; cpa8x8 tb16 54, min12 39,
+    min16 32 (16 CTAs of 128 = 2048 threads, 160 KB in flight
+    per SM; SWA 2080 CTAs in one wave of 2112); tb32 (2 rows) min8 55, min10 45; tb32 on
+    256 threads min8 32; tb64 (4 rows, 40 KB per CTA, 5 per SM: SWA 520 CTAs) 56."""
+    def c(**kw):
+        return {**BASE, "loads": "ldg8x8", "tokens_per_block": 16, "target_ctas": 8448,
+                "threads": 128, "stores": "cs", **kw}
+    cpa = {"loads": "cpa8x8"}
+    return [
+        c(),  # the default since run 41
+        c(min_ctas_per_sm=12),  # the register cap alone, loads in registers
+        c(**cpa),
+        c(**cpa, min_ctas_per_sm=12),
+        c(**cpa, min_ctas_per_sm=16),
+        c(**cpa, tokens_per_block=32, min_ctas_per_sm=8),
+        c(**cpa, tokens_per_block=32, min_ctas_per_sm=10),
+        c(**cpa, tokens_per_block=32, threads=256, min_ctas_per_sm=8),
+        c(**cpa, tokens_per_block=64),
+        c(**cpa, min_ctas_per_sm=16, target_ctas=2112, prefetch=1),  # one wave at C4A too
+    ]
+
+
+ROUNDS = {2: default_candidates, 4: round4_candidates}
+
+
 def _label(config: dict) -> str:
     short = {"loads": "", "tokens_per_block": "tb", "target_ctas": "ctas", "threads": "thr",
              "min_ctas_per_sm": "min", "stores": "", "prefetch": "pf"}
@@ -107,7 +141,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="results JSON (rewritten after every row); required "
                                       "unless --profile or --best-of")
-    parser.add_argument("--candidates", help="JSON list of configs (default: the built-in list)")
+    parser.add_argument("--candidates", help="JSON list of configs (default: the built-in list "
+                                             "of --round)")
+    parser.add_argument("--round", type=int, choices=sorted(ROUNDS), default=2,
+                        help="built-in candidate list: 2 (grids, prefetch) or 4 (cp.async "
+                             "staging, bytes in flight for SWA)")
+    parser.add_argument("--compile-only", metavar="TARGET",
+                        help="only compile the candidates for TARGET (e.g. cuda:sm_90a; no GPU "
+                             "needed) into $DSV4_TL_KERNEL_DIR, print the failures and exit")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows already in --out and skip them (after a crash)")
     parser.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1))
@@ -124,6 +165,16 @@ def main(argv=None) -> int:
             rows = [r for r in json.load(f)["rows"] if "us" in r and r["shape"].startswith("C4A")]
         print(json.dumps([min(rows, key=lambda r: r["us"])["config"]]) if rows else "")
         return 0 if rows else 1
+    candidates = json.loads(args.candidates) if args.candidates else ROUNDS[args.round]()
+    if args.compile_only:
+        from dsv4_tl.loader import default_kernel_dir
+
+        t0 = time.time()
+        errors = compile_all(candidates, args.compile_only, str(default_kernel_dir()), args.jobs)
+        for i, e in sorted(errors.items()):
+            print(f"{_label(candidates[i]):70s} {e or 'ok'}")
+        print(f"compiled {len(candidates)} candidates in {time.time() - t0:.0f} s")
+        return 1 if any(errors.values()) else 0
     if not args.profile and not args.out:
         parser.error("--out is required")
 
@@ -135,7 +186,6 @@ def main(argv=None) -> int:
     from dsv4_tl.targets import target_for_device
     from dsv4_tl.tune import forcing
 
-    candidates = json.loads(args.candidates) if args.candidates else default_candidates()
     device = torch.device("cuda", 0)
     target = target_for_device(device)
     if args.profile:

@@ -39,11 +39,14 @@ ROPE_HALF_OFFSET = NOPE_DIM // 2  # 224: RoPE dims start 448 bytes = 224 bf16 in
 
 
 FP8_DTYPES = {"e4m3fn": T.float8_e4m3fn, "e4m3fnuz": T.float8_e4m3fnuz}
-# The ``loads`` knob: "tile" (portable) or "ldg<load bytes>x<lanes per row>" (CUDA).
+# The ``loads`` knob: "tile" (portable), "ldg<load bytes>x<lanes per row>" (CUDA: loads
+# into registers) or "cpa<copy bytes>x<lanes per row>" (CUDA: cp.async copies into shared
+# memory, the same bytes per lane).
 REGISTER_LOADS = {"ldg16x4": (16, 4), "ldg8x8": (8, 8), "ldg8x4": (8, 4)}
-LOADS = ("tile", *REGISTER_LOADS)
+STAGED_LOADS = {"cpa8x8": (8, 8)}
+LOADS = ("tile", *REGISTER_LOADS, *STAGED_LOADS)
 
-# The ``stores`` knob of the register-load paths: PTX cache operator of the 16-byte stores,
+# The ``stores`` knob of the ldg / cpa paths: PTX cache operator of the 16-byte stores,
 # "wb" (write-back, the default) or "cs" (streaming: evict-first in L2; the workspace is
 # read by the next kernel, not by this one).
 STORES = ("wb", "cs")
@@ -67,6 +70,24 @@ __device__ __forceinline__ void dsv4_gather_dequant(const unsigned* raw, unsigne
   #pragma unroll
   for (int w = 0; w < words; ++w) z[w] = ok ? raw[w] : 0u;
   dsv4_dequant<words>(z, scale_byte, restore_exp, 1, out);
+}
+"""
+
+# The cp.async paths' shared-memory slots -> registers, one vector load per slot.
+GATHER_UNSTAGE_PRELUDE = r"""
+// dsv4-tl: dequant-gather's staged words -> registers (tile_kernels/dequant_gather.py).
+// Volatile asm like TileLang's cp.async wait (which has no memory clobber), so the
+// compiler keeps the read after the wait.
+template <int words>
+__device__ __forceinline__ void dsv4_lds(const void* src, unsigned* dst) {
+  static_assert(words == 2 || words == 4, "a slot holds 8 or 16 bytes");
+  unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(src));
+  if constexpr (words == 4) {
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(dst[0]), "=r"(dst[1]), "=r"(dst[2]), "=r"(dst[3]) : "r"(addr));
+  } else {
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(dst[0]), "=r"(dst[1]) : "r"(addr));
+  }
 }
 """
 
@@ -101,13 +122,17 @@ def build_dequant_gather(
             8-byte scale record) into registers before it dequantises any of them by bit
             placement (``fp8.FP8_BF16_PRELUDE``) and stores 16-byte vectors; each thread
             owns ``tokens_per_block * L / threads`` rows of a tile (a whole number >= 1).
-            NaN encodings of the cache bytes (never written by the quantiser) come out
-            finite there (see ``fp8.py``); ``fp8_decode`` is unused.
+            ``"cpa8x8"``: the same lanes and bytes as ``"ldg8x8"``, copied with cp.async
+            into the thread's own shared-memory slots (80 bytes per row and lane:
+            ``tokens_per_block * 640`` bytes per CTA) and read back a row at a time, so
+            bytes in flight cost shared memory instead of registers. NaN encodings of the
+            cache bytes (never written by the quantiser) come out finite on these paths
+            (see ``fp8.py``); ``fp8_decode`` is unused.
         min_ctas_per_sm: schedule knob, the second ``__launch_bounds__`` argument (0: none),
             which caps registers per thread so that many CTAs fit on an SM.
-        stores: schedule knob of the register-load paths, the stores' cache operator
+        stores: schedule knob of the ldg / cpa paths, the stores' cache operator
             ``"wb"`` or ``"cs"`` (streaming); the tile path takes ``"wb"`` only.
-        prefetch: schedule knob of the register-load paths, 0 or 1: 1 loads the block-table
+        prefetch: schedule knob of the ldg / cpa paths, 0 or 1: 1 loads the block-table
             entries of a thread's next tile while this tile's data is in flight, so a
             worker striding over several tiles waits for one memory latency per tile
             instead of two (block id, then data); the tile path takes 0 only.
@@ -137,10 +162,10 @@ def build_dequant_gather(
         return _build_register_loads(fp8_format, tokens_per_block, target_ctas, threads,
                                      loads, min_ctas_per_sm, stores, prefetch)
     if prefetch:
-        raise ValueError("prefetch: 1 needs a register-load path (loads='ldg...'); the tile "
+        raise ValueError("prefetch: 1 needs an ldg / cpa path (loads='ldg...'); the tile "
                          "path resolves a tile's block ids in shared memory")
     if stores != "wb":
-        raise ValueError(f"stores: {stores!r} needs a register-load path (loads='ldg...'); "
+        raise ValueError(f"stores: {stores!r} needs an ldg / cpa path (loads='ldg...'); "
                          "the tile path's stores are TileLang's")
     fp8 = FP8_DTYPES[fp8_format]
     TB = tokens_per_block
@@ -261,11 +286,26 @@ def _table_column(first, glen, block_size, i):
     return T.truncdiv(first + T.min(i, glen - 1), block_size)
 
 
+def _load_bytes(raw, stage, threads: int, tx, nbytes: int, src, word: int):
+    """The call that loads ``nbytes`` of the cache at ``src`` (an element of the byte view)
+    as word ``word`` of the thread's rows: into the registers ``raw`` (``ld.global.nc``),
+    or, when ``stage`` (the CTA's slots, bytes) is given, into thread ``tx``'s slots
+    (``cp.async``: word ``w`` at byte ``4 * w * threads + tx * nbytes``, so that a warp's
+    copies and reads are bank-conflict free)."""
+    size = nbytes // 4
+    if stage is None:
+        return T.call_extern("handle", f"dsv4_ldg{nbytes}", T.access_ptr(src, "r", nbytes),
+                             T.access_ptr(raw[word], "w", size))
+    return T.ptx_cp_async(T.access_ptr(stage[4 * word * threads + tx * nbytes], "w", nbytes),
+                          T.access_ptr(src, "r", nbytes), nbytes)
+
+
 def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: int,
                           threads: int, loads: str, min_ctas_per_sm: int, stores: str,
                           prefetch: int):
-    """The CUDA schedules ``loads="ldg<W>x<L>"`` of :func:`build_dequant_gather` (same
-    arguments, same results on every cache the quantiser writes).
+    """The CUDA schedules ``loads="ldg<W>x<L>"`` and ``"cpa<W>x<L>"`` of
+    :func:`build_dequant_gather` (same arguments, same results on every cache the quantiser
+    writes).
 
     Why: the tile schedule keeps one 8-byte FP8 load per thread in flight and waits for it
     before the next (load, convert, store per quantisation tile), and syncs the CTA twice
@@ -273,16 +313,27 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
     half the copy rate. Here nothing is shared and nothing waits inside a row: ``L``
     consecutive lanes own one row; each resolves the row's block itself (the block-table
     entry is an L1 hit for all but one lane), issues every load of its part of the row
-    into registers -- for each quantisation tile ``64 / (L·W)`` loads of ``W`` bytes, lane
-    ``q``'s at tile bytes ``[c·L·W + q·W, +W)``, then the RoPE bytes ``[16q + 16·L·v, +16)``
-    and the 8-byte scale record -- and only then dequantises and stores, 16 bytes per
-    store. With ``W = 8`` a warp's store writes whole 32-byte sectors; with ``W = 16`` a
-    lane's 32 output bytes take two stores whose halves interleave with its neighbours'.
-    A thread owns ``R = tokens_per_block·L / threads`` rows per tile, all loaded before
-    the first is stored. Invalid rows load the (valid) record at byte 0 and store zeros
-    (the dequantisation's ``ok`` flag); rows past ``gather_len`` store nothing.
+    -- for each quantisation tile ``64 / (L·W)`` loads of ``W`` bytes, lane ``q``'s at tile
+    bytes ``[c·L·W + q·W, +W)``, then the RoPE bytes ``[16q + 16·L·v, +16)`` and the
+    8-byte scale record -- and only then dequantises and stores, 16 bytes per store. With
+    ``W = 8`` a warp's store writes whole 32-byte sectors; with ``W = 16`` a lane's 32
+    output bytes take two stores whose halves interleave with its neighbours'. A thread
+    owns ``R = tokens_per_block·L / threads`` rows per tile, all loaded before the first
+    is stored. Invalid rows load the (valid) record at byte 0 and store zeros (the
+    dequantisation's ``ok`` flag); rows past ``gather_len`` store nothing.
+
+    ``ldg``: the loads land in registers, ``R`` rows of them live at once, so rows per
+    thread cost registers (occupancy). ``cpa``: the same bytes are cp.async copies into the
+    thread's own slots of shared memory, one commit group per row; the thread waits for
+    row ``u``'s group, moves that row into registers and stores it while its later rows
+    are still in flight. Bytes in flight then cost shared memory, not registers, which lets
+    a short, one-wave grid (SWA) keep several rows per thread in flight. Each thread reads
+    back only what it copied, so no barrier is needed. Slots are laid out word-major over
+    the threads (a load's words for thread ``tx`` at ``word·threads + tx·size``): the
+    copies and the reads of a warp are bank-conflict free.
     """
-    W, L = REGISTER_LOADS[loads]
+    staged = loads in STAGED_LOADS
+    W, L = STAGED_LOADS[loads] if staged else REGISTER_LOADS[loads]
     if threads < 32 or threads % 32:
         raise ValueError(f"threads: expected a positive multiple of 32, got {threads}")
     slots = threads // L  # rows of a tile that one pass of the CTA's threads covers
@@ -298,6 +349,10 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
     rope_loads = 2 * ROPE_DIM // (16 * L)  # 16-byte RoPE loads of one lane
     scale_word = nope_words + 4 * rope_loads
     words = scale_word + 2  # one row's registers: FP8 bytes, RoPE bf16s, scale record
+    held_rows = 1 if staged else R  # rows whose words are in registers at once
+    # One row's loads as (first word, words): FP8 bytes, RoPE bf16s, scale record.
+    pieces = ([(w * (W // 4), W // 4) for w in range(NUM_TILES * per_tile)]
+              + [(nope_words + 4 * v, 4) for v in range(rope_loads)] + [(scale_word, 2)])
 
     num_reqs = T.dynamic("num_reqs")
     max_blocks = T.dynamic("max_blocks")
@@ -324,10 +379,13 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
     ):
         G = T.max(T.min(T.ceildiv(target_ctas, num_reqs), T.ceildiv(max_tokens - offset, TB)), 1)
         with T.Kernel(num_reqs, G, threads=threads,
-                      prelude=FP8_BF16_PRELUDE + GATHER_STORE_PRELUDE) as (r, g):
+                      prelude=FP8_BF16_PRELUDE + GATHER_STORE_PRELUDE
+                      + (GATHER_UNSTAGE_PRELUDE if staged else "")) as (r, g):
             if min_ctas_per_sm:
                 T.annotate_min_blocks_per_sm(min_ctas_per_sm)
-            raw = T.alloc_local([R * words], T.uint32)
+            # cpa: the thread's rows as shared-memory slots (see _load_bytes)
+            stage = T.alloc_shared([4 * R * words * threads], T.uint8) if staged else None
+            raw = T.alloc_local([held_rows * words], T.uint32)
             ok = T.alloc_local([R], T.int32)
             row = T.alloc_local([R], T.int64)  # element offset of the row in Out
             next_blk = T.alloc_local([R], T.int32)  # prefetch: block ids of the next tile
@@ -379,26 +437,32 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
                     base = u * words
                     for t in _unrolled(NUM_TILES):
                         for c in _unrolled(per_tile):
-                            T.call_extern("handle", f"dsv4_ldg{W}",
-                                          T.access_ptr(CacheU8[rec + t * QUANT_TILE + c * L * W + q * W],
-                                                       "r", W),
-                                          T.access_ptr(raw[base + (t * per_tile + c) * (W // 4)],
-                                                       "w", W // 4))
+                            _load_bytes(raw, stage, threads, tx, W,
+                                        CacheU8[rec + t * QUANT_TILE + c * L * W + q * W],
+                                        base + (t * per_tile + c) * (W // 4))
                     for v in _unrolled(rope_loads):
-                        T.call_extern("handle", "dsv4_ldg16",
-                                      T.access_ptr(CacheU8[rec + NOPE_DIM + 16 * q + 16 * L * v],
-                                                   "r", 16),
-                                      T.access_ptr(raw[base + nope_words + 4 * v], "w", 4))
-                    T.call_extern("handle", "dsv4_ldg8", T.access_ptr(CacheU8[scl], "r", 8),
-                                  T.access_ptr(raw[base + scale_word], "w", 2))
+                        _load_bytes(raw, stage, threads, tx, 16,
+                                    CacheU8[rec + NOPE_DIM + 16 * q + 16 * L * v],
+                                    base + nope_words + 4 * v)
+                    _load_bytes(raw, stage, threads, tx, 8, CacheU8[scl], base + scale_word)
+                    if staged:
+                        T.ptx_commit_group()
                 if prefetch:  # issued now, consumed by the next iteration
                     for u in _unrolled(R):
                         col = _table_column(first, glen, block_size, i0 + workers * TB + u * slots)
                         next_blk[u] = BlockTable[r, T.max(T.min(col, max_blocks - 1), 0)]
                 # Then dequantise and store them.
                 for u in _unrolled(R):
+                    if staged:  # row u's copies have landed (every thread waits: no divergence)
+                        T.ptx_wait_group(R - 1 - u)
                     if i0 + u * slots < glen:
-                        base = u * words
+                        base = 0 if staged else u * words
+                        if staged:
+                            for o, size in pieces:  # row u's slots -> raw[0 .. words)
+                                slot = 4 * ((u * words + o) * threads + tx * size)
+                                T.call_extern("handle", f"dsv4_lds<{size}>",
+                                              T.access_ptr(stage[slot], "r", 4 * size),
+                                              T.access_ptr(raw[o], "w", size))
                         for t in _unrolled(NUM_TILES):
                             scale_byte = ((raw[base + scale_word + t // 4] >> T.uint32(8 * (t % 4)))
                                           & T.uint32(0xFF))
@@ -422,7 +486,11 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
                                           T.access_ptr(Out[row[u] + NOPE_DIM + 8 * q + 8 * L * v], "w", 8),
                                           T.access_ptr(deq[0], "r", 8))
 
-    return dequant_gather.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+    # cpa: each thread reads back only its own slots after its own cp.async wait, so the
+    # barriers TileLang would place around the shared-memory accesses order nothing.
+    configs = {**NO_AUTO_BOUNDS_GUARDS, "tl.disable_thread_storage_sync": True} if staged \
+        else NO_AUTO_BOUNDS_GUARDS
+    return dequant_gather.with_attr("tilelang_pass_configs", configs)
 
 
 LOWERING_EXAMPLES: list = [
@@ -435,4 +503,7 @@ LOWERING_EXAMPLES: list = [
                                                    "stores": "cs"}},
     {"builder": "build_dequant_gather", "kwargs": {"loads": "ldg8x8", "tokens_per_block": 32,
                                                    "prefetch": 1}},
+    {"builder": "build_dequant_gather", "kwargs": {"loads": "cpa8x8", "tokens_per_block": 32,
+                                                   "threads": 128, "min_ctas_per_sm": 8,
+                                                   "stores": "cs"}},
 ]

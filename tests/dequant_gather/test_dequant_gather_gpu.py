@@ -32,11 +32,12 @@ def gen(seed):
 # ---------------------------------------------------------------------------------------
 # Every gather test runs under the schedule files' config ("file") and under each ``loads``
 # path of tile_kernels/dequant_gather.py forced for every shape: the portable tile loops,
-# and the CUDA register-load paths with 1 and 2 rows per thread, with and without a
-# launch-bounds register cap, both store kinds, the block-table prefetch, and grids small
-# enough that every CTA strides over several tiles (tokens_per_block = rows of a tile; a
-# thread owns tokens_per_block * lanes / threads of them). The zero rows of invalid block
-# ids are checked bit for bit (+0: the register paths once wrote -0 for negative bytes).
+# the CUDA register-load paths with 1 and 2 rows per thread and the cp.async (shared-memory)
+# paths with 1 and 4, with and without a launch-bounds register cap, both store kinds, the
+# block-table prefetch, and grids small enough that every CTA strides over several tiles
+# (tokens_per_block = rows of a tile; a thread owns tokens_per_block * lanes / threads of
+# them). The zero rows of invalid block ids are checked bit for bit (+0: the register
+# paths once wrote -0 for negative bytes).
 _GATHER_BASE = {"loads": "tile", "tokens_per_block": 32, "target_ctas": 1056, "threads": 256,
                 "min_ctas_per_sm": 0, "stores": "wb", "prefetch": 0}
 GATHER_SCHEDULES = {
@@ -52,6 +53,10 @@ GATHER_SCHEDULES = {
                                 "target_ctas": 5},
     "ldg8x8_2rows_prefetch_128thr": {"loads": "ldg8x8", "tokens_per_block": 32, "threads": 128,
                                      "prefetch": 1, "target_ctas": 3, "stores": "cs"},
+    "cpa8x8_capped_strided": {"loads": "cpa8x8", "tokens_per_block": 16, "threads": 128,
+                              "min_ctas_per_sm": 16, "target_ctas": 5, "stores": "cs"},
+    "cpa8x8_4rows_prefetch_128thr": {"loads": "cpa8x8", "tokens_per_block": 64, "threads": 128,
+                                     "prefetch": 1, "target_ctas": 3},
 }
 
 
@@ -64,7 +69,7 @@ def gather_schedule(request):
         return
     config = {**_GATHER_BASE, **overrides}
     if config["loads"] != "tile" and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("the register-load paths are built for sm_90a / sm_100a")
+        pytest.skip("the ldg / cpa paths are built for sm_90a / sm_100a")
     from dsv4_tl.targets import target_for_device
     from dsv4_tl.tune import forcing
 

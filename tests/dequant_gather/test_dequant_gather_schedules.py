@@ -20,6 +20,7 @@ TARGETS = ("cuda_sm90a", "cuda_sm100a", "hip_gfx942", "hip_gfx950", "sycl")
     ({"loads": "ldg32"}, "loads"),
     ({"loads": "ldg16x4", "tokens_per_block": 32}, "tokens_per_block"),  # < 256 / 4 rows
     ({"loads": "ldg8x8", "tokens_per_block": 48}, "tokens_per_block"),  # not a multiple of 32
+    ({"loads": "cpa8x8", "threads": 128, "tokens_per_block": 8}, "tokens_per_block"),  # < 16
     ({"loads": "ldg8x4", "threads": 100, "tokens_per_block": 100}, "threads"),
     ({"min_ctas_per_sm": -1}, "min_ctas_per_sm"),
     ({"fp8_format": "e5m2"}, "fp8_format"),
