@@ -408,7 +408,7 @@ def test_report_prints_the_logged_buckets(logs, capsys, monkeypatch):
                       "--png", str(logs / "t.png")]) == 0
     text = capsys.readouterr().out
     assert "rows1_16k" in text and "98.00" in text and "2.04x" in text
-    assert "rows16k_256k" in text and "not tuned" in text
+    assert "rows16k_128k" in text and "not tuned" in text
     assert "matplotlib is not installed" in text and not (logs / "t.png").exists()
 
 
@@ -516,7 +516,7 @@ def test_an_entry_without_a_knob_the_file_does_not_list_is_ignored(logs):
     """dequant_gather's loads knob changed the kernel family (its default moved off the old
     path): an entry logged before it is ignored with a warning, not applied with the new
     default."""
-    name = "rows16k_256k"
+    name = "rows16k_128k"
     assert "loads" not in _spec("dequant_gather").get("added_knobs", {})
     _write(logs, "dequant_gather",
            _without(_entry("dequant_gather", name, {"threads": 128}), "loads"))

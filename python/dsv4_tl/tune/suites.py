@@ -80,6 +80,7 @@ def _dsv4_suite() -> dict:
         prefill[f"h{h}_topk1025_4096"] = PrefillShape(h, 4096, 1152, 32768)
         prefill[f"h{h}_topk4097_up"] = PrefillShape(h, 1024, 8320, 65536)
     gather = {"rows1_16k": GatherShape(4, 2048), "rows16k_256k": GatherShape(4, 8319),
+              "rows16k_128k": GatherShape(4, 8319), "rows128k_256k": GatherShape(4, 32768),
               "rows256k_up": GatherShape(4, 131072)}
     return {
         "sparse_decode": decode,
