@@ -94,19 +94,23 @@ def run_prefill(gen) -> None:
     print("prefill dense + ragged: ok")
 
 
-def run_gather(gen) -> None:
+def run_gather(gen, max_tokens: int) -> None:
+    """``max_tokens``: 200 (few rows) or 4000 (the 16K-128K-row bucket: on sm_90a the one-wave
+    schedule with the block-table prefetch)."""
     cache = random_paged_cache(6, 64, gen, DEV)
     r = 5
-    out = torch.full((r, 200, 512), math.nan, dtype=torch.bfloat16, device=DEV)
+    out = torch.full((r, max_tokens, 512), math.nan, dtype=torch.bfloat16, device=DEV)
     seq_lens = torch.tensor([300, 0, -7, INT32_MAX, 65], dtype=torch.int32, device=DEV)
     gather_lens = torch.tensor([150, 10, 5, INT32_MIN, 400], dtype=torch.int32, device=DEV)
-    table = garbage_indices((r, 5), 6, gen)
+    if max_tokens > 200:
+        seq_lens[0] = gather_lens[4] = max_tokens + 30
+    table = garbage_indices((r, -(-(max_tokens + 30) // 64) + 2), 6, gen)
     ref = out.clone()
     dequantize_and_gather_k_cache(out, cache, seq_lens, gather_lens, table, 64, 30)
     torch.cuda.synchronize()
     dequantize_and_gather_k_cache_ref(ref, cache, seq_lens, gather_lens, table, 64, 30)
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16)), "gather"
-    print("dequant-gather: ok")
+    print(f"dequant-gather ({max_tokens} tokens): ok")
 
 
 def run_insert(gen) -> None:
@@ -154,7 +158,8 @@ def main() -> int:
     run_decode(gen, 16, 3, "padded heads")
     run_decode(gen, 128, 72, "one split per row, warp-specialised producer")
     run_prefill(gen)
-    run_gather(gen)
+    run_gather(gen, 200)
+    run_gather(gen, 4000)
     run_insert(gen)
     run_indices(gen)
     print("all kernels ran")
