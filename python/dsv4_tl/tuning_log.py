@@ -2,7 +2,8 @@
 
 One JSON object per line, written by ``dsv4-tl tune`` on a GPU and read by
 :func:`dsv4_tl.schedules.schedule_for` (run time) and
-:meth:`dsv4_tl.kernels.KernelSpec.schedules` (ahead-of-time builds). An entry records one shape bucket of one op on one device::
+:meth:`dsv4_tl.kernels.KernelSpec.schedules` (ahead-of-time builds). An entry records one
+shape bucket of one op on one device::
 
     {"format": 1, "target": "cuda:sm_90a", "op": "sparse_decode",
      "bucket": "h64_c4a_ctas1_16", "match": {"h": [1, 65], "scope": ["c4a"], "ctas": [1, 17]},

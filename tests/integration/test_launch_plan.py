@@ -6,6 +6,7 @@ the front ends' own work: one plan per input signature, re-made after any change
 kernels, the same errors on every call, kernel arguments filled by name.
 """
 
+import gc
 import importlib
 import math
 
@@ -263,8 +264,11 @@ def test_per_call_data_reaches_the_kernel(rec):
     assert passed.data_ptr() % 16 == 0 and torch.equal(passed, q3)
 
 
-def test_cache_views_follow_the_cache(rec):
-    cache = alloc_k_cache(2, 64)
+@pytest.mark.parametrize("make", [lambda: alloc_k_cache(2, 64),  # a view of its pool
+                                  lambda: torch.zeros((2, 64, 584), dtype=torch.uint8)],
+                         ids=["view", "plain"])
+def test_cache_views_follow_the_cache(rec, make):
+    cache = make()
     span = cache.numel()
     dtypes = (torch.float8_e4m3fn, torch.bfloat16, torch.uint8)
     views = _dispatch.cache_views(cache, span, dtypes, "{ptr}")
@@ -273,7 +277,64 @@ def test_cache_views_follow_the_cache(rec):
     key = (id(cache), span, dtypes)
     assert key in _dispatch._views
     del cache, views
-    assert key not in _dispatch._views  # dropped with the tensor
+    gc.collect()
+    assert key not in _dispatch._views  # dropped with the tensor (the memo does not keep it)
+
+
+def test_reshaped_views_are_memoised_per_tensor_and_dropped_with_it():
+    kv = torch.randn(64, 1, 512)
+    view = _dispatch.reshaped(kv, (64, 512))
+    assert _dispatch.reshaped(kv, (64, 512)) is view and view.data_ptr() == kv.data_ptr()
+    other = torch.randn(64, 1, 512)
+    assert _dispatch.reshaped(other, (64, 512)) is not view  # another tensor: its own view
+    key = (id(kv), (64, 512))
+    assert key in _dispatch._reshaped
+    del kv, view
+    gc.collect()
+    assert key not in _dispatch._reshaped
+    strided = torch.randn(64, 2, 512)[:, :1]  # not contiguous: a copy, never memoised
+    copy = _dispatch.reshaped(strided, (64, 512))
+    assert torch.equal(copy, strided.reshape(64, 512)) and (id(strided), (64, 512)) not in \
+        _dispatch._reshaped
+
+
+def test_stream_scratch_per_stream_and_thread_grown_and_not_pooled_when_large(monkeypatch):
+    """The scratch's bookkeeping (on CPU tensors, the CUDA stream query stubbed): one buffer
+    per (device, stream, thread), views reused while it stays, a larger need replaces it by
+    the next power of two, oversized scratch is allocated per call, a capture gets its own."""
+    import threading
+
+    stream = {"now": 1}
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: stream["now"],
+                        raising=False)
+    capture = {"on": False}
+    monkeypatch.setattr(_dispatch, "capturing", lambda device: capture["on"])
+    scratch = _dispatch.StreamScratch()
+    dev = torch.device("cpu")
+    small = ((2, 3, 5), (7,))
+    a = scratch.views(dev, small)
+    assert [t.shape for t in a] == [(2, 3, 5), (7,)] and scratch.views(dev, small) is a
+    assert a[1].data_ptr() - a[0].data_ptr() == 32 * 4  # 30 floats, next view 16-byte aligned
+    stream["now"] = 2
+    b = scratch.views(dev, small)
+    assert b[0].data_ptr() != a[0].data_ptr() and len(scratch.pools) == 2
+    other_thread = []
+    worker = threading.Thread(target=lambda: other_thread.append(scratch.views(dev, small)))
+    worker.start()
+    worker.join()
+    assert other_thread[0][0].data_ptr() not in (a[0].data_ptr(), b[0].data_ptr())
+    stream["now"] = 1
+    big = scratch.views(dev, ((100,),))
+    key = (dev, 1, threading.get_ident())
+    assert scratch.pools[key][0].numel() == 128 and list(scratch.pools[key][1]) == [((100,),)]
+    assert scratch.views(dev, small)[0].data_ptr() == big[0].data_ptr()  # views of the new one
+    huge = (((scratch.MAX_POOLED_BYTES // 4) + 1,),)
+    assert scratch.views(dev, huge) is not scratch.views(dev, huge)  # per call
+    assert scratch.pools[key][0].numel() == 128
+    capture["on"] = True
+    assert scratch.views(dev, small)[0].data_ptr() != big[0].data_ptr()
+    scratch.clear()
+    assert not scratch.pools
 
 
 def test_launch_fills_arguments_by_name():

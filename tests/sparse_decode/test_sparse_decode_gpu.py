@@ -182,9 +182,14 @@ def test_decode_warp_specialized_split_edges(block_tokens, num_splits, seed):
 
 def test_decode_split_scratch_streams_and_graphs(seed):
     """Split-KV decode (8 splits at these few rows on sm_90a) with its partials in the
-    stream scratch shared by plans: two plans interleaved on one stream (the larger one
-    grows the scratch), a second stream and a captured CUDA graph all give the first
-    call's bits."""
+    stream scratch shared by plans: two plans interleaved on one stream, a second stream
+    (its own buffer) and a captured CUDA graph (its own partials, none pooled) all give the
+    first call's bits."""
+    from dsv4_tl.ops._dispatch import stream_scratch
+
+    def pooled_buffers():
+        return {key[1]: pool[0].data_ptr() for key, pool in stream_scratch.pools.items()}
+
     gen = torch.Generator(DEV).manual_seed(seed)
     cases = [decode_case(b, 1, 64, "c4a512", gen) for b in (2, 3)]
 
@@ -200,10 +205,14 @@ def test_decode_split_scratch_streams_and_graphs(seed):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         on_side = run(cases[1])
+        before_capture = pooled_buffers()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=side):
             captured = run(cases[0])
     torch.cuda.current_stream().wait_stream(side)
+    main_stream = torch.cuda.current_stream().cuda_stream
+    assert before_capture[side.cuda_stream] != before_capture[main_stream]
+    assert pooled_buffers() == before_capture
     for got in captured:
         got.fill_(math.nan)
     graph.replay()

@@ -20,6 +20,7 @@ schedule: see :mod:`dsv4_tl.kernels`); their ``cache_clear()`` does the same.
 import functools
 import math
 import operator
+import threading
 import weakref
 from typing import Callable, Tuple
 
@@ -261,42 +262,55 @@ def _placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torc
 # ------------------------------------------------------------------------------ buffers
 class StreamScratch:
     """Float32 scratch that kernels use within one launch sequence (split-KV partials, from
-    the decode kernel to its combine), one buffer per (device, stream), shared by every
-    plan: calls on one stream run in order, so consecutive calls can reuse the same bytes,
-    which saves a per-call allocation (a few µs of host time each). Grown, never shrunk; a
-    buffer replaced by a larger one is freed when the last plan's views of it go (the
-    caching allocator reuses it in stream order). Not while a CUDA graph is captured or a
-    FakeTensorMode is active: then each call gets its own (a graph keeps its buffers)."""
+    the decode kernel to its combine), one buffer per (device, stream, thread), shared by
+    the plans: calls that one thread makes on one stream run in order, so they can reuse the
+    same bytes, which saves an allocation per call (a few µs of host time each). A buffer
+    grows to the next power of two when a call needs more (the old one is freed then: the
+    views made of it go with it; the caching allocator reuses it in stream order) and is
+    kept while its stream is used; scratch over ``MAX_POOLED_BYTES`` is allocated per call
+    (at the batch sizes where partials are that large the allocation is small next to the
+    kernels' time, and the pool would keep that memory reserved). Not while a CUDA graph is
+    captured or a FakeTensorMode is active: then each call gets its own (a graph keeps its
+    buffers). :meth:`clear` drops every buffer."""
+
+    MAX_POOLED_BYTES = 64 << 20
 
     def __init__(self):
-        self.pools: dict = {}  # (device, raw stream) -> float32 buffer
+        # (device, raw stream, thread) -> (float32 buffer, {shapes: views of it})
+        self.pools: dict = {}
 
-    def views(self, owner: dict, device: torch.device, shapes: Tuple[tuple, ...]) -> tuple:
-        """Float32 tensors of ``shapes`` on CUDA ``device``'s current stream. ``owner``: the
-        calling plan's memo of its views (per stream), so a call that finds the pool
-        unchanged makes no tensor."""
+    def views(self, device: torch.device, shapes: Tuple[tuple, ...]) -> tuple:
+        """Float32 tensors of ``shapes`` for kernels launched next on CUDA ``device``'s
+        current stream by this thread; valid until this thread's next call on that stream."""
         if capturing(device) or faking():
             return self.fresh(device, shapes)
-        stream = torch._C._cuda_getCurrentRawStream(device.index)
-        pool = self.pools.get((device, stream))
-        mine = owner.get(stream)
-        if mine is not None and mine[0] is pool:
-            return mine[1]
+        key = (device, torch._C._cuda_getCurrentRawStream(device.index), threading.get_ident())
+        pool = self.pools.get(key)
+        if pool is not None:
+            made = pool[1].get(shapes)
+            if made is not None:
+                return made
         sizes = [math.prod(shape) for shape in shapes]
         starts = [sum(-(-n // 4) * 4 for n in sizes[:i]) for i in range(len(sizes))]
         need = starts[-1] + sizes[-1]  # (each view starts 16-byte aligned)
-        if pool is None or pool.numel() < need:
-            pool = torch.empty(max(need, 0 if pool is None else pool.numel()),
-                               dtype=torch.float32, device=device)
-            self.pools[(device, stream)] = pool
-        made = tuple(pool[at:at + n].view(shape) for at, n, shape in zip(starts, sizes, shapes))
-        owner[stream] = (pool, made)
+        if need * 4 > self.MAX_POOLED_BYTES:
+            return self.fresh(device, shapes)
+        if pool is None or pool[0].numel() < need:
+            pool = (torch.empty(1 << (need - 1).bit_length(), dtype=torch.float32,
+                                device=device), {})
+            self.pools[key] = pool
+        made = pool[1][shapes] = tuple(pool[0][at:at + n].view(shape)
+                                       for at, n, shape in zip(starts, sizes, shapes))
         return made
 
     @staticmethod
     def fresh(device: torch.device, shapes: Tuple[tuple, ...]) -> tuple:
         """Per-call tensors of :meth:`views`' shapes."""
         return tuple(torch.empty(shape, dtype=torch.float32, device=device) for shape in shapes)
+
+    def clear(self) -> None:
+        """Drop every buffer (for a caller that wants the memory back)."""
+        self.pools = {}
 
 
 stream_scratch = StreamScratch()
@@ -343,17 +357,19 @@ def reshaped(t: torch.Tensor, shape: tuple) -> torch.Tensor:
     """``t.reshape(shape)``, contiguous (a copy when ``t`` is not). A view is memoised while
     the same tensor stays at the same address (a step's KV workspace and index rows are
     passed to every layer), which saves making it again per call; a copy never is."""
+    if not t.is_contiguous():
+        return t.reshape(shape).contiguous()
+    if faking():
+        return t.view(shape)
     key = (id(t), shape)
     ptr = t.data_ptr()
     hit = _reshaped.get(key)
     if hit is not None and hit[1] == ptr and hit[0]() is t:
         return hit[2]
-    if not t.is_contiguous():
-        return t.reshape(shape).contiguous()
-    view = t.view(shape)
-    if not faking():
-        _reshaped[key] = (weakref.ref(t, lambda _ref, key=key: _reshaped.pop(key, None)), ptr,
-                          view)
+    # a view of a detached alias: a view of ``t`` itself would keep ``t`` alive (its base),
+    # so the weak reference that drops this entry would never fire
+    view = t.detach().view(shape)
+    _reshaped[key] = (weakref.ref(t, lambda _ref, key=key: _reshaped.pop(key, None)), ptr, view)
     return view
 
 
@@ -374,7 +390,8 @@ def cache_views(cache: torch.Tensor, span: int, dtypes: tuple, misaligned: str) 
         return hit[2]
     if ptr % 16:
         raise ValueError(misaligned.format(ptr=ptr))
-    u8 = cache if cache.dtype == torch.uint8 else cache.view(torch.uint8)
+    alias = cache.detach()  # views of ``cache`` itself would keep it alive (see ``reshaped``)
+    u8 = alias if alias.dtype == torch.uint8 else alias.view(torch.uint8)
     flat = u8.as_strided((span,), (1,), u8.storage_offset())
     views = tuple(flat if dtype == torch.uint8 else flat.view(dtype) for dtype in dtypes)
     _views[key] = (weakref.ref(cache, lambda _ref, key=key: _views.pop(key, None)), ptr, views)

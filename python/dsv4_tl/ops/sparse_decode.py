@@ -14,10 +14,10 @@ from ..validation import (
     check_tensor,
 )
 from ..kernels import SPARSE_DECODE, SPARSE_DECODE_COMBINE, decode_scope
-from ._dispatch import (Launch, PlanCache, _target, aligned16, cache_views, capturing,
-                        check_aligned_output, check_output, meta, meta_contiguous, meta_last,
-                        meta_strides, placeholder, recheck_device, resolve, reusable_no_sink,
-                        routed_per_call, sink_argument, StreamScratch, stream_scratch)
+from ._dispatch import (Launch, PlanCache, StreamScratch, _target, aligned16, cache_views,
+                        capturing, check_aligned_output, check_output, meta, meta_contiguous,
+                        meta_last, meta_strides, placeholder, recheck_device, resolve,
+                        reusable_no_sink, routed_per_call, sink_argument, stream_scratch)
 
 
 def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
@@ -205,7 +205,6 @@ class _Plan:
                              placeholder(dev, torch.float32, (0, 0, 1, h)))
         else:
             self.partial_shapes = ((b, s_q, splits, h, HEAD_DIM), (b, s_q, splits, h))
-            self.scratch = {}  # this plan's views of the stream scratch, per stream
             self.pooled = dev.type == "cuda"
             self.no_out = (placeholder(dev, torch.bfloat16, (0, 0, h, HEAD_DIM)),
                            placeholder(dev, torch.float32, (0, h, 0)))
@@ -245,7 +244,7 @@ class _Plan:
                         out, lse, *self.partials)
             return out, lse
         if self.pooled:
-            partials = stream_scratch.views(self.scratch, self.device, self.partial_shapes)
+            partials = stream_scratch.views(self.device, self.partial_shapes)
         else:
             partials = StreamScratch.fresh(self.device, self.partial_shapes)
         self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,

@@ -40,7 +40,8 @@ seconds (exit status 3). Exit status 1: some bucket had no passing candidate.
 The package, one job per module: :mod:`.resources` (resource model and pruning rules),
 :mod:`.suites` (representative inputs), :mod:`.harnesses` (the table of tunable ops, each an
 :class:`~.harness.OpHarness`: the op's spec, which derives the features and static
-parameters of the call a representative input makes, inputs, reference, check, timed call), :mod:`.plan` (candidates per bucket, ``--dry-run``), :mod:`.measure` (one bucket on
+parameters of the call a representative input makes, inputs, reference, check, timed
+call), :mod:`.plan` (candidates per bucket, ``--dry-run``), :mod:`.measure` (one bucket on
 the GPU), :mod:`.entries` (log entries), :mod:`.state` (crash state), :mod:`.run` (a run),
 :mod:`.report` (``--report``), :mod:`.cli` (the command line).
 """

@@ -1,7 +1,8 @@
 """What ``dsv4-tl tune`` needs of one op to measure its candidates: an :class:`OpHarness`
 (the op's spec and the call a representative input makes, inputs, reference, check, timed
-call), and the checks the entries share. The entries live beside their ops' kin (:mod:`.harness_attention`,
-:mod:`.harness_cache`, :mod:`.harness_indices`) and are listed in :data:`.harnesses.HARNESSES`."""
+call), and the checks the entries share. The entries live beside their ops' kin
+(:mod:`.harness_attention`, :mod:`.harness_cache`, :mod:`.harness_indices`) and are listed
+in :data:`.harnesses.HARNESSES`."""
 
 import dataclasses
 from typing import Any, Callable
