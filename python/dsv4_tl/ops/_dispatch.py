@@ -350,6 +350,22 @@ def aligned16(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
+def _per_tensor(memo: dict, t: torch.Tensor, extra: tuple, make: Callable, *args):
+    """``make(alias, *args)`` for tensor ``t``, memoised in ``memo`` under ``(id(t), *extra)``
+    while the same tensor stays at the same address, the entry dropped with ``t``. ``alias``
+    is ``t`` detached: what ``make`` returns must be made of it, since a view of ``t``
+    itself would keep ``t`` alive (its base) and the entry's weak reference would never
+    fire."""
+    key = (id(t), *extra)
+    ptr = t.data_ptr()
+    hit = memo.get(key)
+    if hit is not None and hit[1] == ptr and hit[0]() is t:
+        return hit[2]
+    value = make(t.detach(), *args)
+    memo[key] = (weakref.ref(t, lambda _ref, key=key: memo.pop(key, None)), ptr, value)
+    return value
+
+
 _reshaped: dict = {}  # (id(tensor), shape) -> (weak reference, data_ptr, view)
 
 
@@ -361,16 +377,7 @@ def reshaped(t: torch.Tensor, shape: tuple) -> torch.Tensor:
         return t.reshape(shape).contiguous()
     if faking():
         return t.view(shape)
-    key = (id(t), shape)
-    ptr = t.data_ptr()
-    hit = _reshaped.get(key)
-    if hit is not None and hit[1] == ptr and hit[0]() is t:
-        return hit[2]
-    # a view of a detached alias: a view of ``t`` itself would keep ``t`` alive (its base),
-    # so the weak reference that drops this entry would never fire
-    view = t.detach().view(shape)
-    _reshaped[key] = (weakref.ref(t, lambda _ref, key=key: _reshaped.pop(key, None)), ptr, view)
-    return view
+    return _per_tensor(_reshaped, t, (shape,), torch.Tensor.view, shape)
 
 
 _views: dict = {}  # (id(cache), span, dtypes) -> (weak reference, data_ptr, views)
@@ -383,16 +390,13 @@ def cache_views(cache: torch.Tensor, span: int, dtypes: tuple, misaligned: str) 
     is not 16-byte aligned (the kernels address records as 16-byte vectors). Memoised while
     the same cache tensor stays at the same address (a layer's cache is passed call after
     call); dropped with the tensor."""
-    key = (id(cache), span, dtypes)
+    return _per_tensor(_views, cache, (span, dtypes), _flat_views, span, dtypes, misaligned)
+
+
+def _flat_views(cache: torch.Tensor, span: int, dtypes: tuple, misaligned: str) -> tuple:
     ptr = cache.data_ptr()
-    hit = _views.get(key)
-    if hit is not None and hit[1] == ptr and hit[0]() is cache:
-        return hit[2]
     if ptr % 16:
         raise ValueError(misaligned.format(ptr=ptr))
-    alias = cache.detach()  # views of ``cache`` itself would keep it alive (see ``reshaped``)
-    u8 = alias if alias.dtype == torch.uint8 else alias.view(torch.uint8)
+    u8 = cache if cache.dtype == torch.uint8 else cache.view(torch.uint8)
     flat = u8.as_strided((span,), (1,), u8.storage_offset())
-    views = tuple(flat if dtype == torch.uint8 else flat.view(dtype) for dtype in dtypes)
-    _views[key] = (weakref.ref(cache, lambda _ref, key=key: _views.pop(key, None)), ptr, views)
-    return views
+    return tuple(flat if dtype == torch.uint8 else flat.view(dtype) for dtype in dtypes)
