@@ -350,9 +350,13 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
     scale_word = nope_words + 4 * rope_loads
     words = scale_word + 2  # one row's registers: FP8 bytes, RoPE bf16s, scale record
     held_rows = 1 if staged else R  # rows whose words are in registers at once
-    # One row's loads as (first word, words): FP8 bytes, RoPE bf16s, scale record.
-    pieces = ([(w * (W // 4), W // 4) for w in range(NUM_TILES * per_tile)]
-              + [(nope_words + 4 * v, 4) for v in range(rope_loads)] + [(scale_word, 2)])
+    # One lane's loads of a row, in issue order: (first word of the row's registers, bytes,
+    # byte offset in the data record or None for the scale record, lane q's extra offset
+    # per q): FP8 bytes of each quantisation tile, RoPE bf16s, the 8-byte scale record.
+    pieces = ([((t * per_tile + c) * (W // 4), W, t * QUANT_TILE + c * L * W, W)
+               for t in range(NUM_TILES) for c in range(per_tile)]
+              + [(nope_words + 4 * v, 16, NOPE_DIM + 16 * L * v, 16) for v in range(rope_loads)]
+              + [(scale_word, 8, None, 0)])
 
     num_reqs = T.dynamic("num_reqs")
     max_blocks = T.dynamic("max_blocks")
@@ -434,17 +438,10 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
                                          blk_rec + T.cast(block_size, T.int64) * TOKEN_DATA_BYTES
                                          + T.cast(p, T.int64) * TOKEN_SCALE_BYTES, T.int64(0))
                     row[u] = (out_req8 + T.cast(offset + i, T.int64) * out_stride1_8) * 8
-                    base = u * words
-                    for t in _unrolled(NUM_TILES):
-                        for c in _unrolled(per_tile):
-                            _load_bytes(raw, stage, threads, tx, W,
-                                        CacheU8[rec + t * QUANT_TILE + c * L * W + q * W],
-                                        base + (t * per_tile + c) * (W // 4))
-                    for v in _unrolled(rope_loads):
-                        _load_bytes(raw, stage, threads, tx, 16,
-                                    CacheU8[rec + NOPE_DIM + 16 * q + 16 * L * v],
-                                    base + nope_words + 4 * v)
-                    _load_bytes(raw, stage, threads, tx, 8, CacheU8[scl], base + scale_word)
+                    for o, nbytes, at, lane in pieces:
+                        _load_bytes(raw, stage, threads, tx, nbytes,
+                                    CacheU8[scl if at is None else rec + at + q * lane],
+                                    u * words + o)
                     if staged:
                         T.ptx_commit_group()
                 if prefetch:  # issued now, consumed by the next iteration
@@ -458,7 +455,8 @@ def _build_register_loads(fp8_format: str, tokens_per_block: int, target_ctas: i
                     if i0 + u * slots < glen:
                         base = 0 if staged else u * words
                         if staged:
-                            for o, size in pieces:  # row u's slots -> raw[0 .. words)
+                            for o, nbytes, _at, _lane in pieces:  # row u's slots -> raw
+                                size = nbytes // 4
                                 slot = 4 * ((u * words + o) * threads + tx * size)
                                 T.call_extern("handle", f"dsv4_lds<{size}>",
                                               T.access_ptr(stage[slot], "r", 4 * size),
