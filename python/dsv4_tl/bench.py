@@ -159,13 +159,18 @@ class PrefillShape:
 
 def prefill_shapes(quick: bool) -> list:
     """The prefill suite: V4-Flash (h 64) and V4-Pro (h 128) at both C4A widths (640: Flash,
-    1152: Pro), the long rows of C128A at 1M context (width 8320, per-row lengths), the
-    tensor-parallel head counts (16, 32; FlashMLA padded to 64 heads as vLLM does), and the
+    1152: Pro), the long rows of C128A at 1M context (width 8320, per-row lengths; also on a
+    256 MiB workspace), short chunks (s_q 64-512), the tensor-parallel head counts (16, 32; FlashMLA padded to 64 heads as vLLM does), and the
     ragged twins of two dense rows (same rows, CSR form: equal work)."""
     shapes = [PrefillShape(h, 4096, topk, 32768) for h in (64, 128) for topk in (640, 1152)]
     if quick:
         return [shapes[0], shapes[3]]
     shapes += [PrefillShape(h, 1024, 8320, 65536, varying=True) for h in (64, 128)]
+    # the same long rows gathered from a 4x larger workspace (C128A rows spread over 256 MiB,
+    # past L2), and short chunks (a chunked-prefill step of 64-512 query rows)
+    shapes += [PrefillShape(128, 1024, 8320, 262144, varying=True)]
+    shapes += [PrefillShape(h, s_q, topk, 32768) for h, topk in ((64, 640), (128, 1152))
+               for s_q in (64, 128, 256, 512)]
     shapes += [PrefillShape(h, 4096, 640, 32768, varying=True) for h in (16, 32)]
     shapes += [PrefillShape(h, 4096, topk, 32768, ragged=True) for h, topk in ((64, 640),
                                                                               (128, 1152))]
