@@ -3,14 +3,14 @@ ours and FlashMLA's at h64 and h128 on the same rows (s_q 1024, top-k 1152, s_kv
 the L2-to-SM bytes per attended token can be compared across head counts. The hypothesis to
 test: at h128 both head-group CTAs of a row gather every K row, doubling the L2 -> SM traffic.
 
-    ncu --clock-control none --kernel-name regex:'sparse|flash|fwd' --launch-skip 4 \
+    ncu --clock-control none --profile-from-start off \
         --metrics gpu__time_duration.sum,l1tex__m_xbar2l1tex_read_bytes.sum,\
 lts__t_bytes.sum,dram__bytes_read.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,\
 sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed \
         python3 scripts/prefill_l2.py
 
-Warm-up: each call runs twice before the profiled pass (launches 1-4 are the warm-ups of the
-first two calls' kernels when ``--launch-skip 4`` is used with the default order).
+Each call runs twice as a warm-up (loads, compiles); only the last pass, between
+``cudaProfilerStart`` and ``cudaProfilerStop``, is profiled (``--profile-from-start off``).
 """
 
 import os
@@ -35,10 +35,12 @@ def main() -> None:
         fn()
         fn()
     torch.cuda.synchronize()
+    torch.cuda.profiler.start()
     for name, fn in calls:  # profiled, in this order
         print(f"profiled: {name}", flush=True)
         fn()
         torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
 
 
 if __name__ == "__main__":
