@@ -6,10 +6,13 @@ is timed on; a mismatch is reported in the table (and the run exits non-zero). T
 medians over repeated replays of a CUDA graph that holds several calls cycling through
 distinct input sets, so launch gaps and host overhead stay out of kernel times and the L2
 cache does not serve one input set repeatedly. Peers (``--peers``, default all; see
-``bench_peers``): FlashMLA as shipped in vLLM's wheel (``torch.ops._flashmla_C``) and vLLM's
-DSv4 Triton kernels, all loaded from the peer bundle at ``--peers-dir``; a peer that fails to
-load or run is reported in the table, never silently dropped. Peers that produce no LSE
-are checked on their outputs only (the check column says so).
+``bench_peers``): FlashMLA (vLLM's build, ``torch.ops._flashmla_C``, or the ``flash_mla``
+package) and vLLM's DSv4 Triton kernels, found in an installed vLLM, an installed FlashMLA
+package, then the peer bundle at ``--peers-dir`` (``bench_discovery``; ``--peers list``
+shows what was found where); a peer that is missing or fails to load or run is a row of the
+table with its one-line reason, never silently dropped. Peers that produce no LSE are
+checked on their outputs only (the check column says so). ``--shape`` times user-given
+decode / prefill shapes (``SHAPE_HELP``) instead of the suites.
 
 FLOPs = 2·h·attended·(512 + 512) (FlashMLA's count). Bytes: decode = attended·584 (FP8
 cache) + q + out + indices; prefill = q + out + indices + the BF16 workspace; gather =
