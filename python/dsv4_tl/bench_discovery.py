@@ -104,15 +104,22 @@ class VllmTree:
         return spec.origin
 
 
+def _installed_spec(name: str) -> importlib.machinery.ModuleSpec:
+    """The spec of top-level package ``name`` as the import system finds it (nothing is
+    imported). Raises LookupError with the reason when there is none."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as exc:
+        raise LookupError(f"find_spec({name!r}) failed: {one_line(exc)}") from None
+    if spec is None:
+        raise LookupError(f"not installed (the import system finds no {name!r})")
+    return spec
+
+
 def installed_vllm() -> VllmTree:
     """The ``vllm`` package the import system finds (not imported). Raises LookupError with
     the reason when there is none."""
-    try:
-        spec = importlib.util.find_spec("vllm")
-    except (ImportError, ValueError) as exc:
-        raise LookupError(f"find_spec('vllm') failed: {one_line(exc)}") from None
-    if spec is None:
-        raise LookupError("not installed (the import system finds no 'vllm')")
+    spec = _installed_spec("vllm")
     locations = tuple(spec.submodule_search_locations or ())
     if not locations:
         raise LookupError(f"'vllm' at {spec.origin} is a module, not vLLM's package")
@@ -147,7 +154,6 @@ def bundle_vllm(peers_dir: Optional[str]) -> VllmTree:
 class FlashMLAPackage:
     """An installed ``flash_mla`` package (found, not imported)."""
 
-    origin = "flash_mla"
     version: str
     where: str
 
@@ -155,12 +161,7 @@ class FlashMLAPackage:
 def installed_flash_mla() -> FlashMLAPackage:
     """The ``flash_mla`` package the import system finds. Raises LookupError with the reason
     when there is none."""
-    try:
-        spec = importlib.util.find_spec("flash_mla")
-    except (ImportError, ValueError) as exc:
-        raise LookupError(f"find_spec('flash_mla') failed: {one_line(exc)}") from None
-    if spec is None:
-        raise LookupError("not installed (the import system finds no 'flash_mla')")
+    spec = _installed_spec("flash_mla")
     locations = tuple(spec.submodule_search_locations or ())
     where = locations[0] if locations else spec.origin
     return FlashMLAPackage(_dist_version(["flash_mla", "flash-mla"], locations or (where,)), where)
