@@ -32,9 +32,13 @@ TRITON_MODULES = (ROCM_MODULE, XPU_ATTENTION_MODULE, XPU_DECODE_MODULE, CACHE_UT
 
 @pytest.fixture
 def clean_path(monkeypatch):
-    """sys.path without this machine's vllm / flash_mla and without stand-in `triton`
-    modules left behind; yields a function that puts a directory first."""
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p and os.path.isdir(p)])
+    """sys.path without this machine's vllm / flash_mla (the directories holding them are
+    left out) and with stand-in `triton` modules; yields a function that puts a directory
+    first."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p and os.path.isdir(p) and not any(
+        os.path.exists(os.path.join(p, name)) for name in ("vllm", "flash_mla"))])
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
     triton = types.ModuleType("triton")
     triton.language = types.ModuleType("triton.language")
     monkeypatch.setitem(sys.modules, "triton", triton)

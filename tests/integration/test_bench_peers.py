@@ -5,6 +5,7 @@ the reference standing in for the peer's kernels), and the bench's gather poison
 The peers' kernels themselves run only on the GPU (``dsv4-tl bench``), where every peer
 result is checked against the same references."""
 
+import os
 import sys
 import types
 
@@ -76,7 +77,8 @@ def test_no_bundle_reports_every_requested_peer():
 
 
 def test_empty_bundle_dir_reports_each_peer(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p])  # no vllm / flash_mla here
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p and not any(  # no vllm / flash_mla
+        os.path.exists(os.path.join(p, name)) for name in ("vllm", "flash_mla"))])
     peers, errors = load_peers(list(PEER_NAMES), str(tmp_path))
     assert peers == []
     assert set(errors) == set(PEER_NAMES)
