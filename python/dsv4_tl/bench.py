@@ -6,10 +6,13 @@ is timed on; a mismatch is reported in the table (and the run exits non-zero). T
 medians over repeated replays of a CUDA graph that holds several calls cycling through
 distinct input sets, so launch gaps and host overhead stay out of kernel times and the L2
 cache does not serve one input set repeatedly. Peers (``--peers``, default all; see
-``bench_peers``): FlashMLA as shipped in vLLM's wheel (``torch.ops._flashmla_C``) and vLLM's
-DSv4 Triton kernels, all loaded from the peer bundle at ``--peers-dir``; a peer that fails to
-load or run is reported in the table, never silently dropped. Peers that produce no LSE
-are checked on their outputs only (the check column says so).
+``bench_peers``): FlashMLA (vLLM's build, ``torch.ops._flashmla_C``, or the ``flash_mla``
+package) and vLLM's DSv4 Triton kernels, found in an installed vLLM, an installed FlashMLA
+package, then the peer bundle at ``--peers-dir`` (``bench_discovery``; ``--peers list``
+shows what was found where); a peer that is missing or fails to load or run is a row of the
+table with its one-line reason, never silently dropped. Peers that produce no LSE are
+checked on their outputs only (the check column says so). ``--shape`` times user-given
+decode / prefill shapes (``SHAPE_HELP``) instead of the suites.
 
 FLOPs = 2·h·attended·(512 + 512) (FlashMLA's count). Bytes: decode = attended·584 (FP8
 cache) + q + out + indices; prefill = q + out + indices + the BF16 workspace; gather =
@@ -27,7 +30,16 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .bench_peers import PEER_NAMES, csr_from_dense, load_peers, parse_peer_names, peer_suites
+from .bench_peers import (
+    PEER_NAMES,
+    csr_from_dense,
+    discover_peers,
+    format_peer_list,
+    load_peers,
+    one_line,
+    parse_peer_names,
+    peer_suites,
+)
 from .cache_format import TOKEN_BYTES
 from .testing import check_attention, random_k, random_paged_cache, scatter_slots
 
@@ -93,9 +105,10 @@ def measure_ceilings(device) -> dict:
 @dataclasses.dataclass(frozen=True)
 class DecodeShape:
     """One decode row: ``h`` heads, ``b`` requests of ``s_q`` query tokens (s_q 2: MTP),
-    the 128-token window plus, for C4A / C128A, the compressed scope of ``extra_width``
-    entries (default: 512 at h64 and 1024 at h128 for C4A, 1024 for C128A); ``varying``:
-    per-request compressed lengths drawn from 0..width instead of the full width."""
+    the ``window``-token SWA scope (128 in DSv4) plus, for C4A / C128A, the compressed scope
+    of ``extra_width`` entries (default: 512 at h64 and 1024 at h128 for C4A, 1024 for
+    C128A); ``varying``: per-request compressed lengths drawn from 0..width instead of the
+    full width."""
     h: int
     b: int
     kind: str  # "swa", "c4a", "c128a"
@@ -103,6 +116,7 @@ class DecodeShape:
     extra_width: Optional[int] = None
     varying: bool = False
     batch_invariant: bool = False
+    window: int = WINDOW
 
     @property
     def extra_topk(self) -> int:
@@ -119,7 +133,7 @@ class DecodeShape:
         rows = f" s_q {self.s_q}" if self.s_q > 1 else ""
         lens = ", lengths 0..width" if self.varying else ""
         mode = ", batch-invariant" if self.batch_invariant else ""
-        return f"decode h{self.h} b{self.b}{rows} window {WINDOW}{extra}{lens}{mode}"
+        return f"decode h{self.h} b{self.b}{rows} window {self.window}{extra}{lens}{mode}"
 
 
 def decode_shapes(quick: bool) -> list:
@@ -178,14 +192,112 @@ def prefill_shapes(quick: bool) -> list:
     return shapes
 
 
+# ----------------------------------------------------------------------------- --shape
+SHAPE_HELP = """one decode or prefill shape, timed against every available peer (repeatable):
+  decode:h=H,b=B[,s_q=1][,swa=128][,extra=none|c4a:W|c128a:W][,lens=full|rand]
+  prefill:h=H,s_q=S,topk=K,s_kv=N[,lens=full|rand][,form=dense|ragged]
+decode: h heads, b requests of s_q query tokens (1..64; 2 = MTP), the SWA window of swa
+tokens (cache block size 64) and the compressed scope extra of W entries (C4A: block size
+64, random distinct positions of a 32K context; C128A: block size 2, every entry in order);
+lens=rand draws each request's compressed length from 0..W (the window stays full).
+prefill: s_q query rows of 4 requests (a multiple of 4) over an s_kv-row BF16 workspace,
+K indices per row (the last 128 are the row's SWA window); lens=rand draws each row's
+length from 1..K; form=ragged times dsv4_tl's CSR entry point on the same rows.
+Example: --shape decode:h=64,b=64,extra=c4a:512"""
+
+# field -> default (None: required), per kind
+SHAPE_FIELDS = {
+    "decode": {"h": None, "b": None, "s_q": "1", "swa": str(WINDOW), "extra": "none",
+               "lens": "full"},
+    "prefill": {"h": None, "s_q": None, "topk": None, "s_kv": None, "lens": "full",
+                "form": "dense"},
+}
+MAX_DECODE_S_Q = 64  # decode_inputs starts a request's window within one 64-token block
+
+
+def parse_shape(text: str):
+    """A ``--shape`` value (syntax: ``SHAPE_HELP``) -> DecodeShape or PrefillShape. Raises
+    ValueError, one line naming the bad field."""
+    kind, sep, body = text.partition(":")
+    kind = kind.strip()
+    if not sep or kind not in SHAPE_FIELDS:
+        raise ValueError(f"--shape {text!r}: must start with 'decode:' or 'prefill:' "
+                         "(e.g. decode:h=64,b=64,extra=c4a:512)")
+    fields = SHAPE_FIELDS[kind]
+    given = {}
+    for item in body.split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not key or not value:
+            raise ValueError(f"--shape {text!r}: {item.strip()!r} is not field=value")
+        if key not in fields:
+            raise ValueError(f"--shape {text!r}: unknown {kind} field {key!r} "
+                             f"(known: {', '.join(fields)})")
+        if key in given:
+            raise ValueError(f"--shape {text!r}: field {key!r} is given twice")
+        given[key] = value
+    for key, default in fields.items():
+        if default is None and key not in given:
+            raise ValueError(f"--shape {text!r}: {kind} needs field {key!r} "
+                             f"(fields: {', '.join(fields)})")
+    values = {**fields, **given}
+
+    def bad(key: str, why: str) -> ValueError:
+        return ValueError(f"--shape {text!r}: field {key!r}: {why}")
+
+    def count(key: str, lo: int = 1, hi: Optional[int] = None) -> int:
+        try:
+            n = int(values[key])
+        except ValueError:
+            raise bad(key, f"expected an integer, got {values[key]!r}") from None
+        if n < lo or (hi is not None and n > hi):
+            raise bad(key, f"{n} is outside {lo}..{hi}" if hi is not None else f"{n} is below {lo}")
+        return n
+
+    def choice(key: str, options: Sequence[str]) -> str:
+        if values[key] not in options:
+            raise bad(key, f"expected {' or '.join(options)}, got {values[key]!r}")
+        return values[key]
+
+    varying = choice("lens", ("full", "rand")) == "rand"
+    if kind == "prefill":
+        h, s_q, topk, s_kv = count("h"), count("s_q"), count("topk", WINDOW), count("s_kv")
+        if s_q % 4:
+            raise bad("s_q", f"{s_q} is not a multiple of 4 (the rows of 4 requests)")
+        if s_kv < s_q + 4 * topk:
+            raise bad("s_kv", f"{s_kv} is too small: 4 requests of s_q/4 rows with {topk} "
+                              f"indices each need s_kv >= s_q + 4*topk = {s_q + 4 * topk}")
+        return PrefillShape(h, s_q, topk, s_kv, varying=varying,
+                            ragged=choice("form", ("dense", "ragged")) == "ragged")
+    scope, _, width = values["extra"].partition(":")
+    if scope == "none" and not width:
+        extra_kind, extra_width = "swa", None
+    elif scope in ("c4a", "c128a"):
+        extra_kind = scope
+        try:
+            extra_width = int(width)
+        except ValueError:
+            raise bad("extra", f"expected {scope}:W with W a positive integer, got "
+                               f"{values['extra']!r}") from None
+        if extra_width < 1:
+            raise bad("extra", f"width {extra_width} is below 1")
+    else:
+        raise bad("extra", f"expected none, c4a:W or c128a:W, got {values['extra']!r}")
+    if varying and extra_kind == "swa":
+        raise bad("lens", "rand needs a compressed scope (extra=c4a:W or c128a:W); the SWA "
+                          "window is always full")
+    return DecodeShape(count("h"), count("b"), extra_kind, s_q=count("s_q", 1, MAX_DECODE_S_Q),
+                       extra_width=extra_width, varying=varying, window=count("swa"))
+
+
 def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -> list:
-    """``sets`` input sets sharing the caches: SWA cache (bs 64, a 128-token window per
-    query token in scattered blocks; the s_q tokens of a request are consecutive positions)
+    """``sets`` input sets sharing the caches: SWA cache (bs 64, a ``shape.window``-token
+    window per query token in scattered blocks; the s_q (<= 64) tokens of a request are
+    consecutive positions)
     and, for C4A/C128A, the compressed cache (bs 64 / 2) of a 32K (C4A) or 128K-token
     (C128A; enough entries for the width) context with random block tables. Full lengths
     (the steady state) unless ``shape.varying``."""
     b, h, s_q = shape.b, shape.h, shape.s_q
-    swa_blocks = 3
+    swa_blocks = -(-(shape.window + 64) // 64)  # a window starting anywhere in the first block
     swa = random_paged_cache(b * swa_blocks * 2, 64, gen, device)
     swa_table = torch.randperm(swa.shape[0], generator=gen, device=device).view(-1, swa_blocks)
     extra = None
@@ -195,14 +307,14 @@ def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -
         per_req = entries // bs
         extra = random_paged_cache(b * per_req, bs, gen, device)
         extra_table = torch.randperm(extra.shape[0], generator=gen, device=device).view(b, per_req)
-    window = torch.arange(WINDOW, device=device)
+    window = torch.arange(shape.window, device=device)
     out = []
     for _ in range(sets):
         q = torch.randn((b, s_q, h, 512), generator=gen, device=device).to(torch.bfloat16)
         start = torch.randint(0, 64 - s_q + 1, (b,), generator=gen, device=device)
         idx = torch.stack([torch.stack([scatter_slots(swa_table[r], start[r] + s + window, 64)
                                         for s in range(s_q)]) for r in range(b)])
-        lens = torch.full((b,), WINDOW, dtype=torch.int32, device=device)
+        lens = torch.full((b,), shape.window, dtype=torch.int32, device=device)
         item = {"q": q, "k_cache": swa, "indices": idx, "topk_length": lens,
                 "attn_sink": torch.rand(h, generator=gen, device=device) * 4 - 2,
                 "extra_k_cache": None, "extra_indices": None, "extra_topk_length": None,
@@ -339,7 +451,7 @@ def _measure(row: dict, impls: dict, inputs: list, check: Callable, flops: float
             entry["pct_gemm"] = 100 * entry["tflops"] / ceilings["bf16_gemm_tflops"]
             entry["pct_copy"] = 100 * entry["gbps"] / ceilings["copy_gbps"]
         except Exception as exc:  # reported in the table, never dropped
-            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            entry["error"] = one_line(exc)
         row["results"].append(entry)
 
 
@@ -367,8 +479,11 @@ def _suite_row(suite: str, shape: str, attended: int, ours: Callable, inputs: li
 
 
 def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda",
-              peer_names: Optional[Sequence[str]] = None) -> dict:
-    """Run the suites; ``peer_names`` None = every peer in ``bench_peers.PEER_NAMES``."""
+              peer_names: Optional[Sequence[str]] = None,
+              shapes: Optional[Sequence[object]] = None) -> dict:
+    """Run the suites; ``peer_names`` None = every peer in ``bench_peers.PEER_NAMES``;
+    ``shapes`` (DecodeShape / PrefillShape, e.g. from :func:`parse_shape`): the rows of the
+    decode and prefill suites instead of their own."""
     gen = torch.Generator(device).manual_seed(0)
     props = torch.cuda.get_device_properties(device)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -383,10 +498,15 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
     names = parse_peer_names(None) if peer_names is None else list(peer_names)
     report["peers"] = names
     peers, report["peer_errors"] = load_peers(names, peers_dir)
+    report["peer_sources"] = {p.name: p.source.describe() for p in peers}
     failed = report["peer_errors"]
     sets = 3
+
+    def rows_of(cls: type, own: Callable[[bool], list]) -> list:
+        return own(quick) if shapes is None else [s for s in shapes if isinstance(s, cls)]
+
     if "decode" in suites:
-        for shape in decode_shapes(quick):
+        for shape in rows_of(DecodeShape, decode_shapes):
             inputs = decode_inputs(shape, gen, sets, device)
             att = _attended(inputs[0]) * shape.s_q  # lengths are per request, for each row
             flops = 2 * shape.h * att * 1024
@@ -397,7 +517,7 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
             del inputs
             torch.cuda.empty_cache()
     if "prefill" in suites:
-        for shape in prefill_shapes(quick):
+        for shape in rows_of(PrefillShape, prefill_shapes):
             inputs = prefill_inputs(shape, gen, sets, device)
             att = _attended(inputs[0])
             flops = 2 * shape.h * att * 1024
@@ -589,8 +709,8 @@ def host_rows(device="cuda", flashmla=None) -> list:
     calls = {"dsv4_tl": lambda: dsv4_tl.sparse_prefill(*args),
              "dsv4_tl.ops": lambda: ops.sparse_prefill(*args)}
     if flashmla is not None:
-        calls["flashmla"] = lambda: flashmla.ops.sparse_prefill_fwd(
-            x["q"], x["kv"], x["indices"], SCALE, 512, x["attn_sink"], x["topk_length"], None)
+        calls["flashmla"] = lambda: flashmla.call_prefill(x["q"], x["kv"], x["indices"],
+                                                          x["attn_sink"], x["topk_length"])
     # floors: the loaded prefill kernel called with ready arguments (by its parameter
     # names), and one eager torch op
     kernel = kernel_for("sparse_prefill", torch.device(device), dict(num_heads=64, ragged=False),
@@ -609,22 +729,17 @@ def host_rows(device="cuda", flashmla=None) -> list:
 
 
 def _flashmla_decode(peer, x: dict) -> Callable[[], tuple]:
-    """FlashMLA's sparse decode op called bare (no slicing of its outputs), its scheduler
+    """FlashMLA's sparse decode called bare (no slicing of its outputs; through the
+    flash_mla package's function when the peer comes from that package), its scheduler
     metadata made by the first call and reused (vLLM computes it once per step)."""
-    state = {"meta": None, "splits": None}
+    state = {}
     extra = x["extra_k_cache"]
     k_cache = x["k_cache"].unsqueeze(-2)
     extra = None if extra is None else extra.unsqueeze(-2)
     out = torch.empty_like(x["q"])
-
-    def run():
-        result = peer.ops.sparse_decode_fwd(
-            x["q"], k_cache, x["indices"], x["topk_length"], x["attn_sink"], state["meta"],
-            state["splits"], extra, x["extra_indices"], x["extra_topk_length"], 512, SCALE,
-            out)
-        state["meta"], state["splits"] = result[2], result[3]
-        return result
-    return run
+    return lambda: peer.call_decode(state, x["q"], k_cache, x["indices"], x["topk_length"],
+                                    x["attn_sink"], extra, x["extra_indices"],
+                                    x["extra_topk_length"], out)
 
 
 def run_host_suite(peers_dir: Optional[str], peer_names: Optional[Sequence[str]] = None,
@@ -642,6 +757,7 @@ def run_host_suite(peers_dir: Optional[str], peer_names: Optional[Sequence[str]]
     names = [n for n in (parse_peer_names(None) if peer_names is None else peer_names)
              if n == "flashmla"]
     peers, report["peer_errors"] = load_peers(names, peers_dir)
+    report["peer_sources"] = {p.name: p.source.describe() for p in peers}
     flashmla = peers[0] if peers else None
     for shape, calls in host_rows(device, flashmla):
         row = {"suite": "host", "shape": shape, "results": []}
@@ -651,7 +767,7 @@ def run_host_suite(peers_dir: Optional[str], peer_names: Optional[Sequence[str]]
                 entry.update(host_time_us(fn))
                 entry["gpu_us"] = graph_time_us([fn], reps=10) if impl != "raw kernel" else None
             except Exception as exc:  # reported in the table, never dropped
-                entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                entry["error"] = one_line(exc)
             row["results"].append(entry)
         by = {e["impl"]: e for e in row["results"]}
         fm = by.get("flashmla", {})
@@ -685,7 +801,7 @@ def format_host_table(report: dict) -> str:
         f"{report['device']} ({report['sms']} SMs), {report['date']}, torch {report['torch']}, "
         f"cpu {report['cpu']}; host time per call: median of {report['repeats']} runs of "
         f"{report['calls']} back-to-back calls",
-        *(f"peer {name} failed to load: {err}" for name, err in report["peer_errors"].items()),
+        *_peer_lines(report),
         head, "-" * len(head),
         *(_host_line(row["shape"], e, report["goals"]) for row in report["rows"]
           for e in row["results"]),
@@ -720,14 +836,38 @@ def save_plot(report: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _peer_lines(report: dict) -> list:
+    """Where each peer came from, and why each missing one is missing (one line each)."""
+    return ([f"peer {name} from {where}" for name, where in report.get("peer_sources", {}).items()]
+            + [f"peer {name} failed to load: {err}" for name, err in report["peer_errors"].items()])
+
+
+def format_ratios(report: dict) -> str:
+    """Per row, dsv4_tl against each peer that ran: peer µs / dsv4_tl µs (> 1: dsv4_tl is
+    faster), or why there is no ratio."""
+    lines = ["dsv4_tl vs each peer (peer time / dsv4_tl time; > 1: dsv4_tl is faster):"]
+    for row in report["rows"]:
+        by = {e["impl"]: e for e in row["results"]}
+        ours = by.get("dsv4_tl", {})
+        parts = []
+        for name, e in by.items():
+            if name == "dsv4_tl":
+                continue
+            if "us" in e and "us" in ours:
+                parts.append(f"{name} {e['us'] / ours['us']:.2f}x ({e['us']:.1f} vs {ours['us']:.1f} us)")
+            else:
+                parts.append(f"{name} n/a ({'dsv4_tl failed' if 'us' in e else 'peer failed'})")
+        lines.append(f"  {row['shape']}: {'; '.join(parts) if parts else 'no peer ran'}")
+    return "\n".join(lines)
+
+
 def format_table(report: dict) -> str:
     c = report["ceilings"]
     lines = [f"{report['device']} ({report['sms']} SMs), {report['date']}, torch {report['torch']}, "
              f"tilelang {report.get('tilelang', '?')}",
              f"ceilings: bf16 GEMM {c['bf16_gemm_tflops']:.0f} TFLOP/s, copy {c['copy_gbps']:.0f} GB/s "
              f"(best; median {c.get('copy_gbps_median', c['copy_gbps']):.0f})"]
-    for name, err in report["peer_errors"].items():
-        lines.append(f"peer {name} failed to load: {err}")
+    lines += _peer_lines(report)
     head = f"{'shape':68s} {'impl':15s} {'us':>9s} {'TFLOP/s':>8s} {'%gemm':>6s} {'GB/s':>7s} {'%copy':>6s} {'vs flashmla':>11s}  check"
     lines += [head, "-" * len(head)]
     for row in report["rows"]:
@@ -745,29 +885,52 @@ def format_table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="dsv4-tl bench", description=__doc__.split("\n\n")[0])
+    from .cli import OneLineParser
+
+    parser = OneLineParser(prog="dsv4-tl bench", description=__doc__.split("\n\n")[0],
+                           epilog="--shape: " + SHAPE_HELP,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=["decode", "prefill", "gather", "insert", "all",
                                             "host"], default="all",
                         help="all: the kernel-time suites; host: host time per call")
+    parser.add_argument("--shape", action="append", metavar="KIND:FIELD=V,...",
+                        help="time this decode / prefill shape instead of the suites "
+                             "(repeatable; syntax below)")
     parser.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR"),
-                        help="unpacked peer bundle (…/dsv4_peers); default $PEERS_DIR")
+                        help="unpacked peer bundle (…/dsv4_peers), searched after an installed "
+                             "vllm and flash_mla; default $PEERS_DIR")
     parser.add_argument("--peers", default="all",
-                        help="comma list of peers to time beside dsv4_tl, 'all' (default) or "
-                             "'none'; known: " + ",".join(PEER_NAMES))
+                        help="comma list of peers to time beside dsv4_tl, 'all' (default), "
+                             "'none', or 'list' (print where each peer is found, then exit); "
+                             "known: " + ",".join(PEER_NAMES))
     parser.add_argument("--quick", action="store_true", help="a subset of the decode shapes")
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--plot", help="write a PNG chart here (needs matplotlib)")
     args = parser.parse_args(argv)
+    if args.peers.strip() == "list":
+        from .bench_discovery import search_places
+
+        places = search_places(args.peers_dir)
+        print(format_peer_list(discover_peers(PEER_NAMES, args.peers_dir, places=places), places))
+        return 0
     try:
         peer_names = parse_peer_names(args.peers)
+        shapes = [parse_shape(text) for text in args.shape or []]
     except ValueError as exc:
         parser.error(str(exc))
+    if shapes and args.suite != "all":
+        parser.error(f"--shape replaces the suites; drop --suite {args.suite}")
     if not torch.cuda.is_available():
         print("dsv4-tl bench: needs a CUDA device", file=sys.stderr)
         return 2
     if args.suite == "host":
         report = run_host_suite(args.peers_dir, peer_names)
         table = format_host_table(report)
+    elif shapes:
+        suites = [suite for suite, cls in (("decode", DecodeShape), ("prefill", PrefillShape))
+                  if any(isinstance(shape, cls) for shape in shapes)]
+        report = run_bench(suites, args.peers_dir, False, peer_names=peer_names, shapes=shapes)
+        table = format_table(report) + "\n" + format_ratios(report)
     else:
         suites = ["decode", "prefill", "gather", "insert"] if args.suite == "all" else [args.suite]
         report = run_bench(suites, args.peers_dir, args.quick, peer_names=peer_names)

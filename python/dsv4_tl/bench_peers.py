@@ -1,10 +1,12 @@
 """Peer implementations that ``dsv4-tl bench`` times beside dsv4_tl.
 
-All of them come from the peer bundle (``../shared/tools/peer-bundle.sh``, unpacked to
-``$PEERS_DIR``), taken unmodified from the vLLM 0.26.0 wheel; none of their code is in this
-repository:
+They come from an installed vLLM, an installed FlashMLA package or the peer bundle
+(``../shared/tools/peer-bundle.sh``, unpacked to ``$PEERS_DIR``: files taken unmodified from
+the vLLM 0.26.0 wheel), searched in that order (``bench_discovery``); none of their code is
+in this repository:
 
-- ``flashmla``: FlashMLA's sparse decode and prefill through ``torch.ops._flashmla_C``.
+- ``flashmla``: FlashMLA's sparse decode and prefill through ``torch.ops._flashmla_C``
+  (vLLM's build), or through the ``flash_mla`` package's public functions.
 - ``tri_rocm``: vLLM's ROCm DSv4 Triton kernels, single-pass ragged decode and prefill (the
   path vLLM takes on GPUs it has not tuned for).
 - ``tri_rocm_splitk``: the same file's split-K decode (partial + reduce kernels, the path
@@ -30,15 +32,19 @@ work that vLLM's op does on every call stays inside the callable.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib
+import inspect
 import linecache
 import math
-import os
 import sys
 import types
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import bench_discovery
+from .bench_discovery import FLASHMLA_EXTENSION, PeerSource, one_line
 from .cache_format import HEAD_DIM, NOPE_DIM, ROPE_DIM
 
 SCALE = HEAD_DIM ** -0.5
@@ -48,13 +54,14 @@ XPU_INDEX_ALIGN = 16
 
 PEER_NAMES = ("flashmla", "tri_rocm", "tri_rocm_splitk", "tri_xpu", "tri_vllm", "tri_xpu_slots")
 
-# The four Triton files of the bundle, by module name (relative to <peers_dir>/vllm_src).
+# The four Triton files, by module name (in an installed vllm, or under <peers_dir>/vllm_src).
 ROCM_MODULE = "vllm.v1.attention.ops.rocm_aiter_mla_sparse"
 XPU_ATTENTION_MODULE = "vllm.v1.attention.ops.xpu_mla_sparse"
 XPU_DECODE_MODULE = "vllm.models.deepseek_v4.xpu.xpu_sparse_decode_fp8"
 CACHE_UTILS_MODULE = "vllm.models.deepseek_v4.common.ops.cache_utils"
 
 SourceTransform = Callable[[str], str]
+LocateModule = Callable[[str], str]
 MakeCall = Callable[[dict], Callable[[], tuple]]
 
 
@@ -187,15 +194,15 @@ def _stand_in_attributes() -> Dict[str, dict]:
 
 
 class VllmTritonSources:
-    """Executes the bundle's vLLM Triton files as modules, each once.
+    """Executes vLLM's Triton files as modules, each once.
 
-    src_root: ``<peers_dir>/vllm_src``. transform: optional rewrite of each file's text
-    before it runs (the CPU interpreter check swaps bf16 for fp16); None runs the files
-    exactly as shipped.
+    locate: module name -> its file (``bench_discovery.VllmTree.module_file`` of an installed
+    vllm or of the bundle). transform: optional rewrite of each file's text before it runs
+    (the CPU interpreter check swaps bf16 for fp16); None runs the files exactly as shipped.
     """
 
-    def __init__(self, src_root: str, transform: Optional[SourceTransform] = None):
-        self.src_root = src_root
+    def __init__(self, locate: LocateModule, transform: Optional[SourceTransform] = None):
+        self.locate = locate
         self.transform = transform
         self.modules: Dict[str, types.ModuleType] = {}
 
@@ -207,7 +214,7 @@ class VllmTritonSources:
         return self.modules[name]
 
     def _execute(self, name: str) -> types.ModuleType:
-        path = os.path.join(self.src_root, *name.split(".")) + ".py"
+        path = self.locate(name)
         with open(path) as f:
             text = f.read()
         filename = path
@@ -266,15 +273,41 @@ FLASHMLA_PREFILL_HEADS = 64  # its sparse prefill takes a multiple of 64 heads
 
 
 class FlashMLAPeer:
-    """FlashMLA's sparse kernels through ``torch.ops._flashmla_C`` (vLLM 0.26 build)."""
+    """FlashMLA's sparse kernels through ``torch.ops._flashmla_C``, vLLM's build of FlashMLA
+    (in vLLM 0.26 its sparse decode also takes the output buffer)."""
 
     name = "flashmla"
     suites = ("decode", "prefill")
+    needs = (FLASHMLA_EXTENSION,)
 
-    def __init__(self, peers_dir: str, sources: Optional[VllmTritonSources] = None):
-        torch.cuda.init()  # libcuda must be resident before the extension is opened
-        torch.ops.load_library(os.path.join(peers_dir, "flashmla", "_flashmla_C.abi3.so"))
+    def __init__(self, source: PeerSource, sources: Optional[VllmTritonSources] = None):
+        self.source = source
+        self._open(source)
+
+    def _open(self, source: PeerSource) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.init()  # libcuda must be resident before the extension is opened
+        torch.ops.load_library(source.files[0])
         self.ops = torch.ops._flashmla_C
+        absent = [op for op in ("sparse_decode_fwd", "sparse_prefill_fwd") if not hasattr(self.ops, op)]
+        if absent:
+            raise RuntimeError(f"{source.files[0]} registers no _flashmla_C.{', '.join(absent)} "
+                               "(not a DSv4 build of FlashMLA)")
+
+    def call_decode(self, state: dict, q, k_cache, indices, lengths, sink, extra,
+                       extra_indices, extra_lengths, out) -> tuple:
+        """One sparse decode call, FlashMLA's op bare (k caches ``[blocks, bs, 1, 584]``);
+        ``state`` (a dict, empty at first) keeps the scheduler metadata between calls.
+        Returns ``(out, lse)``."""
+        o, lse, state["meta"], state["splits"] = self.ops.sparse_decode_fwd(
+            q, k_cache, indices, lengths, sink, state.get("meta"), state.get("splits"), extra,
+            extra_indices, extra_lengths, HEAD_DIM, SCALE, out)
+        return o, lse
+
+    def call_prefill(self, q, kv, indices, sink, lengths) -> tuple:
+        """One sparse prefill call, FlashMLA's op bare. Returns ``(out, max_logits, lse)``."""
+        return tuple(self.ops.sparse_prefill_fwd(q, kv, indices, SCALE, HEAD_DIM, sink, lengths,
+                                                 None))
 
     def decode(self, x: dict) -> Callable[[], tuple]:
         q, sink = x["q"], x["attn_sink"]
@@ -287,15 +320,14 @@ class FlashMLAPeer:
             sink = torch.cat([sink, sink.new_full((padded - h,), -math.inf)])
         out = torch.empty_like(q)
         # Scheduler metadata: filled by the first call, reused while shapes and lengths stay.
-        state = {"meta": None, "splits": None}
+        state = {}
         extra = x["extra_k_cache"]
+        k_cache = x["k_cache"].unsqueeze(-2)
+        extra = None if extra is None else extra.unsqueeze(-2)
 
         def run():
-            o, lse, state["meta"], state["splits"] = self.ops.sparse_decode_fwd(
-                q, x["k_cache"].unsqueeze(-2), x["indices"], x["topk_length"], sink,
-                state["meta"], state["splits"],
-                None if extra is None else extra.unsqueeze(-2), x["extra_indices"],
-                x["extra_topk_length"], HEAD_DIM, SCALE, out)
+            o, lse = self.call_decode(state, q, k_cache, x["indices"], x["topk_length"], sink,
+                                         extra, x["extra_indices"], x["extra_topk_length"], out)
             return o[:, :, :h], lse[:, :h]
         return run
 
@@ -303,8 +335,7 @@ class FlashMLAPeer:
         q, sink = x["q"], x["attn_sink"]
         h = q.shape[1]
         if h >= FLASHMLA_PREFILL_HEADS:
-            return lambda: tuple(self.ops.sparse_prefill_fwd(
-                q, x["kv"], x["indices"], SCALE, HEAD_DIM, sink, x["topk_length"], None))
+            return lambda: self.call_prefill(q, x["kv"], x["indices"], sink, x["topk_length"])
         # Fewer heads (tensor parallelism): padded to 64 as vLLM does, once, outside the timed
         # call; the outputs are views of the real heads.
         pad = FLASHMLA_PREFILL_HEADS - h
@@ -312,10 +343,56 @@ class FlashMLAPeer:
         sink = torch.cat([sink, sink.new_full((pad,), -math.inf)])
 
         def run():
-            out, max_logits, lse = self.ops.sparse_prefill_fwd(
-                q, x["kv"], x["indices"], SCALE, HEAD_DIM, sink, x["topk_length"], None)
+            out, max_logits, lse = self.call_prefill(q, x["kv"], x["indices"], sink,
+                                                        x["topk_length"])
             return out[:, :h], max_logits[:, :h], lse[:, :h]
         return run
+
+
+# The DSv4 arguments a flash_mla package's entry points must take (DeepSeek's FlashMLA
+# since its DSv4 release, and the forks that keep its sm90 kernels).
+FLASH_MLA_DSV4_ARGS = {
+    "flash_mla_with_kvcache": ("indices", "attn_sink", "extra_k_cache",
+                               "extra_indices_in_kvcache", "topk_length", "extra_topk_length"),
+    "flash_mla_sparse_fwd": ("attn_sink", "topk_length"),
+}
+
+
+class FlashMLAPackagePeer(FlashMLAPeer):
+    """FlashMLA through an installed ``flash_mla`` package: ``flash_mla_with_kvcache`` with
+    its scheduler metadata from ``get_mla_metadata()`` (made per input set, reused across
+    calls as an engine does within a step) and ``flash_mla_sparse_fwd``; the package's
+    Python wrappers run inside the timed call, as they do for its users."""
+
+    needs = ()
+
+    def _open(self, source: PeerSource) -> None:
+        pkg = importlib.import_module("flash_mla")
+        for fn, args in FLASH_MLA_DSV4_ARGS.items():
+            if not callable(getattr(pkg, fn, None)):
+                raise RuntimeError(f"flash_mla {source.version} at {source.files[0]} has no {fn}")
+            params = inspect.signature(getattr(pkg, fn)).parameters
+            absent = [a for a in args if a not in params]
+            if absent:
+                raise RuntimeError(f"flash_mla.{fn} ({source.version}) takes no {', '.join(absent)} "
+                                   "(not a DSv4 FlashMLA)")
+        if not callable(getattr(pkg, "get_mla_metadata", None)):
+            raise RuntimeError(f"flash_mla {source.version} has no get_mla_metadata")
+        self.pkg = pkg
+
+    def call_decode(self, state: dict, q, k_cache, indices, lengths, sink, extra,
+                       extra_indices, extra_lengths, out) -> tuple:
+        if "meta" not in state:
+            state["meta"] = self.pkg.get_mla_metadata()[0]
+        return self.pkg.flash_mla_with_kvcache(
+            q, k_cache, None, None, HEAD_DIM, state["meta"], None, softmax_scale=SCALE,
+            causal=False, is_fp8_kvcache=True, indices=indices, attn_sink=sink,
+            extra_k_cache=extra, extra_indices_in_kvcache=extra_indices, topk_length=lengths,
+            extra_topk_length=extra_lengths)
+
+    def call_prefill(self, q, kv, indices, sink, lengths) -> tuple:
+        return tuple(self.pkg.flash_mla_sparse_fwd(q, kv, indices, SCALE, HEAD_DIM,
+                                                   attn_sink=sink, topk_length=lengths))
 
 
 class TritonRocmPeer:
@@ -330,7 +407,10 @@ class TritonRocmPeer:
     suites = ("decode", "prefill")
     split_k = False
 
-    def __init__(self, peers_dir: str, sources: VllmTritonSources):
+    needs = (ROCM_MODULE,)
+
+    def __init__(self, source: PeerSource, sources: VllmTritonSources):
+        self.source = source
         self.m = sources.module(ROCM_MODULE)
 
     def decode(self, x: dict) -> Callable[[], tuple]:
@@ -389,7 +469,10 @@ class TritonXpuPeer:
     name = "tri_xpu"
     suites = ("decode", "prefill")
 
-    def __init__(self, peers_dir: str, sources: VllmTritonSources):
+    needs = (XPU_ATTENTION_MODULE, XPU_DECODE_MODULE)
+
+    def __init__(self, source: PeerSource, sources: VllmTritonSources):
+        self.source = source
         self.attn = sources.module(XPU_ATTENTION_MODULE)
         self.gather = sources.module(XPU_DECODE_MODULE)
 
@@ -452,7 +535,10 @@ class TritonGatherPeer:
     name = "tri_vllm"
     suites = ("gather",)
 
-    def __init__(self, peers_dir: str, sources: VllmTritonSources):
+    needs = (CACHE_UTILS_MODULE,)
+
+    def __init__(self, source: PeerSource, sources: VllmTritonSources):
+        self.source = source
         self.m = sources.module(CACHE_UTILS_MODULE)
 
     def gather(self, x: dict) -> Callable[[], tuple]:
@@ -468,7 +554,10 @@ class TritonXpuSlotsPeer:
     name = "tri_xpu_slots"
     suites = ("gather",)
 
-    def __init__(self, peers_dir: str, sources: VllmTritonSources):
+    needs = (XPU_DECODE_MODULE,)
+
+    def __init__(self, source: PeerSource, sources: VllmTritonSources):
+        self.source = source
         self.m = sources.module(XPU_DECODE_MODULE)
 
     def gather(self, x: dict) -> Callable[[], tuple]:
@@ -481,6 +570,8 @@ class TritonXpuSlotsPeer:
 PEER_CLASSES = {cls.name: cls for cls in (FlashMLAPeer, TritonRocmPeer, TritonRocmSplitKPeer,
                                           TritonXpuPeer, TritonGatherPeer, TritonXpuSlotsPeer)}
 assert tuple(PEER_CLASSES) == PEER_NAMES
+# Peers that an installed package other than vllm can provide (bench_discovery's flash_mla).
+PACKAGE_PEERS = {"flashmla": FlashMLAPackagePeer}
 
 
 def parse_peer_names(text: Optional[str]) -> List[str]:
@@ -497,26 +588,86 @@ def parse_peer_names(text: Optional[str]) -> List[str]:
     return list(dict.fromkeys(names))
 
 
+@dataclasses.dataclass
+class PeerStatus:
+    """What discovery made of one peer: ``peer`` (the loaded object) and its ``source``, or
+    ``error`` (one line: why it is missing or failed to load); ``tried``: one line per place
+    that did not serve it before (or instead of) the one that did."""
+
+    name: str
+    peer: Optional[object] = None
+    source: Optional[PeerSource] = None
+    error: Optional[str] = None
+    tried: List[str] = dataclasses.field(default_factory=list)
+
+
+def discover_peers(names: Sequence[str], peers_dir: Optional[str],
+                   transform: Optional[SourceTransform] = None,
+                   places: Optional[list] = None) -> List[PeerStatus]:
+    """Find and load the named peers: per peer, the places of ``bench_discovery`` in order
+    (installed vllm, installed flash_mla, the bundle at ``peers_dir``), the first that has
+    its files and loads them. Nothing raises: a peer that is nowhere or fails to load
+    everywhere gets ``error``. ``transform`` rewrites the Triton files before they run (see
+    VllmTritonSources); ``places``: ``bench_discovery.search_places(peers_dir)`` when
+    already made."""
+    if places is None:
+        places = bench_discovery.search_places(peers_dir) if names else []
+    triton_sources: Dict[int, VllmTritonSources] = {}  # one per vLLM tree
+    statuses = []
+    for name in names:
+        cls = PEER_CLASSES[name]
+        status = PeerStatus(name)
+        for origin, source in bench_discovery.peer_sources(cls.needs, places,
+                                                           name in PACKAGE_PEERS):
+            if not isinstance(source, PeerSource):
+                status.tried.append(f"{origin}: {source}")
+                continue
+            try:
+                if source.tree is None:
+                    peer = PACKAGE_PEERS[name](source)
+                else:
+                    sources = triton_sources.setdefault(
+                        id(source.tree), VllmTritonSources(source.tree.module_file, transform))
+                    peer = cls(source, sources)
+            except Exception as exc:  # reported by the caller, never dropped
+                status.tried.append(f"{origin}: load failed: {one_line(exc)}")
+                continue
+            status.peer, status.source = peer, source
+            break
+        if status.peer is None:
+            status.error = "; ".join(status.tried) or "nowhere to look"
+        statuses.append(status)
+    return statuses
+
+
 def load_peers(names: Sequence[str], peers_dir: Optional[str],
                transform: Optional[SourceTransform] = None) -> Tuple[list, Dict[str, str]]:
-    """Instantiate the named peers from the bundle at ``peers_dir``.
+    """Find and load the named peers (:func:`discover_peers`). Returns ``(peers, errors)``:
+    the peers that loaded, in order (each with ``.source``), and ``{name: one-line reason}``
+    for each one that did not."""
+    statuses = discover_peers(names, peers_dir, transform)
+    return ([s.peer for s in statuses if s.peer is not None],
+            {s.name: s.error for s in statuses if s.peer is None})
 
-    Returns ``(peers, errors)``: the peers that loaded, in order, and ``{name: error}`` for
-    each one that did not (no bundle, missing file, no Triton, a failing import, ...).
-    ``transform`` rewrites the Triton files before they run (see VllmTritonSources).
-    """
-    peers, errors = [], {}
-    if names and not (peers_dir and os.path.isdir(peers_dir)):
-        reason = (f"peer bundle not found at {peers_dir}" if peers_dir
-                  else "no peer bundle: pass --peers-dir or set PEERS_DIR")
-        return [], {name: reason for name in names}
-    sources = VllmTritonSources(os.path.join(peers_dir, "vllm_src"), transform) if names else None
-    for name in names:
-        try:
-            peers.append(PEER_CLASSES[name](peers_dir, sources))
-        except Exception as exc:  # reported by the caller, never dropped
-            errors[name] = f"{type(exc).__name__}: {exc}"[:300]
-    return peers, errors
+
+def format_peer_list(statuses: Sequence[PeerStatus], places: list) -> str:
+    """``dsv4-tl bench --peers list``: the places searched (``search_places``), then per peer
+    where it was loaded from (origin, version, files) or why it is missing or failed to load
+    (one line), and the places passed over before the one that served."""
+    lines = ["searched, in order:"]
+    lines += [f"  {bench_discovery.describe_place(origin, place)}" for origin, place in places]
+    head = f"{'peer':16s} {'status':7s} {'from':9s} {'version':9s} file / reason"
+    lines += [head, "-" * len(head)]
+    for s in statuses:
+        if s.peer is None:
+            state = "failed" if any(": load failed: " in t for t in s.tried) else "missing"
+            lines.append(f"{s.name:16s} {state:7s} {'-':9s} {'-':9s} {s.error}")
+            continue
+        src = s.source
+        lines.append(f"{s.name:16s} {'loaded':7s} {src.origin:9s} {src.version:9s} {src.files[0]}")
+        lines += [f"{'':16s} {'':7s} {'':9s} {'':9s} {f}" for f in src.files[1:]]
+        lines += [f"{'':16s} passed over {t}" for t in s.tried]
+    return "\n".join(lines)
 
 
 def peer_suites(name: str) -> Tuple[str, ...]:
