@@ -337,6 +337,50 @@ def test_stream_scratch_per_stream_and_thread_grown_and_not_pooled_when_large(mo
     assert not scratch.pools
 
 
+
+def _pooled(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory is a buffer the process-lifetime constant pool keeps."""
+    pool = _dispatch.constants
+    ptr = t.untyped_storage().data_ptr()
+    return any(b.untyped_storage().data_ptr() == ptr
+               for b in (*pool._buffers.values(), *pool._outgrown))
+
+
+def test_constants_a_plan_passes_outlive_its_eviction_and_clear_caches(rec, monkeypatch):
+    """Issue 25 item 2: what a plan passes on its own account (full lengths for
+    ``topk_length=None``, the -inf sink for ``attn_sink=None``, prefill's full lengths) may
+    be captured by a CUDA graph, so it must outlive the plan: plan-cache eviction and
+    ``clear_caches`` must not free it (they did: a replay then read reused memory)."""
+    from dsv4_tl.schedules import clear_caches
+
+    params, p_params = SPARSE_DECODE.params, SPARSE_PREFILL.params
+    monkeypatch.setattr(decode_module._PLANS, "maxsize", 1)
+    args = dict(_decode_args(b=3, h=4, extra=False), topk_length=None, attn_sink=None)
+    dsv4_tl.ops.sparse_decode(**args)
+    dsv4_tl.ops.sparse_prefill(torch.zeros(5, 4, 512, dtype=BF16),
+                               torch.zeros(6, 1, 512, dtype=BF16),
+                               torch.zeros(5, 1, 8, dtype=I32), 0.1)
+    d_launch, p_launch = rec.launches()[-1], rec.launches("sparse_prefill")[-1]
+    lengths, sink = d_launch[params.index("MainLength")], d_launch[params.index("Sink")]
+    p_lengths, p_sink = p_launch[p_params.index("Lengths")], p_launch[p_params.index("Sink")]
+    # the kernels clamp every length to the row width: FULL_LENGTH means the whole row
+    assert lengths.tolist() == [_dispatch.FULL_LENGTH] * 3
+    assert p_lengths.tolist() == [_dispatch.FULL_LENGTH] * 5
+    assert sink.tolist() == p_sink.tolist() == [-math.inf] * 4
+    dsv4_tl.ops.sparse_decode(**dict(args, indices=torch.zeros(3, 1, 16, dtype=I32)))
+    assert len(decode_module._PLANS.plans) == 1  # the first plan was evicted
+    clear_caches()
+    kept = [lengths, sink, p_lengths, p_sink]
+    rec.calls.clear()
+    del d_launch, p_launch, lengths, sink, p_lengths, p_sink
+    gc.collect()
+    assert all(_pooled(t) for t in kept)
+    # growing a constant keeps the outgrown buffer too (a graph may hold it)
+    small = _dispatch.full_lengths(2, torch.device("cpu"))
+    _dispatch.full_lengths(4096, torch.device("cpu"))
+    assert _pooled(small) and _dispatch.full_lengths(2, torch.device("cpu")).tolist() == \
+        [_dispatch.FULL_LENGTH] * 2
+
 def test_launch_fills_arguments_by_name():
     spec = KERNELS["sparse_decode_combine"]
     got = []

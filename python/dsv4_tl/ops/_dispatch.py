@@ -14,7 +14,9 @@ outputs' and scratch buffers' allocation, and the launch.
 
 Every memo here (plans, resolved kernels, targets, schedules) is dropped by
 :func:`dsv4_tl.kernels.kernels_changed` (a new loader, cleared schedule caches, a forced
-schedule: see :mod:`dsv4_tl.kernels`); their ``cache_clear()`` does the same.
+schedule: see :mod:`dsv4_tl.kernels`); their ``cache_clear()`` does the same. What a plan
+passes to a kernel on its own account (the -inf sink, full lengths) comes from
+:data:`constants`, which never frees: a CUDA graph may have captured it.
 """
 
 import functools
@@ -216,24 +218,82 @@ def faking() -> bool:
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
 
 
+# ------------------------------------------------------------------------------ constants
+FULL_LENGTH = (1 << 31) - 1
+"""A ``topk_length`` / ``Lengths`` entry meaning "the whole row": the kernels clamp every
+length to the row's width (``min(max(length, 0), width)``), so one value serves every width."""
+
+
+class ConstantPool:
+    """Read-only tensors filled with one value, as views of one buffer per (device, dtype,
+    value) that is never freed. A CUDA graph captured with such a view reads its address on
+    every replay, long after the plan or memo that took the view was evicted or dropped by
+    :func:`~dsv4_tl.kernels.kernels_changed`: so what a plan passes for an absent
+    ``topk_length`` or ``attn_sink`` lives as long as the process. A buffer grows to the next
+    power of two when a call needs more; the outgrown one is kept too (a graph may hold it),
+    so a key costs at most twice its largest request, and the keys are few (the -inf sink,
+    :data:`FULL_LENGTH`)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._buffers: dict = {}  # (device, dtype, value) -> the current buffer
+        self._outgrown: list = []  # never freed: a captured graph may read them
+
+    def get(self, value, n: int, dtype: torch.dtype, device: torch.device):
+        """A read-only ``[n]`` view of ``value``, or None where none may be made now: a new
+        buffer while a CUDA graph is captured (the capture would record its fill without
+        running it) or anything under a FakeTensorMode."""
+        if faking():
+            return None
+        key = (device, dtype, value)
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < n:
+            if capturing(device):
+                return None
+            with self._lock:
+                buf = self._buffers.get(key)
+                if buf is None or buf.numel() < n:
+                    if buf is not None:
+                        self._outgrown.append(buf)
+                    buf = torch.full((max(16, 1 << max(0, n - 1).bit_length()),), value,
+                                     dtype=dtype, device=device)
+                    if device.type == "cuda":  # filled before any other stream reads it
+                        torch.cuda.current_stream(device).synchronize()
+                    self._buffers[key] = buf
+        return buf[:n]
+
+    def __call__(self, value, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """:meth:`get`, else a tensor of this call (a graph being captured keeps its own)."""
+        made = self.get(value, n, dtype, device)
+        if made is None:
+            made = torch.full((n,), value, dtype=dtype, device=device)
+        return made
+
+
+constants = ConstantPool()
+
+
 def no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
     """``attn_sink`` = -inf for every head: e^-inf = 0 adds nothing to the denominator.
-    One read-only tensor per (head count, device), reused by every call (made per call
-    while a CUDA graph is captured)."""
-    if capturing(device) or faking():
-        return torch.full((num_heads,), -math.inf, dtype=torch.float32, device=device)
-    return _no_sink(num_heads, device)
-
-
-@_Memo
-def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
-    return torch.full((num_heads,), -math.inf, dtype=torch.float32, device=device)
+    A view of the process-lifetime :data:`constants` (a per-call tensor while a CUDA graph is
+    captured before the pool has one, or under a FakeTensorMode)."""
+    return constants(-math.inf, num_heads, torch.float32, device)
 
 
 def reusable_no_sink(num_heads: int, device: torch.device):
-    """A plan's :func:`no_sink` (None while a CUDA graph is captured: no reusable tensor with
-    data is made then, the capture records its fill without running it)."""
-    return None if capturing(device) or faking() else _no_sink(num_heads, device)
+    """A plan's :func:`no_sink` (None where :meth:`ConstantPool.get` makes none)."""
+    return constants.get(-math.inf, num_heads, torch.float32, device)
+
+
+def full_lengths(n: int, device: torch.device) -> torch.Tensor:
+    """``[n]`` int32 :data:`FULL_LENGTH` (the lengths argument when ``topk_length`` is None),
+    from the process-lifetime :data:`constants`."""
+    return constants(FULL_LENGTH, n, torch.int32, device)
+
+
+def reusable_full_lengths(n: int, device: torch.device):
+    """A plan's :func:`full_lengths` (None where :meth:`ConstantPool.get` makes none)."""
+    return constants.get(FULL_LENGTH, n, torch.int32, device)
 
 
 def sink_argument(attn_sink, reusable, num_heads: int, device: torch.device) -> torch.Tensor:
