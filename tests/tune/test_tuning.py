@@ -525,3 +525,26 @@ def test_an_entry_without_a_knob_the_file_does_not_list_is_ignored(logs):
     ((bucket, config, source),) = [r for r in rows if r[0]["name"] == name]
     assert source == "file" and config == {**_spec("dequant_gather")["default"],
                                            **bucket["config"]}
+
+
+def test_every_shipped_bucket_has_a_valid_log_entry():
+    """Issue 25: every named bucket of every shipped ``schedules/cuda_sm90a/*.json`` resolves
+    to a logged entry of this TileLang version without any warning (a fresh-clone
+    ``dsv4-tl build`` printed six: entries ignored after a knob change, buckets never
+    tuned); re-run ``dsv4-tl tune --bucket NAME`` when this fails."""
+    import warnings
+    from importlib import resources
+
+    from dsv4_tl import schedules as sched
+
+    sched.clear_caches()
+    folder = resources.files("dsv4_tl.schedules").joinpath("cuda_sm90a")
+    ops = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+    assert ops
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for op in ops:
+            for bucket, _config, source in sched.resolved_buckets("cuda_sm90a", op):
+                if "name" in bucket:
+                    assert source == "log", f"{op} bucket {bucket['name']}: no valid log entry"
+    sched.clear_caches()
