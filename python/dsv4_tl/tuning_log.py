@@ -195,10 +195,16 @@ def check_entry(entry) -> None:
 
 # ------------------------------------------------------------------------------ files
 def log_root() -> Path:
-    """``$DSV4_TL_TUNING_LOGS`` or the installed ``dsv4_tl.tuning_logs`` package."""
+    """``$DSV4_TL_TUNING_LOGS`` or the installed ``dsv4_tl.tuning_logs`` package; a
+    ``$DSV4_TL_TUNING_LOGS`` that names something other than a folder is a ValueError
+    naming the variable (a missing folder holds no logs)."""
     env = os.environ.get(ENV_LOG_DIR)
     if env:
-        return Path(env)
+        root = Path(env)
+        if root.exists() and not root.is_dir():
+            raise ValueError(f"{ENV_LOG_DIR}: expected a folder of tuning logs "
+                             f"(<target>/<op>.jsonl), got {env!r}, which is not a folder")
+        return root
     import dsv4_tl.tuning_logs as pkg
 
     return Path(pkg.__file__).parent
@@ -208,19 +214,32 @@ def log_path(root: "str | Path", target_dir: str, op: str) -> Path:
     return Path(root) / target_dir / f"{op}.jsonl"
 
 
-def parse_lines(lines: Iterable[str], origin: str = "<log>") -> Tuple[list, list]:
+def parse_lines(lines: Iterable["str | bytes"], origin: str = "<log>") -> Tuple[list, list]:
     """``(entries, problems)``: each valid entry gets ``"_line"`` (1-based); each malformed
-    line gives a problem string naming ``origin:line``."""
+    line (not UTF-8, not JSON, nested too deep, a number Python refuses to parse, not an
+    entry) gives a problem string naming ``origin:line``; no line raises."""
     entries, problems = [], []
     for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
         try:
+            if isinstance(line, bytes):
+                line = line.decode("utf-8")
+            if not line.strip():
+                continue
             entry = json.loads(line)
+        except UnicodeDecodeError as exc:
+            problems.append(f"{origin}:{n}: not UTF-8 ({exc.reason} at byte {exc.start})")
+            continue
         except json.JSONDecodeError as exc:
             problems.append(f"{origin}:{n}: not JSON ({exc.msg})")
             continue
-        errors = validate_entry(entry)
+        except (ValueError, RecursionError) as exc:  # int over 4300 digits; deep nesting
+            problems.append(f"{origin}:{n}: not a usable JSON line ({type(exc).__name__}: "
+                            f"{str(exc)[:120]})")
+            continue
+        try:
+            errors = validate_entry(entry)
+        except RecursionError:
+            errors = ["nested too deeply"]
         if errors:
             problems.append(f"{origin}:{n}: " + "; ".join(errors))
             continue
@@ -231,8 +250,11 @@ def parse_lines(lines: Iterable[str], origin: str = "<log>") -> Tuple[list, list
 
 @lru_cache(maxsize=64)
 def _read_cached(path: str, mtime_ns: int, size: int) -> Tuple[tuple, tuple]:
-    with open(path, encoding="utf-8") as f:
-        entries, problems = parse_lines(f, path)
+    try:
+        with open(path, "rb") as f:  # lines decoded one by one: one bad byte spoils one line
+            entries, problems = parse_lines(f, path)
+    except OSError as exc:  # a folder in its place, no permission
+        return (), (f"{path}: unreadable ({exc.strerror or exc})",)
     return tuple(entries), tuple(problems)
 
 
@@ -251,7 +273,7 @@ def read_log(path: "str | Path", warn: bool = True) -> list:
     path = Path(path)
     try:
         st = path.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     entries, problems = _read_cached(str(path), st.st_mtime_ns, st.st_size)
     if warn:

@@ -548,3 +548,40 @@ def test_every_shipped_bucket_has_a_valid_log_entry():
                 if "name" in bucket:
                     assert source == "log", f"{op} bucket {bucket['name']}: no valid log entry"
     sched.clear_caches()
+
+
+@pytest.mark.parametrize("bad", [
+    b"[" * 100_000 + b"]" * 100_000,  # RecursionError in json.loads
+    b'{"format": 1, "op": "caf\xe9"}',  # not UTF-8
+    b'{"format": ' + b"7" * 5000 + b"}",  # ValueError: over 4300 digits
+    b'{"format": 1, "best": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001,  # deep but parseable
+], ids=["deep_nesting", "not_utf8", "huge_int", "deep_object"])
+def test_one_bad_log_line_is_skipped_with_one_warning_and_breaks_nothing(logs, bad, capsys):
+    """Issue 25 item 3: a bad line (RecursionError, a non-UTF-8 byte, an integer over 4300
+    digits) escaped parse_lines and then every schedule_for, ``dsv4-tl build`` and
+    ``tune --report`` failed; it is skipped with one warning naming the line."""
+    good = _entry("global_topk", "all", {"tokens_per_block": 8})
+    path = _write(logs, "global_topk", good)
+    with open(path, "ab") as f:
+        f.write(bad + b"\n")
+    _write(logs, "global_topk", good)
+    with pytest.warns(UserWarning) as record:
+        entries = tuning_log.read_log(path)
+    assert [e["_line"] for e in entries] == [1, 3]
+    skipped = [str(w.message) for w in record if "skipping a malformed line" in str(w.message)]
+    assert len(skipped) == 1 and f"{path}:2:" in skipped[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert schedules.schedule_for(SM90A, "global_topk")["threads"] > 0
+        assert tune.main(["--kernel", "global_topk", "--report", "--out", str(logs)]) == 0
+    assert "global_topk" in capsys.readouterr().out
+
+
+def test_tuning_logs_naming_a_file_is_one_clear_error(logs, monkeypatch):
+    not_a_folder = logs / "file.jsonl"
+    not_a_folder.write_text("{}\n")
+    monkeypatch.setenv(tuning_log.ENV_LOG_DIR, str(not_a_folder))
+    schedules.clear_caches()
+    with pytest.raises(ValueError, match=f"^{tuning_log.ENV_LOG_DIR}: expected a folder .*"
+                                         "not a folder"):
+        schedules.schedule_for(SM90A, "global_topk")
