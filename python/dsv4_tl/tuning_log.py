@@ -26,8 +26,12 @@ version is this process's; the newest (``date`` as a time-zone-aware datetime, t
 order) wins. Ignored with a warning: entries of another TileLang version, entries whose
 ``target`` is not the directory's (a ``hip:gfx942`` entry in ``cuda_sm90a/``), entries whose
 bucket ranges differ from the schedule file's (the bucket was redefined after tuning) and
-entries whose best config sets a knob to a value outside the schedule's ``space`` (it could
-never have been a candidate, and would fail every build of the bucket). A ``date`` without a
+entries whose best config sets a knob to a value it could never have been tuned to (outside
+the schedule's ``space``, or, for a knob the space does not vary, other than the default's
+and the bucket's; values compare by type too: ``true`` is not ``1``, ``2.0`` not ``2``) and
+entries whose best config breaks the schedule's own validity rule (:func:`invalid_reason`,
+the rules ``dsv4-tl tune`` prunes candidates by): they would fail every build of the bucket,
+or build a kernel under another key than the one the front ends ask for. A ``date`` without a
 time zone or in the future makes a line malformed (it would win every later comparison). Malformed lines are skipped
 with a warning naming the file and line. The log root is ``$DSV4_TL_TUNING_LOGS`` when set,
 else the installed ``dsv4_tl.tuning_logs`` package (the repository's ``tuning_logs/``).
@@ -319,10 +323,10 @@ def _target_dir_of(name: str) -> Optional[str]:
 
 
 def declared_values(target_dir: str, op: str, bucket: str) -> dict:
-    """knob -> the values a tuned config of ``bucket`` may give it: the schedule file's
-    ``space`` candidates plus the default's and the bucket's own value (tuning always
-    measures those). Knobs the space does not declare are unconstrained; no schedule file
-    or no space: nothing is."""
+    """knob -> the values a tuned config of ``bucket`` may give it: for every knob of the
+    schedule file's default, the default's and the bucket's own value (tuning always
+    measures those) plus, for a knob of the ``space``, its candidates (tuning varies only
+    those). No schedule file: nothing is constrained."""
     from .schedules import load_schedule_file  # schedules imports this module
 
     try:
@@ -331,17 +335,42 @@ def declared_values(target_dir: str, op: str, bucket: str) -> dict:
         return {}
     config = next((b.get("config", {}) for b in spec.get("buckets", [])
                    if b.get("name") == bucket), {})
+    space = spec.get("space", {})
     allowed = {}
-    for knob, values in spec.get("space", {}).items():
+    for knob in {**spec["default"], **space}:
         own = [c[knob] for c in (spec["default"], config) if knob in c]
-        allowed[knob] = list(values) + own
+        allowed[knob] = list(space.get(knob, [])) + own
     return allowed
+
+
+def same_value(a, b) -> bool:
+    """Equal and of the same type: ``true`` is not ``1`` and ``2.0`` is not ``2`` (they
+    would pass ``==`` and then build another kernel under another key)."""
+    return type(a) is type(b) and a == b
 
 
 def _outside_space(config: dict, space: dict) -> list:
     """``knob=value`` of every knob of ``config`` that ``space`` declares and that takes
-    another value."""
-    return [f"{k}={v!r}" for k, v in sorted(config.items()) if k in space and v not in space[k]]
+    another value (compared by :func:`same_value`)."""
+    return [f"{k}={v!r}" for k, v in sorted(config.items())
+            if k in space and not any(same_value(v, c) for c in space[k])]
+
+
+def invalid_reason(target_dir: str, op: str, config: dict) -> Optional[str]:
+    """Why ``config`` (a tuned best, completed by the schedule file's default) cannot be
+    built for ``op`` on ``target_dir`` by the schedule's own validity rule (the layout,
+    arch and resource rules ``dsv4-tl tune`` prunes candidates by), or None."""
+    from .schedules import load_schedule_file
+    from .tune.resources import prune
+
+    try:
+        default = load_schedule_file(target_dir, op)["default"]
+    except FileNotFoundError:
+        return None
+    try:
+        return prune(target_dir, op, {**default, **config})
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 def select_entry(target_dir: str, op: str, bucket: str, match: Optional[dict] = None,
@@ -376,6 +405,15 @@ def select_entry(target_dir: str, op: str, bucket: str, match: Optional[dict] = 
                        f"{bad[-1][0]['_line']}): ignored")
             rejected = {id(e) for e, _ in bad}
             entries = [e for e in entries if id(e) not in rejected]
+    broken = [(e, invalid_reason(target_dir, op, e["best"])) for e in entries]
+    broken = [(e, reason) for e, reason in broken if reason]
+    if broken:
+        _warn_once(("invalid", str(path), bucket),
+                   f"tuning log {path}: {len(broken)} entries of bucket {bucket!r} have a best "
+                   f"config that cannot be built ({broken[-1][1]}, line "
+                   f"{broken[-1][0]['_line']}): ignored")
+        rejected = {id(e) for e, _ in broken}
+        entries = [e for e in entries if id(e) not in rejected]
     version = current_tilelang() if tilelang is None else tilelang
     same = [e for e in entries if e["toolchain"]["tilelang"] == version]
     others = sorted({e["toolchain"]["tilelang"] for e in entries} - {version})

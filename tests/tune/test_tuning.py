@@ -585,3 +585,32 @@ def test_tuning_logs_naming_a_file_is_one_clear_error(logs, monkeypatch):
     with pytest.raises(ValueError, match=f"^{tuning_log.ENV_LOG_DIR}: expected a folder .*"
                                          "not a folder"):
         schedules.schedule_for(SM90A, "global_topk")
+
+
+@pytest.mark.parametrize("op,bucket,knobs,reason", [
+    ("sparse_decode", "h64_c4a_ctas1_16", {"num_splits": True}, "outside the schedule's space"),
+    ("sparse_decode", "h64_c4a_ctas1_16", {"num_splits": 2.0}, "outside the schedule's space"),
+    ("sparse_prefill", "h64_topk257_1024", {"heads_per_block": 0}, "outside the schedule's space"),
+    ("sparse_prefill", "h64_topk257_1024", {"block_tokens": 128}, "cannot be built"),
+    ("sparse_prefill", "h64_topk257_1024", {"threads": 256}, "cannot be built"),
+], ids=["bool_for_int", "float_for_int", "knob_outside_space", "ws_block128", "ws_threads256"])
+def test_a_best_config_that_cannot_build_is_ignored_with_a_warning(logs, op, bucket, knobs,
+                                                                   reason):
+    """Issue 25 item 4: ``true`` and ``2.0`` passed the space check for ``1`` and ``2``,
+    knobs outside the space were unchecked (``heads_per_block 0``: ZeroDivisionError) and
+    in-space combinations could be invalid (warp-specialised with block_tokens 128 or 256
+    threads); ``num_splits: true`` was then built under one key and asked for under
+    another. Types compare exactly and combinations go through the schedule's own rule."""
+    _write(logs, op, _entry(op, bucket, knobs))
+    with pytest.warns(UserWarning, match=reason):
+        entry = tuning_log.select_entry(SM90A, op, bucket, match=_bucket(op, bucket)["match"])
+    assert entry is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        schedules.clear_caches()
+        built = {v.schedule for v in build_variants(TARGET, ops=[op])}
+        file_config = {**_spec(op)["default"], **_bucket(op, bucket)["config"]}
+    assert tuple(sorted(file_config.items())) in built  # the bucket builds its file config
+    bad = {**_spec(op)["default"], **knobs}
+    assert not any(all(tuning_log.same_value(dict(s).get(k), v) for k, v in knobs.items())
+                   and dict(s) == bad for s in built)
