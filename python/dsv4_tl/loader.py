@@ -94,15 +94,23 @@ def artifact_suffix(target: Target) -> str:
     return backend_of(target).ARTIFACT_SUFFIX
 
 
+def _file_name(name: str) -> str:
+    """``name`` when it is one plain file name (it stays in its directory), else ValueError:
+    variant keys are made of static values, which :meth:`Variant.make` checks."""
+    if not name or name.startswith(".") or any(c in name for c in ("/", "\\", "\0")):
+        raise ValueError(f"kernel file name {name!r} would leave its directory")
+    return name
+
+
 def artifact_path(kernel_dir: Path, target: Target, variant: Variant) -> Path:
     """Where an ahead-of-time build puts ``variant`` (its manifest entry vouches for it)."""
-    return Path(kernel_dir) / target.dirname / f"{variant.key}{artifact_suffix(target)}"
+    return Path(kernel_dir) / target.dirname / _file_name(f"{variant.key}{artifact_suffix(target)}")
 
 
 def jit_artifact_path(kernel_dir: Path, target: Target, variant: Variant) -> Path:
     """Where a JIT compile of ``variant`` by this source and toolchain goes."""
     name = f"{variant.key}.{fingerprint(variant, target)}{artifact_suffix(target)}"
-    return Path(kernel_dir) / target.dirname / "jit" / name
+    return Path(kernel_dir) / target.dirname / "jit" / _file_name(name)
 
 
 def _jit_record_path(artifact: Path, target: Target) -> Path:
