@@ -8,6 +8,7 @@ from ..cache_format import HEAD_DIM, CacheGeometry, cache_geometry
 from ..validation import (
     check_kernel_device,
     check_softmax_scale,
+    check_cache_fp8_format,
     check_fp8_format,
     check_optional_tensor,
     check_same_device,
@@ -77,6 +78,8 @@ def check_sparse_decode_args(
     if extra_k_cache is not None:
         extra = _check_scope(("extra_k_cache", "extra_indices", "extra_topk_length"),
                              extra_k_cache, extra_indices, extra_topk_length, b, s_q)
+        check_cache_fp8_format("extra_k_cache", extra_k_cache, "fp8_format", fp8_format)
+    check_cache_fp8_format("k_cache", k_cache, "fp8_format", fp8_format)
     return b, s_q, h, scale, main, extra
 
 
