@@ -183,7 +183,7 @@ def test_a_change_of_kernels_drops_the_plans(rec, plans_made, change):
     elif change == "loader":
         loader.KernelLoader("sycl")  # another loader (tune swaps one in)
     elif change == "cache_clear":
-        _dispatch._resolve.cache_clear()  # what tests and tune did so far
+        _dispatch._loaded.cache_clear()  # what tests and tune did so far
     if change == "forced":
         schedule = dict(rec.calls[0][0].schedule)
         with schedules.forced_schedule("sycl", "sparse_decode", dict(schedule, num_splits=2)):
@@ -478,3 +478,25 @@ def test_nothing_made_under_a_fake_mode_is_kept():
     assert not _dispatch.faking()
     assert not is_fake(_dispatch.placeholder(cpu, torch.float32, (0, 3)))
     assert not is_fake(_dispatch.no_sink(5, cpu))
+
+
+def test_resolution_memos_are_bounded_by_the_buckets(rec):
+    """Issue 25 item 8: the memos of resolved kernels were keyed by the raw decode CTA count
+    and the dense prefill width (20,000 batch sizes left 20,000 entries); they are keyed by
+    the bucket and the schedule, whatever the values."""
+    target = parse_target("cuda:sm_90a")
+    kernels.kernels_changed()
+    for b in range(1, 3001):
+        _dispatch.resolve(SPARSE_DECODE, target, h=64, b=b, s_q=1, scope="c4a")
+    for width in range(1, 3001):
+        _dispatch.resolve(SPARSE_PREFILL, target, h=64, topk=width)
+    spec = {op: schedules.load_schedule_file(target.dirname, op)
+            for op in ("sparse_decode", "sparse_prefill")}
+    buckets = sum(len(s["buckets"]) + 1 for s in spec.values())
+    assert len(_dispatch._bucket_schedule._cache) <= buckets
+    assert len(_dispatch._loaded._cache) <= buckets
+    # and a memoised resolution is still the bucket's: b=1 and b=2 share one
+    (k1, s1), (k2, s2) = (_dispatch.resolve(SPARSE_DECODE, target, h=64, b=b, s_q=1, scope="c4a")
+                          for b in (1, 2))
+    assert k1 is k2 and s1 == s2 == schedules.schedule_for(target.dirname, "sparse_decode",
+                                                           h=64, scope="c4a", ctas=2)

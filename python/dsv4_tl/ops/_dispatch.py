@@ -31,7 +31,7 @@ import torch
 from ..kernels import KernelSpec, Variant, kernels_changed, on_kernels_changed
 from ..validation import check_kernel_device, check_tensor
 from ..loader import loader_for
-from ..schedules import schedule_for
+from ..schedules import bucket_index, schedule_of_bucket
 from ..targets import Target, sycl_runs_cpu_tensors, target_for_device
 
 
@@ -133,21 +133,32 @@ def _target(device: torch.device) -> Target:
     return _target_of(device.type, index)
 
 
-@_Memo
 def _resolve(op: str, target: Target, static: tuple, features: tuple) -> Tuple[Callable, dict]:
-    schedule = schedule_for(target.dirname, op, **dict(features))
-    return loader_for(target).get(Variant.make(op, dict(static), schedule)), schedule
+    schedule = _schedule_of(op, target, features)
+    return _loaded(op, target, static, tuple(sorted(schedule.items()))), schedule
+
+
+def _schedule_of(op: str, target: Target, features: tuple) -> dict:
+    return _bucket_schedule(op, target, bucket_index(target.dirname, op, **dict(features)))
+
+
+# Both memos are keyed by what the features decide (the bucket, the schedule), not by the
+# features' values (a decode CTA count, a dense prefill width: one entry per batch size or
+# width would grow without bound); so at most (buckets x static parameter sets) entries.
+@_Memo
+def _bucket_schedule(op: str, target: Target, index) -> dict:
+    return schedule_of_bucket(target.dirname, op, index)
 
 
 @_Memo
-def _schedule_of(op: str, target: Target, features: tuple) -> dict:
-    return schedule_for(target.dirname, op, **dict(features))
+def _loaded(op: str, target: Target, static: tuple, schedule: tuple) -> Callable:
+    return loader_for(target).get(Variant.make(op, dict(static), dict(schedule)))
 
 
 def kernel_for(op: str, device: torch.device, static: dict, **features: int) -> Callable:
     """The loaded kernel of ``op`` for ``device``: schedule of the shape bucket that
     ``features`` fall in (from ``schedules/<target>/<op>.json``), compiled or loaded once.
-    Resolutions are memoised. Arguments in the order of ``KERNELS[op].params``."""
+    Resolutions are memoised per bucket. Arguments in the order of ``KERNELS[op].params``."""
     return _resolve(op, _target(device), tuple(sorted(static.items())),
                     tuple(sorted(features.items())))[0]
 
