@@ -331,6 +331,16 @@ def _placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torc
 
 
 # ------------------------------------------------------------------------------ buffers
+class _ThreadPools:
+    """One thread's scratch: ``buffers``, (device, raw stream) -> (float32 buffer,
+    {shapes: views}), and the thread's id."""
+
+    __slots__ = ("ident", "buffers", "__weakref__")
+
+    def __init__(self):
+        self.ident, self.buffers = threading.get_ident(), {}
+
+
 class StreamScratch:
     """Float32 scratch that kernels use within one launch sequence (split-KV partials, from
     the decode kernel to its combine), one buffer per (device, stream, thread), shared by
@@ -338,25 +348,41 @@ class StreamScratch:
     same bytes, which saves an allocation per call (a few µs of host time each). A buffer
     grows to the next power of two when a call needs more (the old one is freed then: the
     views made of it go with it; the caching allocator reuses it in stream order) and is
-    kept while its stream is used; scratch over ``MAX_POOLED_BYTES`` is allocated per call
-    (at the batch sizes where partials are that large the allocation is small next to the
-    kernels' time, and the pool would keep that memory reserved). Not while a CUDA graph is
-    captured or a FakeTensorMode is active: then each call gets its own (a graph keeps its
-    buffers). :meth:`clear` drops every buffer."""
+    kept while its thread lives: each thread's buffers sit in thread-local storage, dropped
+    when the thread ends (a pool of worker threads leaves nothing behind). Scratch over
+    ``MAX_POOLED_BYTES`` is allocated per call (at the batch sizes where partials are that
+    large the allocation is small next to the kernels' time, and the pool would keep that
+    memory reserved). Not while a CUDA graph is captured or a FakeTensorMode is active: then
+    each call gets its own (a graph keeps its buffers). :meth:`clear` drops every buffer."""
 
     MAX_POOLED_BYTES = 64 << 20
 
     def __init__(self):
-        # (device, raw stream, thread) -> (float32 buffer, {shapes: views of it})
-        self.pools: dict = {}
+        self._local = threading.local()
+        self._threads = weakref.WeakSet()  # every live thread's _ThreadPools (for clear())
+
+    def _mine(self) -> _ThreadPools:
+        pools = getattr(self._local, "pools", None)
+        if pools is None:
+            pools = self._local.pools = _ThreadPools()
+            self._threads.add(pools)
+        return pools
+
+    @property
+    def pools(self) -> dict:
+        """``{(device, raw stream, thread id): (buffer, views)}`` of the live threads (a
+        snapshot, for inspection)."""
+        return {(*key, pools.ident): pool for pools in list(self._threads)
+                for key, pool in list(pools.buffers.items())}
 
     def views(self, device: torch.device, shapes: Tuple[tuple, ...]) -> tuple:
         """Float32 tensors of ``shapes`` for kernels launched next on CUDA ``device``'s
         current stream by this thread; valid until this thread's next call on that stream."""
         if capturing(device) or faking():
             return self.fresh(device, shapes)
-        key = (device, torch._C._cuda_getCurrentRawStream(device.index), threading.get_ident())
-        pool = self.pools.get(key)
+        pools = self._mine().buffers
+        key = (device, torch._C._cuda_getCurrentRawStream(device.index))
+        pool = pools.get(key)
         if pool is not None:
             made = pool[1].get(shapes)
             if made is not None:
@@ -369,7 +395,7 @@ class StreamScratch:
         if pool is None or pool[0].numel() < need:
             pool = (torch.empty(1 << (need - 1).bit_length(), dtype=torch.float32,
                                 device=device), {})
-            self.pools[key] = pool
+            pools[key] = pool
         made = pool[1][shapes] = tuple(pool[0][at:at + n].view(shape)
                                        for at, n, shape in zip(starts, sizes, shapes))
         return made
@@ -380,8 +406,9 @@ class StreamScratch:
         return tuple(torch.empty(shape, dtype=torch.float32, device=device) for shape in shapes)
 
     def clear(self) -> None:
-        """Drop every buffer (for a caller that wants the memory back)."""
-        self.pools = {}
+        """Drop every thread's buffers (for a caller that wants the memory back)."""
+        for pools in list(self._threads):
+            pools.buffers = {}
 
 
 stream_scratch = StreamScratch()
