@@ -740,7 +740,9 @@ def format_table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="dsv4-tl bench", description=__doc__.split("\n\n")[0])
+    from .cli import OneLineParser
+
+    parser = OneLineParser(prog="dsv4-tl bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", choices=["decode", "prefill", "gather", "insert", "all",
                                             "host"], default="all",
                         help="all: the kernel-time suites; host: host time per call")

@@ -5,9 +5,11 @@ bad arguments, 1 for a failed build or a corrupt manifest), never a traceback.
 """
 
 import argparse
+import functools
+import os
 import sys
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Callable, NoReturn, Optional
 
 from .targets import DEFAULT_TARGET, SUPPORTED_TARGETS
 
@@ -28,6 +30,53 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
+def one_line_errors(prog: str) -> Callable:
+    """Decorate a command's ``main``: a ValueError or OSError it lets through (a bad log, a
+    bad environment variable, an untrusted directory) becomes one line on stderr and exit
+    status 1, and a reader that goes away (``| head``) ends it quietly, without a
+    BrokenPipeError traceback."""
+
+    def wrap(main: Callable) -> Callable:
+        @functools.wraps(main)
+        def wrapped(*args, **kwargs):
+            try:
+                return main(*args, **kwargs)
+            except BrokenPipeError:
+                # stdout's reader left: send the rest (and the flush at exit) to /dev/null
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                return 1
+            except (ValueError, OSError) as exc:
+                print(f"{prog}: {exc}", file=sys.stderr)
+                return 1
+
+        return wrapped
+
+    return wrap
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -97,6 +146,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return status
 
 
+@one_line_errors("dsv4-tl")
 def main(argv: Optional[list] = None) -> int:
     from .kernels import KERNELS
 
