@@ -373,6 +373,20 @@ def invalid_reason(target_dir: str, op: str, config: dict) -> Optional[str]:
         return f"{type(exc).__name__}: {exc}"
 
 
+def _without_bad_best(entries: list, reason_of, what: str, path: Path, bucket: str) -> list:
+    """``entries`` less those whose best config ``reason_of`` finds a reason against, with
+    one warning (per bucket and ``what``) naming the last one's reason and line."""
+    bad = [(e, reason_of(e["best"])) for e in entries]
+    bad = [(e, reason) for e, reason in bad if reason]
+    if not bad:
+        return entries
+    _warn_once((what, str(path), bucket),
+               f"tuning log {path}: {len(bad)} entries of bucket {bucket!r} have a best config "
+               f"{what} ({bad[-1][1]}, line {bad[-1][0]['_line']}): ignored")
+    rejected = {id(e) for e, _ in bad}
+    return [e for e in entries if id(e) not in rejected]
+
+
 def select_entry(target_dir: str, op: str, bucket: str, match: Optional[dict] = None,
                  tilelang: Optional[str] = None, root: "str | Path | None" = None) -> Optional[dict]:
     """The log entry whose best config ``(target_dir, op, bucket)`` uses, or None.
@@ -395,25 +409,10 @@ def select_entry(target_dir: str, op: str, bucket: str, match: Optional[dict] = 
                    f"this directory's: ignored")
         entries = [e for e in entries if _target_dir_of(e["target"]) == target_dir]
     space = declared_values(target_dir, op, bucket)
-    if space:
-        bad = [(e, _outside_space(e["best"], space)) for e in entries]
-        bad = [(e, knobs) for e, knobs in bad if knobs]
-        if bad:
-            _warn_once(("space", str(path), bucket),
-                       f"tuning log {path}: {len(bad)} entries of bucket {bucket!r} have a best "
-                       f"config outside the schedule's space ({', '.join(bad[-1][1])}, line "
-                       f"{bad[-1][0]['_line']}): ignored")
-            rejected = {id(e) for e, _ in bad}
-            entries = [e for e in entries if id(e) not in rejected]
-    broken = [(e, invalid_reason(target_dir, op, e["best"])) for e in entries]
-    broken = [(e, reason) for e, reason in broken if reason]
-    if broken:
-        _warn_once(("invalid", str(path), bucket),
-                   f"tuning log {path}: {len(broken)} entries of bucket {bucket!r} have a best "
-                   f"config that cannot be built ({broken[-1][1]}, line "
-                   f"{broken[-1][0]['_line']}): ignored")
-        rejected = {id(e) for e, _ in broken}
-        entries = [e for e in entries if id(e) not in rejected]
+    entries = _without_bad_best(entries, lambda best: ", ".join(_outside_space(best, space)),
+                                "outside the schedule's space", path, bucket)
+    entries = _without_bad_best(entries, lambda best: invalid_reason(target_dir, op, best),
+                                "that cannot be built", path, bucket)
     version = current_tilelang() if tilelang is None else tilelang
     same = [e for e in entries if e["toolchain"]["tilelang"] == version]
     others = sorted({e["toolchain"]["tilelang"] for e in entries} - {version})
