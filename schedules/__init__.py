@@ -159,11 +159,30 @@ def schedule_for(target_dir: str, op: str, **features) -> dict:
     forced = _forced.get((target_dir, op))
     if forced is not None:
         return dict(forced)
-    spec = load_schedule_file(target_dir, op)
-    for index, bucket in enumerate(spec.get("buckets", [])):
+    return schedule_of_bucket(target_dir, op, bucket_index(target_dir, op, **features))
+
+
+def bucket_index(target_dir: str, op: str, **features) -> Optional[int]:
+    """The index of the first bucket of ``op``'s schedule file on ``target_dir`` whose ranges
+    contain ``features``, or None (the default serves them). Everything a call's features
+    decide about its schedule: memos of resolved schedules key on it, which bounds them by
+    the number of buckets whatever the features' values."""
+    for index, bucket in enumerate(load_schedule_file(target_dir, op).get("buckets", [])):
         if _matches(bucket["match"], features):
-            return _logged_config(target_dir, op, spec, bucket, index)[0]
-    return dict(spec["default"])
+            return index
+    return None
+
+
+def schedule_of_bucket(target_dir: str, op: str, index: Optional[int]) -> dict:
+    """The config of bucket ``index`` of ``op`` on ``target_dir`` (:func:`bucket_index`; None:
+    the default), or the forced config (:func:`forced_schedule`)."""
+    forced = _forced.get((target_dir, op))
+    if forced is not None:
+        return dict(forced)
+    spec = load_schedule_file(target_dir, op)
+    if index is None:
+        return dict(spec["default"])
+    return _logged_config(target_dir, op, spec, spec["buckets"][index], index)[0]
 
 
 def clear_caches() -> None:

@@ -4,6 +4,14 @@
   ``torch.manual_seed``. A failing test's report gets a ``seed`` section; rerun it with
   ``DSV4_TL_SEED=<seed> python -m pytest <node id>``.
 * ``gpu`` marker / ``requires_cuda``: tests that need a CUDA device are skipped without one.
+* ``gpu_heavy`` marker: a GPU test whose memory does not fit one worker's share of the card.
+  With several pytest-xdist workers on one GPU each worker's allocator is capped at an equal
+  share of the card's memory (:func:`gpu_worker_share`; a test that needs more fails with an
+  out-of-memory error that names the marker, instead of starving another worker's test at
+  random), and ``gpu_heavy`` tests are skipped there: ``scripts/device_gpu_tests.sh`` runs
+  them in a second pass with one worker and the whole card. After every GPU test the
+  worker's cached blocks go back to the driver (``torch.cuda.empty_cache``); with
+  ``$DSV4_TL_GPU_MEM_LOG`` (a folder) each test's peak reserved memory is logged there.
 * ``requires_sycl_cpu()`` / ``sycl_cpu_device`` fixture: tests on Intel's SYCL CPU device
   (skipped without the runtime unless ``DSV4_TL_REQUIRE_SYCL=1``, as CI sets it).
 """
@@ -93,17 +101,80 @@ def sycl_cpu_device(tmp_path_factory):
 
 
 def pytest_configure(config):
-    # pyproject.toml registers it too; registering twice is harmless.
+    # pyproject.toml registers them too; registering twice is harmless.
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", GPU_HEAVY_MARKER)
+
+
+GPU_HEAVY_MARKER = ("gpu_heavy: a GPU test that needs more memory than one worker's share of "
+                    "the card: runs alone (scripts/device_gpu_tests.sh's second pass, -n 1)")
+# What each worker keeps outside its allocator's share: CUDA context, loaded kernel modules,
+# cuBLAS workspaces (about 0.6 GiB on H100/H200 with torch 2.x; rounded up).
+GPU_CONTEXT_BYTES = 1 << 30
+MEM_LOG_ENV = "DSV4_TL_GPU_MEM_LOG"
+
+
+def gpu_workers() -> int:
+    """The pytest-xdist workers sharing the GPU (1 without xdist)."""
+    return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+
+
+def gpu_worker_share(total_bytes: int, workers: int) -> float:
+    """The fraction of a card of ``total_bytes`` that one of ``workers`` workers' allocator
+    may hold: an equal share of what the workers' CUDA contexts leave (1.0 for one worker)."""
+    if workers <= 1:
+        return 1.0
+    return max(0.0, (total_bytes - workers * GPU_CONTEXT_BYTES) / workers / total_bytes)
 
 
 def pytest_collection_modifyitems(config, items):
-    if CUDA_AVAILABLE:
+    if not CUDA_AVAILABLE:
+        skip = pytest.mark.skip(reason="gpu test: no CUDA device here")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
         return
-    skip = pytest.mark.skip(reason="gpu test: no CUDA device here")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    if gpu_workers() > 1:
+        skip = pytest.mark.skip(reason="gpu_heavy: needs the whole card; runs in "
+                                       "scripts/device_gpu_tests.sh's second pass (-n 1)")
+        for item in items:
+            if "gpu_heavy" in item.keywords:
+                item.add_marker(skip)
+
+
+_gpu_share: list = []  # [fraction] once this worker's allocator is capped
+
+
+@pytest.fixture(autouse=True)
+def _gpu_memory(request):
+    """GPU tests: cap this worker's allocator at its share (once), log the test's peak
+    reserved memory (``$DSV4_TL_GPU_MEM_LOG``) and give the cached blocks back after it, so
+    what one test reserved is not held from the other workers' tests."""
+    if "gpu" not in request.keywords or not CUDA_AVAILABLE:
+        yield
+        return
+    import torch
+
+    if not _gpu_share:
+        total = torch.cuda.get_device_properties(0).total_memory
+        _gpu_share.append(gpu_worker_share(total, gpu_workers()))
+        if _gpu_share[0] < 1.0:
+            torch.cuda.set_per_process_memory_fraction(_gpu_share[0])
+    torch.cuda.reset_peak_memory_stats()
+    yield
+    import gc
+    import json
+
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_reserved()
+    gc.collect()
+    torch.cuda.empty_cache()
+    log_dir = os.environ.get(MEM_LOG_ENV)
+    if log_dir:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(log_dir, f"{worker}.jsonl"), "a") as f:
+            f.write(json.dumps({"test": request.node.nodeid, "peak_gib": round(peak / 2**30, 3),
+                                "share": round(_gpu_share[0], 4)}) + "\n")
 
 
 @pytest.fixture
@@ -126,6 +197,12 @@ def pytest_runtest_makereport(item, call):
         for name, value in item.user_properties:
             if name == "seed":
                 report.sections.append(("seed", f"rerun with {SEED_ENV}={value}"))
+        if (call.excinfo is not None and "OutOfMemoryError" in call.excinfo.typename
+                and _gpu_share and _gpu_share[0] < 1.0):
+            report.sections.append(("gpu memory", (
+                f"this worker may hold {_gpu_share[0]:.1%} of the card ({gpu_workers()} "
+                "workers share it): a test that needs more is marked @pytest.mark.gpu_heavy "
+                "(it then runs alone, with the whole card)")))
 
 
 # Skipped tests, grouped by what would enable them: (reason contains, what, how to enable).

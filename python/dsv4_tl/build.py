@@ -32,6 +32,7 @@ from .loader import (KernelCompileError, artifact_path, build_command, compile_v
 from .manifest import MANIFEST_NAME, CorruptManifestError, read_manifest, write_manifest
 from .provenance import record_for, source_hash, stale_reason, toolchain_versions
 from .targets import Target, backend_of, parse_target
+from .trust import check_trusted, private_dirs
 
 __all__ = ["DEFAULT_HEADS", "build", "build_variants", "source_hash", "toolchain_versions"]
 
@@ -89,11 +90,12 @@ def _target_dir(out: Path, target: Target) -> Path:
     """``out/<target>``, created; ValueError in one line when it cannot be."""
     tdir = out / target.dirname
     try:
-        tdir.mkdir(parents=True, exist_ok=True)
+        private_dirs(tdir)  # 0700 levels: only this user may write what the loader loads
     except OSError as exc:  # a file in the way, no permission, read-only file system
         raise ValueError(f"out: cannot create {tdir}: {exc.strerror or exc}") from None
     if not os.access(tdir, os.W_OK | os.X_OK):
         raise ValueError(f"out: {tdir} is not writable")
+    check_trusted(out, tdir / MANIFEST_NAME)
     return tdir
 
 
@@ -117,7 +119,8 @@ def build(target: "str | Target", out: "str | Path | None" = None,
     rebuilt over with a warning.
 
     Raises ValueError for bad arguments (unknown op, head count < 1, jobs < 1, an ``out``
-    that cannot be created) and KernelCompileError (a RuntimeError) naming every variant
+    that cannot be created), :class:`~dsv4_tl.trust.UntrustedPathError` for an ``out``
+    another user could write (:mod:`dsv4_tl.trust`) and KernelCompileError (a RuntimeError) naming every variant
     that failed to compile (the others are kept and recorded, so a re-run only retries
     the failures).
     """
@@ -144,6 +147,7 @@ def _build_locked(target: Target, out: Path, tdir: Path, variants: list, jobs: O
         entries = {k: e for k, e in old.items() if e["op"] not in keep}
     for variant in variants:
         path = artifact_path(out, target, variant)
+        check_trusted(out, path)  # reused or replaced: never one another user could write
         prev = old.get(variant.key)
         if (prev is not None and prev.get("toolchain") == versions
                 and stale_reason(prev, variant, target, path) is None):

@@ -68,6 +68,9 @@ def kernels_changed() -> None:
 
 
 # ------------------------------------------------------------------------------ helpers
+FP8_FORMATS = ("e4m3fn", "e4m3fnuz")  # = dsv4_tl.validation.FP8_FORMATS (a test keeps them equal)
+
+
 def pow2_ceil(n: int) -> int:
     """The smallest power of two >= ``n`` (1 for n <= 1): bucket features that grow with the
     input are rounded so, which bounds the memo of resolved kernels."""
@@ -98,6 +101,26 @@ class KernelSpec:
     feature_values: Callable[[dict], dict] = _any_feature  # static -> {feature: values}
     front_ends: Tuple[str, ...] = ()  # names in dsv4_tl (custom ops) and dsv4_tl.ops
     references: Tuple[str, ...] = ()  # names in dsv4_tl.reference
+    # static parameter -> its kind: int (a positive integer), bool, or a tuple of the
+    # accepted strings; :meth:`check_static` holds every variant to it
+    static_kinds: Dict[str, Any] = None
+
+    def check_static(self, static: dict) -> None:
+        """ValueError/TypeError naming the parameter unless ``static`` has exactly this op's
+        static parameters, each of its kind (a bool is not an int; a string is one of the
+        listed ones): static values name artifact files, so nothing else may reach a path."""
+        kinds = self.static_kinds or {}
+        if set(static) != set(kinds):
+            raise ValueError(f"static: {self.op} takes the static parameters "
+                             f"{sorted(kinds)}, got {sorted(static)}")
+        for name, kind in kinds.items():
+            value = static[name]
+            if kind is bool or kind is int:
+                if type(value) is not kind or (kind is int and value < 1):
+                    raise TypeError(f"{name}: expected a {'bool' if kind is bool else 'positive int'}"
+                                    f", got {value!r}")
+            elif not (type(value) is str and value in kind):
+                raise ValueError(f"{name}: expected one of {kind}, got {value!r}")
 
     def variant(self, target_dir: str, **call) -> "Variant":
         """The variant a call described by ``call`` runs on ``target_dir``: its static
@@ -201,6 +224,7 @@ SPARSE_DECODE = KernelSpec(
     feature_values=_decode_feature_values,
     front_ends=("sparse_decode",),
     references=("sparse_decode_ref",),
+    static_kinds=dict(num_heads=int, has_extra=bool, fp8_format=FP8_FORMATS),
 )
 """call: ``h``, ``b``, ``s_q`` (1), ``scope`` (:func:`decode_scope`), ``batch_invariant``
 (False), ``fp8_format`` ("e4m3fn")."""
@@ -231,6 +255,7 @@ SPARSE_DECODE_COMBINE = KernelSpec(
     static=_combine_static,
     aot_statics=_combine_aot_statics,
     front_ends=("sparse_decode",),  # the second launch of split-KV decode
+    static_kinds=dict(num_heads=int, num_splits=int),
 )
 """call: ``h``, ``num_splits`` (the decode schedule's, > 1)."""
 
@@ -274,6 +299,7 @@ SPARSE_PREFILL = KernelSpec(
     feature_values=_prefill_feature_values,
     front_ends=("sparse_prefill", "sparse_prefill_ragged"),
     references=("sparse_prefill_ref", "sparse_prefill_ragged_ref"),
+    static_kinds=dict(num_heads=int, ragged=bool),
 )
 """call: ``h``, ``topk`` (dense: the index width; ragged: ``ceil(nnz / s_q)``), ``ragged``
 (False)."""
@@ -314,6 +340,7 @@ DEQUANT_GATHER = KernelSpec(
     features=_gather_features,
     front_ends=("dequantize_and_gather_k_cache",),
     references=("dequantize_and_gather_k_cache_ref",),
+    static_kinds=dict(fp8_format=FP8_FORMATS),
 )
 """call: ``rows``, ``fp8_format`` ("e4m3fn")."""
 
@@ -341,6 +368,7 @@ INSERT_K_CACHE = KernelSpec(
     features=_insert_features,
     front_ends=("insert_k_cache",),
     references=(),  # the torch writer dsv4_tl.cache_format.insert_k defines it
+    static_kinds=dict(fp8_format=FP8_FORMATS),
 )
 """call: ``tokens``, ``fp8_format`` ("e4m3fn")."""
 
@@ -374,6 +402,7 @@ GLOBAL_TOPK = KernelSpec(
                 "compute_global_topk_ragged_indices_and_indptr"),
     references=("compute_global_topk_indices_and_lens_ref",
                 "compute_global_topk_ragged_indices_and_indptr_ref"),
+    static_kinds=dict(ragged=bool),
 )
 """call: ``ragged`` (False)."""
 
@@ -394,6 +423,7 @@ COMBINE_TOPK_SWA = KernelSpec(
     aot_statics=_ragged_aot_statics,
     front_ends=("combine_topk_swa_indices", "combine_topk_swa_ragged_indices"),
     references=("combine_topk_swa_indices_ref", "combine_topk_swa_ragged_indices_ref"),
+    static_kinds=dict(ragged=bool),
 )
 """call: ``ragged`` (False)."""
 
@@ -420,6 +450,7 @@ class Variant:
     def make(cls, op: str, static: dict, schedule: dict) -> "Variant":
         if op not in KERNELS:
             raise ValueError(f"op: unknown kernel {op!r}; known: {', '.join(sorted(KERNELS))}")
+        KERNELS[op].check_static(static)
         return cls(op, _canonical(static), _canonical(schedule))
 
     @property

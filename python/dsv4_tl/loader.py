@@ -18,6 +18,11 @@ process: target, kernel source hash, TileLang and tvm-ffi versions, and the file
   serialised across processes by a file lock. ``DSV4_TL_JIT=0`` (or ``false``/``off``/
   ``no``; ``jit=False``) turns compiling off: verified artifacts still load, anything else
   raises an error naming the ``dsv4-tl build`` command that fixes it.
+* **Trust**: the kernel directory, its subdirectories and every manifest, record and
+  artifact read must be owned by this user (or root) and not writable by group or others,
+  and no symbolic link may lead out of it (:mod:`dsv4_tl.trust`); anything else is one
+  :class:`~dsv4_tl.trust.UntrustedPathError` naming the path and the fix, JIT on or off.
+  What the loader and the builder create there is private (0700 / 0600).
 
 Loading needs only the TileLang wheel's runtime libraries, not a compiler. Loading is lazy
 (first call of each variant) and thread-safe, with one lock per variant (a JIT compile never
@@ -37,10 +42,12 @@ from .kernels import Variant, kernels_changed
 from .manifest import MANIFEST_NAME, read_manifest
 from .provenance import fingerprint, record_for, sha256_file, stale_reason
 from .targets import Target, backend_of, parse_target
+from .trust import UntrustedPathError, check_trusted, untrusted_reason
 
 __all__ = [
     "ENV_JIT", "ENV_KERNEL_DIR", "MANIFEST_NAME", "KernelBuildMismatchError",
-    "KernelCompileError", "KernelLoader", "KernelNotBuiltError", "artifact_path", "audit_kernel_dir",
+    "KernelCompileError", "KernelLoader", "KernelNotBuiltError", "UntrustedPathError",
+    "artifact_path", "audit_kernel_dir",
     "build_command", "can_compile", "clear_loaders", "compile_jit", "compile_variant", "default_kernel_dir",
     "jit_allowed_by_env", "jit_artifact_path", "loader_for", "sha256_file", "using_loader",
 ]
@@ -87,15 +94,23 @@ def artifact_suffix(target: Target) -> str:
     return backend_of(target).ARTIFACT_SUFFIX
 
 
+def _file_name(name: str) -> str:
+    """``name`` when it is one plain file name (it stays in its directory), else ValueError:
+    variant keys are made of static values, which :meth:`Variant.make` checks."""
+    if not name or name.startswith(".") or any(c in name for c in ("/", "\\", "\0")):
+        raise ValueError(f"kernel file name {name!r} would leave its directory")
+    return name
+
+
 def artifact_path(kernel_dir: Path, target: Target, variant: Variant) -> Path:
     """Where an ahead-of-time build puts ``variant`` (its manifest entry vouches for it)."""
-    return Path(kernel_dir) / target.dirname / f"{variant.key}{artifact_suffix(target)}"
+    return Path(kernel_dir) / target.dirname / _file_name(f"{variant.key}{artifact_suffix(target)}")
 
 
 def jit_artifact_path(kernel_dir: Path, target: Target, variant: Variant) -> Path:
     """Where a JIT compile of ``variant`` by this source and toolchain goes."""
     name = f"{variant.key}.{fingerprint(variant, target)}{artifact_suffix(target)}"
-    return Path(kernel_dir) / target.dirname / "jit" / name
+    return Path(kernel_dir) / target.dirname / "jit" / _file_name(name)
 
 
 def _jit_record_path(artifact: Path, target: Target) -> Path:
@@ -135,8 +150,14 @@ def compile_variant(variant: Variant, target: Target, path: Path) -> Path:
         ) from exc
 
 
-def _verified(variant: Variant, target: Target, path: Path) -> bool:
-    record = _read_record(_jit_record_path(path, target))
+def _verified(variant: Variant, target: Target, path: Path, kernel_dir: Path) -> bool:
+    """Whether the JIT artifact ``path`` has a record vouching for it in this process; raises
+    :class:`UntrustedPathError` when either, or a directory above them in ``kernel_dir``,
+    could have been written by another user."""
+    record_path = _jit_record_path(path, target)
+    check_trusted(kernel_dir, record_path)
+    check_trusted(kernel_dir, path)
+    record = _read_record(record_path)
     return record is not None and stale_reason(record, variant, target, path) is None
 
 
@@ -145,8 +166,9 @@ def compile_jit(variant: Variant, target: Target, kernel_dir: Path) -> Path:
     unless a verified artifact is already there; return the artifact's path. A file lock per
     artifact lets one of several processes compile while the others wait for its result."""
     path = jit_artifact_path(kernel_dir, target, variant)
+    check_trusted(kernel_dir, path.parent)
     with locked(path.with_name(f"{path.name}.lock")):
-        if not _verified(variant, target, path):
+        if not _verified(variant, target, path, kernel_dir):
             compile_variant(variant, target, path)
             record = record_for(variant, target, path)
             write_atomic(_jit_record_path(path, target), (json.dumps(record, indent=1) + "\n").encode())
@@ -188,6 +210,7 @@ class KernelLoader:
         with self._lock:
             if self._manifest is None:
                 path = self.kernel_dir / self.target.dirname / MANIFEST_NAME
+                check_trusted(self.kernel_dir, path)
                 data = read_manifest(path, self._fix())
                 if data["target"] not in (None, self.target.name):
                     raise KernelBuildMismatchError(
@@ -233,11 +256,12 @@ class KernelLoader:
         stale = None
         if entry is not None:
             path = artifact_path(self.kernel_dir, self.target, variant)
+            check_trusted(self.kernel_dir, path)
             stale = stale_reason(entry, variant, self.target, path)
             if stale is None:
                 return path
         jit_path = jit_artifact_path(self.kernel_dir, self.target, variant)
-        if _verified(variant, self.target, jit_path):
+        if _verified(variant, self.target, jit_path, self.kernel_dir):
             return jit_path
         fix = self._fix(variant)
         if stale is not None and not (self.jit and can_compile(self.target)):
@@ -265,14 +289,13 @@ def audit_kernel_dir(kernel_dir: "str | Path", target: "str | Target") -> list:
     target, kernel_dir = parse_target(target), Path(kernel_dir)
     tdir = kernel_dir / target.dirname
     problems = [f"temporary file left: {p.relative_to(tdir)}" for p in tdir.rglob("*.tmp*")]
+    problems += [f"untrusted: {reason}" for reason in _untrusted(kernel_dir, tdir)]
     try:
         entries = read_manifest(tdir / MANIFEST_NAME, build_command(target, kernel_dir))["kernels"]
     except CorruptManifestError as exc:
         problems.append(str(exc))
         entries = {}
-    records = [(e, artifact_path(kernel_dir, target, Variant.make(e["op"], e["static"],
-                                                                   e["schedule"])))
-               for e in entries.values()]
+    records = [(e, None) for e in entries.values()]  # a built entry: its path from its variant
     suffix = artifact_suffix(target)
     for path in sorted((tdir / "jit").glob(f"*{suffix}")):
         record = _read_record(_jit_record_path(path, target))
@@ -284,12 +307,24 @@ def audit_kernel_dir(kernel_dir: "str | Path", target: "str | Target") -> list:
         try:
             variant = Variant.make(record["op"], record["static"], record["schedule"])
         except (KeyError, TypeError, ValueError) as exc:
-            problems.append(f"{path.name}: malformed record ({exc})")
+            where = path.name if path is not None else f"{MANIFEST_NAME} entry {record['key']}"
+            problems.append(f"{where}: malformed record (missing or bad {exc})")
             continue
+        if path is None:
+            path = artifact_path(kernel_dir, target, variant)
         reason = stale_reason(record, variant, target, path)
         if reason:
             problems.append(f"{path.relative_to(tdir)}: {reason}")
     return problems
+
+
+def _untrusted(kernel_dir: Path, tdir: Path) -> list:
+    """:func:`~dsv4_tl.trust.untrusted_reason` of the kernel directory, ``tdir`` and
+    everything under it (symbolic links are checked, not followed)."""
+    paths = [kernel_dir, tdir]
+    for top, dirs, files in os.walk(tdir):
+        paths += [Path(top) / name for name in sorted(dirs) + sorted(files)]
+    return [r for r in (untrusted_reason(p, kernel_dir) for p in paths) if r is not None]
 
 
 _loaders: dict = {}

@@ -26,8 +26,12 @@ version is this process's; the newest (``date`` as a time-zone-aware datetime, t
 order) wins. Ignored with a warning: entries of another TileLang version, entries whose
 ``target`` is not the directory's (a ``hip:gfx942`` entry in ``cuda_sm90a/``), entries whose
 bucket ranges differ from the schedule file's (the bucket was redefined after tuning) and
-entries whose best config sets a knob to a value outside the schedule's ``space`` (it could
-never have been a candidate, and would fail every build of the bucket). A ``date`` without a
+entries whose best config sets a knob to a value it could never have been tuned to (outside
+the schedule's ``space``, or, for a knob the space does not vary, other than the default's
+and the bucket's; values compare by type too: ``true`` is not ``1``, ``2.0`` not ``2``) and
+entries whose best config breaks the schedule's own validity rule (:func:`invalid_reason`,
+the rules ``dsv4-tl tune`` prunes candidates by): they would fail every build of the bucket,
+or build a kernel under another key than the one the front ends ask for. A ``date`` without a
 time zone or in the future makes a line malformed (it would win every later comparison). Malformed lines are skipped
 with a warning naming the file and line. The log root is ``$DSV4_TL_TUNING_LOGS`` when set,
 else the installed ``dsv4_tl.tuning_logs`` package (the repository's ``tuning_logs/``).
@@ -195,10 +199,16 @@ def check_entry(entry) -> None:
 
 # ------------------------------------------------------------------------------ files
 def log_root() -> Path:
-    """``$DSV4_TL_TUNING_LOGS`` or the installed ``dsv4_tl.tuning_logs`` package."""
+    """``$DSV4_TL_TUNING_LOGS`` or the installed ``dsv4_tl.tuning_logs`` package; a
+    ``$DSV4_TL_TUNING_LOGS`` that names something other than a folder is a ValueError
+    naming the variable (a missing folder holds no logs)."""
     env = os.environ.get(ENV_LOG_DIR)
     if env:
-        return Path(env)
+        root = Path(env)
+        if root.exists() and not root.is_dir():
+            raise ValueError(f"{ENV_LOG_DIR}: expected a folder of tuning logs "
+                             f"(<target>/<op>.jsonl), got {env!r}, which is not a folder")
+        return root
     import dsv4_tl.tuning_logs as pkg
 
     return Path(pkg.__file__).parent
@@ -208,19 +218,32 @@ def log_path(root: "str | Path", target_dir: str, op: str) -> Path:
     return Path(root) / target_dir / f"{op}.jsonl"
 
 
-def parse_lines(lines: Iterable[str], origin: str = "<log>") -> Tuple[list, list]:
+def parse_lines(lines: Iterable["str | bytes"], origin: str = "<log>") -> Tuple[list, list]:
     """``(entries, problems)``: each valid entry gets ``"_line"`` (1-based); each malformed
-    line gives a problem string naming ``origin:line``."""
+    line (not UTF-8, not JSON, nested too deep, a number Python refuses to parse, not an
+    entry) gives a problem string naming ``origin:line``; no line raises."""
     entries, problems = [], []
     for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
         try:
+            if isinstance(line, bytes):
+                line = line.decode("utf-8")
+            if not line.strip():
+                continue
             entry = json.loads(line)
+        except UnicodeDecodeError as exc:
+            problems.append(f"{origin}:{n}: not UTF-8 ({exc.reason} at byte {exc.start})")
+            continue
         except json.JSONDecodeError as exc:
             problems.append(f"{origin}:{n}: not JSON ({exc.msg})")
             continue
-        errors = validate_entry(entry)
+        except (ValueError, RecursionError) as exc:  # int over 4300 digits; deep nesting
+            problems.append(f"{origin}:{n}: not a usable JSON line ({type(exc).__name__}: "
+                            f"{str(exc)[:120]})")
+            continue
+        try:
+            errors = validate_entry(entry)
+        except RecursionError:
+            errors = ["nested too deeply"]
         if errors:
             problems.append(f"{origin}:{n}: " + "; ".join(errors))
             continue
@@ -231,8 +254,11 @@ def parse_lines(lines: Iterable[str], origin: str = "<log>") -> Tuple[list, list
 
 @lru_cache(maxsize=64)
 def _read_cached(path: str, mtime_ns: int, size: int) -> Tuple[tuple, tuple]:
-    with open(path, encoding="utf-8") as f:
-        entries, problems = parse_lines(f, path)
+    try:
+        with open(path, "rb") as f:  # lines decoded one by one: one bad byte spoils one line
+            entries, problems = parse_lines(f, path)
+    except OSError as exc:  # a folder in its place, no permission
+        return (), (f"{path}: unreadable ({exc.strerror or exc})",)
     return tuple(entries), tuple(problems)
 
 
@@ -251,7 +277,7 @@ def read_log(path: "str | Path", warn: bool = True) -> list:
     path = Path(path)
     try:
         st = path.stat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     entries, problems = _read_cached(str(path), st.st_mtime_ns, st.st_size)
     if warn:
@@ -297,10 +323,10 @@ def _target_dir_of(name: str) -> Optional[str]:
 
 
 def declared_values(target_dir: str, op: str, bucket: str) -> dict:
-    """knob -> the values a tuned config of ``bucket`` may give it: the schedule file's
-    ``space`` candidates plus the default's and the bucket's own value (tuning always
-    measures those). Knobs the space does not declare are unconstrained; no schedule file
-    or no space: nothing is."""
+    """knob -> the values a tuned config of ``bucket`` may give it: for every knob of the
+    schedule file's default, the default's and the bucket's own value (tuning always
+    measures those) plus, for a knob of the ``space``, its candidates (tuning varies only
+    those). No schedule file: nothing is constrained."""
     from .schedules import load_schedule_file  # schedules imports this module
 
     try:
@@ -309,17 +335,56 @@ def declared_values(target_dir: str, op: str, bucket: str) -> dict:
         return {}
     config = next((b.get("config", {}) for b in spec.get("buckets", [])
                    if b.get("name") == bucket), {})
+    space = spec.get("space", {})
     allowed = {}
-    for knob, values in spec.get("space", {}).items():
+    for knob in {**spec["default"], **space}:
         own = [c[knob] for c in (spec["default"], config) if knob in c]
-        allowed[knob] = list(values) + own
+        allowed[knob] = list(space.get(knob, [])) + own
     return allowed
+
+
+def same_value(a, b) -> bool:
+    """Equal and of the same type: ``true`` is not ``1`` and ``2.0`` is not ``2`` (they
+    would pass ``==`` and then build another kernel under another key)."""
+    return type(a) is type(b) and a == b
 
 
 def _outside_space(config: dict, space: dict) -> list:
     """``knob=value`` of every knob of ``config`` that ``space`` declares and that takes
-    another value."""
-    return [f"{k}={v!r}" for k, v in sorted(config.items()) if k in space and v not in space[k]]
+    another value (compared by :func:`same_value`)."""
+    return [f"{k}={v!r}" for k, v in sorted(config.items())
+            if k in space and not any(same_value(v, c) for c in space[k])]
+
+
+def invalid_reason(target_dir: str, op: str, config: dict) -> Optional[str]:
+    """Why ``config`` (a tuned best, completed by the schedule file's default) cannot be
+    built for ``op`` on ``target_dir`` by the schedule's own validity rule (the layout,
+    arch and resource rules ``dsv4-tl tune`` prunes candidates by), or None."""
+    from .schedules import load_schedule_file
+    from .tune.resources import prune
+
+    try:
+        default = load_schedule_file(target_dir, op)["default"]
+    except FileNotFoundError:
+        return None
+    try:
+        return prune(target_dir, op, {**default, **config})
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _without_bad_best(entries: list, reason_of, what: str, path: Path, bucket: str) -> list:
+    """``entries`` less those whose best config ``reason_of`` finds a reason against, with
+    one warning (per bucket and ``what``) naming the last one's reason and line."""
+    bad = [(e, reason_of(e["best"])) for e in entries]
+    bad = [(e, reason) for e, reason in bad if reason]
+    if not bad:
+        return entries
+    _warn_once((what, str(path), bucket),
+               f"tuning log {path}: {len(bad)} entries of bucket {bucket!r} have a best config "
+               f"{what} ({bad[-1][1]}, line {bad[-1][0]['_line']}): ignored")
+    rejected = {id(e) for e, _ in bad}
+    return [e for e in entries if id(e) not in rejected]
 
 
 def select_entry(target_dir: str, op: str, bucket: str, match: Optional[dict] = None,
@@ -344,16 +409,10 @@ def select_entry(target_dir: str, op: str, bucket: str, match: Optional[dict] = 
                    f"this directory's: ignored")
         entries = [e for e in entries if _target_dir_of(e["target"]) == target_dir]
     space = declared_values(target_dir, op, bucket)
-    if space:
-        bad = [(e, _outside_space(e["best"], space)) for e in entries]
-        bad = [(e, knobs) for e, knobs in bad if knobs]
-        if bad:
-            _warn_once(("space", str(path), bucket),
-                       f"tuning log {path}: {len(bad)} entries of bucket {bucket!r} have a best "
-                       f"config outside the schedule's space ({', '.join(bad[-1][1])}, line "
-                       f"{bad[-1][0]['_line']}): ignored")
-            rejected = {id(e) for e, _ in bad}
-            entries = [e for e in entries if id(e) not in rejected]
+    entries = _without_bad_best(entries, lambda best: ", ".join(_outside_space(best, space)),
+                                "outside the schedule's space", path, bucket)
+    entries = _without_bad_best(entries, lambda best: invalid_reason(target_dir, op, best),
+                                "that cannot be built", path, bucket)
     version = current_tilelang() if tilelang is None else tilelang
     same = [e for e in entries if e["toolchain"]["tilelang"] == version]
     others = sorted({e["toolchain"]["tilelang"] for e in entries} - {version})

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .file_lock import temporary_name
+from .trust import private_dirs
 
 ARTIFACT_SUFFIX = ".so"
 
@@ -18,10 +19,11 @@ def compile_library(func: Any, tilelang_target: dict, path: Path) -> Path:
 
     kernel = tilelang.compile(func, target=tilelang_target, execution_backend="tvm_ffi",
                               out_idx=None)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dirs(path.parent)
     tmp = temporary_name(path).with_suffix(".so")  # the exporter wants a .so name
     try:
         kernel.export_library(str(tmp))
+        os.chmod(tmp, 0o700)  # private, whatever the umask (dsv4_tl.trust)
         os.replace(tmp, path)
     finally:
         if tmp.exists():

@@ -176,6 +176,29 @@ def check_fp8_format(name: str, fp8_format: object) -> str:
     return fp8_format
 
 
+_TYPED_FP8 = {torch.float8_e4m3fn: "e4m3fn", torch.float8_e4m3fnuz: "e4m3fnuz"}
+
+
+def typed_fp8_format(cache: torch.Tensor) -> Optional[str]:
+    """The FP8 flavour a cache's dtype states (float8_e4m3fn: "e4m3fn", float8_e4m3fnuz:
+    "e4m3fnuz"), or None for byte-typed caches (uint8 / int8), which state none."""
+    return _TYPED_FP8.get(cache.dtype)
+
+
+def check_cache_fp8_format(cache_name: str, cache: torch.Tensor, name: str,
+                           fp8_format: object) -> str:
+    """:func:`check_fp8_format`, and a cache typed as one FP8 flavour must be read as that
+    flavour: ValueError naming both when ``fp8_format`` says the other (its bytes would
+    decode to other values without any error)."""
+    fmt = check_fp8_format(name, fp8_format)
+    typed = typed_fp8_format(cache)
+    if typed is not None and typed != fmt:
+        raise ValueError(f"{name}: {cache_name} is typed {cache.dtype} ({typed!r} bytes), but "
+                         f"{name} is {fmt!r}; pass {name}={typed!r} or a uint8 view of the "
+                         "cache")
+    return fmt
+
+
 def check_k_cache(name: str, t: object) -> torch.Tensor:
     """Check a paged fp8_ds_mla cache view (spec section 1).
 

@@ -49,7 +49,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from . import library  # the torch.ops.dsv4_tl.* OpOverloads: no overload resolution per call
 from . import ops
 from .cache_format import HEAD_DIM
-from .validation import check_k_cache, check_softmax_scale, check_tensor
+from .validation import check_k_cache, check_softmax_scale, check_tensor, typed_fp8_format
 
 __all__ = [
     "FlashMLASchedMeta",
@@ -214,6 +214,8 @@ def flash_mla_with_kvcache(
         q: [b, s_q, h_q, 512], bfloat16, CUDA.
         k_cache: main-scope fp8_ds_mla cache, [num_blocks, block_size, 1, 584] (FlashMLA) or
             [num_blocks, block_size, 584] (vLLM), uint8/int8/float8 bytes, 16-byte aligned.
+            Its dtype picks the FP8 flavour: float8_e4m3fnuz reads FNUZ bytes, any other
+            (FlashMLA's) OCP e4m3fn; an extra cache typed as the other flavour is an error.
         block_table, cache_seqlens: must be None (sparse mode addresses global slots).
         head_dim_v: must be 512.
         tile_scheduler_metadata: the object :func:`get_mla_metadata` returned; checked for
@@ -281,14 +283,17 @@ def flash_mla_with_kvcache(
     # a plain float for the op's schema (numpy floats are real numbers too)
     softmax_scale = (q.shape[-1] ** -0.5 if softmax_scale is None
                      else check_softmax_scale("softmax_scale", softmax_scale))
+    # the FP8 flavour a typed cache states (FNUZ for float8_e4m3fnuz), else FlashMLA's OCP;
+    # sparse_decode refuses an extra cache typed as the other flavour
+    fp8_format = typed_fp8_format(k_cache) or "e4m3fn"
     args = (q, k_cache, indices, topk_length, softmax_scale, attn_sink, extra_k_cache,
             extra_indices_in_kvcache, extra_topk_length)
     if out is None:
-        result = library.sparse_decode(*args)
+        result = library.sparse_decode(*args, fp8_format)
     elif _eager_out_ok(*args, out):
-        result = ops.sparse_decode(*args, out=out)
+        result = ops.sparse_decode(*args, fp8_format=fp8_format, out=out)
     else:
-        full, lse = library.sparse_decode(*args)
+        full, lse = library.sparse_decode(*args, fp8_format)
         out.copy_(full)
         result = (out, lse)
     _record_sched_meta(meta, config)

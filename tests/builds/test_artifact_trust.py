@@ -290,3 +290,122 @@ def test_audit_finds_damaged_and_leftover_files(built, kdir):
     problems = L.audit_kernel_dir(kdir, TARGET)
     assert any("temporary file" in p for p in problems)
     assert any(path.name in p and "sha256" in p for p in problems)
+
+
+# ------------------------------------------------------------------ issue 25 item 1: trust
+def _foreign(path, monkeypatch):
+    """Make ``path`` look owned by another user: chown it as root, else pretend to be
+    another user (trust compares owners with os.getuid())."""
+    import os
+
+    from dsv4_tl import trust
+
+    if os.getuid() == 0:
+        os.chown(path, 12345, -1, follow_symlinks=False)
+    else:
+        monkeypatch.setattr(trust.os, "getuid", lambda: os.getuid() + 1)
+
+
+def _jit_files(kdir):
+    path = jit_artifact_path(kdir, TARGET, _jit_variant())
+    return path, path.with_name(path.name[:-3] + ".record.json")
+
+
+@pytest.mark.parametrize("which", ["kernel_dir", "target_dir", "jit_dir", "artifact", "record"])
+def test_a_group_or_other_writable_kernel_path_is_refused_jit_off_or_on(kdir, which):
+    """Issue 25 item 1: anyone who can write the kernel directory could plant an artifact
+    with a record computed from public inputs; such a directory, subdirectory or file is
+    refused with one error naming it and the fix, with JIT off and on."""
+    import os
+
+    artifact, record = _jit_files(kdir)
+    path = {"kernel_dir": kdir, "target_dir": kdir / TARGET.dirname,
+            "jit_dir": artifact.parent, "artifact": artifact, "record": record}[which]
+    os.chmod(path, os.stat(path).st_mode | 0o022)
+    for jit in (False, True):
+        with pytest.raises(L.UntrustedPathError, match=f"{path}.*writable by its group and "
+                           f"others.*fix: chmod go-w {path}"):
+            KernelLoader(TARGET, kdir, jit=jit).get(_jit_variant())
+    os.chmod(path, os.stat(path).st_mode & ~0o022)
+    assert callable(KernelLoader(TARGET, kdir, jit=False).get(_jit_variant()))
+
+
+@pytest.mark.parametrize("which", ["kernel_dir", "manifest", "built_artifact", "artifact"])
+def test_a_kernel_path_owned_by_another_user_is_refused(built, kdir, which, monkeypatch):
+    artifact, _ = _jit_files(kdir)
+    tdir = kdir / TARGET.dirname
+    path = {"kernel_dir": kdir, "manifest": tdir / MANIFEST_NAME, "artifact": artifact,
+            "built_artifact": tdir / built[1]["kernels"][0]["artifact"]}[which]
+    variant = (_built_variants(built[1])[0] if which == "built_artifact" else _jit_variant())
+    _foreign(path, monkeypatch)
+    with pytest.raises(L.UntrustedPathError, match=f"{path} is owned by uid"):
+        KernelLoader(TARGET, kdir, jit=False).get(variant)
+
+
+def test_a_symlink_leaving_the_kernel_dir_is_refused(kdir, tmp_path):
+    import os
+
+    artifact, record = _jit_files(kdir)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir(mode=0o700)
+    for path in (artifact, record):
+        shutil.move(path, outside / path.name)
+        os.symlink(outside / path.name, path)
+    with pytest.raises(L.UntrustedPathError, match="symbolic link to .*outside the kernel"):
+        KernelLoader(TARGET, kdir, jit=False).get(_jit_variant())
+    # a link that stays inside the directory is fine
+    for path in (artifact, record):
+        path.unlink()
+        shutil.move(outside / path.name, kdir / path.name)
+        os.symlink(kdir / path.name, path)
+    assert callable(KernelLoader(TARGET, kdir, jit=False).get(_jit_variant()))
+
+
+def test_jit_output_is_private_whatever_the_umask(tmp_path):
+    """A user-private-group umask (002) would make a group-writable kernel directory that the
+    next process then refuses: what the loader and the builder create is 0700 / 0600."""
+    import os
+    import stat
+
+    fresh = tmp_path / "fresh" / "kernels"
+    old = os.umask(0o002)
+    try:
+        KernelLoader(TARGET, fresh, jit=True).get(_jit_variant())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            build(TARGET, tmp_path / "built", heads=(64,), ops=OPS, jobs=1, progress=False)
+    finally:
+        os.umask(old)
+    artifact, record = _jit_files(fresh)
+    for d in (tmp_path / "fresh", fresh, fresh / TARGET.dirname, artifact.parent,
+              tmp_path / "built" / TARGET.dirname):
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700, d
+    lock = artifact.with_name(artifact.name + ".lock")
+    assert stat.S_IMODE(os.stat(artifact).st_mode) == 0o700
+    for f in (record, lock, tmp_path / "built" / TARGET.dirname / MANIFEST_NAME):
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o600, f
+    assert L.audit_kernel_dir(fresh, TARGET) == []
+
+
+def test_build_refuses_an_out_others_can_write(built, kdir, capsys):
+    import os
+
+    os.chmod(kdir / TARGET.dirname, 0o777)
+    with pytest.raises(L.UntrustedPathError, match="writable by its group and others"):
+        build(TARGET, kdir, heads=(64,), ops=OPS, jobs=1, progress=False)
+    assert cli.main(["build", "--out", str(kdir), "--op", "global_topk"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "chmod go-w" in err[0]
+
+
+def test_audit_reports_untrusted_paths_and_a_manifest_entry_without_static(built, kdir):
+    """Issue 25 items 1 and 10: the audit names a group-writable artifact; an entry without
+    ``static`` (which read_manifest accepts) is a problem, not a KeyError."""
+    import os
+
+    artifact, _ = _jit_files(kdir)
+    os.chmod(artifact, 0o666)
+    _edit_manifest(kdir, lambda d: d["kernels"][0].pop("static"))
+    problems = L.audit_kernel_dir(kdir, TARGET)
+    assert any(p.startswith("untrusted: ") and str(artifact) in p for p in problems)
+    assert any("malformed record" in p and "static" in p for p in problems)

@@ -177,3 +177,41 @@ def test_sm100a_builds_from_scratch(tmp_path):
     for entry in manifest["kernels"]:
         assert entry["target"] == "cuda:sm_100a"
         assert sha256_file(tmp_path / "cuda_sm100a" / entry["artifact"]) == entry["sha256"]
+
+
+@pytest.mark.parametrize("static,error", [
+    ({"num_heads": 64, "has_extra": False, "fp8_format": "/../../x"}, "fp8_format: expected one of"),
+    ({"num_heads": 64, "has_extra": False, "fp8_format": "e4m3fn/../../x"}, "fp8_format"),
+    ({"num_heads": True, "has_extra": False, "fp8_format": "e4m3fn"}, "num_heads: expected a positive int"),
+    ({"num_heads": 64, "has_extra": 1, "fp8_format": "e4m3fn"}, "has_extra: expected a bool"),
+    ({"num_heads": 64, "has_extra": False, "fp8_format": "e4m3fn", "x": "/.."}, "static: sparse_decode takes"),
+], ids=["traversal", "suffix_traversal", "bool_heads", "int_flag", "extra_key"])
+def test_raw_kernel_static_values_are_checked_against_the_spec(tmp_path, monkeypatch, static,
+                                                                error):
+    """Issue 25 item 6: ``raw_kernel``'s ``static`` dict reached the artifact and lock file
+    names unchecked (``fp8_format="/../../x"`` put them outside the kernel directory); every
+    variant's static values are checked against its op's spec."""
+    import torch
+
+    from dsv4_tl import loader
+    from dsv4_tl.targets import ENV_SYCL_DEVICE
+
+    kdir = tmp_path / "a" / "b" / "kernels"
+    monkeypatch.setenv(loader.ENV_KERNEL_DIR, str(kdir))
+    monkeypatch.setenv(ENV_SYCL_DEVICE, "opencl:cpu")  # CPU tensors: the SYCL target
+    loader.clear_loaders()
+    try:
+        with pytest.raises((ValueError, TypeError), match=error):
+            dsv4_tl.raw_kernel("sparse_decode", torch.device("cpu"), static, h=64, b=1,
+                               scope="swa")
+        with pytest.raises((ValueError, TypeError), match=error):
+            Variant.make("sparse_decode", static, {})
+    finally:
+        loader.clear_loaders()
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # no artifact, no lock file
+
+
+def test_the_kernels_fp8_formats_are_the_validated_ones():
+    from dsv4_tl import kernels, validation
+
+    assert kernels.FP8_FORMATS == validation.FP8_FORMATS

@@ -83,3 +83,61 @@ def test_build_api_refuses_nonsense_head_counts_and_jobs(tmp_path):
     with pytest.raises(ValueError, match="jobs"):
         build("cuda:sm_90a", tmp_path, ops=("global_topk",), jobs=0)
     assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------ issue 25 item 9
+@pytest.mark.parametrize("argv,needles", [
+    (["bench", "--suite", "nope"], ["--suite", "nope"]),
+    (["bench", "--bogus"], ["--bogus"]),
+    (["bench", "--peers", "nobody"], ["nobody"]),
+    (["tune", "--max-candidates", "-5"], ["--max-candidates", "-5"]),
+    (["tune", "--time-budget", "-1"], ["--time-budget"]),
+    (["tune", "--candidate-timeout", "nan"], ["--candidate-timeout"]),
+])
+def test_bench_and_tune_argument_errors_are_one_line(argv, needles, capsys):
+    """Issue 25 item 9: ``bench`` argument errors printed a usage block and ``tune
+    --max-candidates -5`` was accepted."""
+    status, out, err = _run(argv, capsys)
+    _one_line_error(status, err, *needles)
+    assert "usage:" not in err
+
+
+def test_tune_without_cuda_writes_its_error_to_stderr(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    status, out, err = _run(["tune", "--kernel", "global_topk"], capsys)
+    _one_line_error(status, err, "needs a CUDA device")
+    assert out == ""
+
+
+def test_tune_report_on_a_bad_log_and_a_bad_log_root_is_one_line(capsys, monkeypatch, tmp_path):
+    from dsv4_tl import schedules, tuning_log
+
+    log = tuning_log.log_path(tmp_path, "cuda_sm90a", "global_topk")
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"[" * 100_000 + b"\n\xff\xfe\n")
+    schedules.clear_caches()
+    with pytest.warns(UserWarning, match="skipping a malformed line"):
+        status, out, err = _run(["tune", "--kernel", "global_topk", "--report", "--out",
+                                 str(tmp_path)], capsys)
+    assert status == 0 and "no log" in out and "Traceback" not in err
+    monkeypatch.setenv(tuning_log.ENV_LOG_DIR, str(log))  # a file, not a folder
+    schedules.clear_caches()
+    status, out, err = _run(["tune", "--kernel", "global_topk", "--report"], capsys)
+    _one_line_error(status, err, tuning_log.ENV_LOG_DIR, "not a folder")
+    schedules.clear_caches()
+
+
+def test_tune_dry_run_into_a_closed_pipe_ends_without_a_traceback(tmp_path):
+    """``dsv4-tl tune --dry-run | head -1``: the reader leaves early; no BrokenPipeError
+    traceback on stderr."""
+    import subprocess
+    import sys
+
+    # (about 190 KB of plan: more than the pipe holds when head has gone)
+    cmd = f"{sys.executable} -m dsv4_tl.cli tune --dry-run --max-candidates 0 | head -1"
+    done = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.stdout.count("\n") == 1
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr

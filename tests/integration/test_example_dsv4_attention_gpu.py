@@ -11,7 +11,8 @@ import torch
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dsv4_attention.py"
 
-pytestmark = pytest.mark.gpu  # conftest skips it without a CUDA device
+# full size: more memory than one worker's share of an 80 GB card when 8 share it
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_heavy]  # conftest skips it without a CUDA device
 
 
 def _load_example():

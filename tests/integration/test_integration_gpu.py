@@ -102,6 +102,47 @@ def test_cuda_graph_replay_matches_eager(seed):
     assert torch.equal(fresh[0], g_d[0]) and torch.equal(fresh[1], g_d[1])
 
 
+
+def test_graph_replay_after_the_plans_are_dropped(seed):
+    """Issue 25 item 2: a graph captured with the tensors a plan passes on its own account
+    (full lengths for ``topk_length=None``, the -inf sink for ``attn_sink=None``) replays
+    correctly after the plans are dropped (``clear_caches``, as any ``kernels_changed``
+    or a plan-cache eviction does) and their memory could be reused: those tensors live as
+    long as the process (a replay used to read freed blocks: lse +inf, zero outputs)."""
+    from dsv4_tl import schedules
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, k_cache, idx, _lens, scale, _sink, *_ = _decode_args(gen, b=3, extra=False)
+    p_q, kv, p_idx, _, _, _ = _prefill_args(gen)
+    p_idx.clamp_(min=0)  # every index valid: the full lengths decide the result
+
+    def step():
+        return (*dsv4_tl.sparse_decode(q, k_cache, idx, None, scale),
+                *dsv4_tl.sparse_prefill(p_q, kv, p_idx, scale))
+
+    eager = step()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside capture: the plans are made here
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    schedules.clear_caches()  # drops every plan and memo (kernels_changed)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    # whatever the dropped plans held is free now: fill every small block with garbage
+    garbage = [torch.full((n,), 0x55, dtype=torch.uint8, device=DEV)
+               for n in (4, 12, 64, 256, 512, 1024, 4096) for _ in range(64)]
+    for t in captured:
+        t.fill_(math.nan)  # poison: only the replay may write them
+    graph.replay()
+    torch.cuda.synchronize()
+    del garbage
+    for name, a, b in zip(("out", "lse", "p_out", "p_max_logits", "p_lse"), eager, captured):
+        assert torch.equal(a, b), f"{name}: the replay differs from eager"
+
 def _raw_prefill(seed):
     """Inputs for the raw dense-prefill kernel callable and the torch result to match."""
     gen = torch.Generator(DEV).manual_seed(seed)

@@ -183,7 +183,7 @@ def test_a_change_of_kernels_drops_the_plans(rec, plans_made, change):
     elif change == "loader":
         loader.KernelLoader("sycl")  # another loader (tune swaps one in)
     elif change == "cache_clear":
-        _dispatch._resolve.cache_clear()  # what tests and tune did so far
+        _dispatch._loaded.cache_clear()  # what tests and tune did so far
     if change == "forced":
         schedule = dict(rec.calls[0][0].schedule)
         with schedules.forced_schedule("sycl", "sparse_decode", dict(schedule, num_splits=2)):
@@ -337,6 +337,50 @@ def test_stream_scratch_per_stream_and_thread_grown_and_not_pooled_when_large(mo
     assert not scratch.pools
 
 
+
+def _pooled(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory is a buffer the process-lifetime constant pool keeps."""
+    pool = _dispatch.constants
+    ptr = t.untyped_storage().data_ptr()
+    return any(b.untyped_storage().data_ptr() == ptr
+               for b in (*pool._buffers.values(), *pool._outgrown))
+
+
+def test_constants_a_plan_passes_outlive_its_eviction_and_clear_caches(rec, monkeypatch):
+    """Issue 25 item 2: what a plan passes on its own account (full lengths for
+    ``topk_length=None``, the -inf sink for ``attn_sink=None``, prefill's full lengths) may
+    be captured by a CUDA graph, so it must outlive the plan: plan-cache eviction and
+    ``clear_caches`` must not free it (they did: a replay then read reused memory)."""
+    from dsv4_tl.schedules import clear_caches
+
+    params, p_params = SPARSE_DECODE.params, SPARSE_PREFILL.params
+    monkeypatch.setattr(decode_module._PLANS, "maxsize", 1)
+    args = dict(_decode_args(b=3, h=4, extra=False), topk_length=None, attn_sink=None)
+    dsv4_tl.ops.sparse_decode(**args)
+    dsv4_tl.ops.sparse_prefill(torch.zeros(5, 4, 512, dtype=BF16),
+                               torch.zeros(6, 1, 512, dtype=BF16),
+                               torch.zeros(5, 1, 8, dtype=I32), 0.1)
+    d_launch, p_launch = rec.launches()[-1], rec.launches("sparse_prefill")[-1]
+    lengths, sink = d_launch[params.index("MainLength")], d_launch[params.index("Sink")]
+    p_lengths, p_sink = p_launch[p_params.index("Lengths")], p_launch[p_params.index("Sink")]
+    # the kernels clamp every length to the row width: FULL_LENGTH means the whole row
+    assert lengths.tolist() == [_dispatch.FULL_LENGTH] * 3
+    assert p_lengths.tolist() == [_dispatch.FULL_LENGTH] * 5
+    assert sink.tolist() == p_sink.tolist() == [-math.inf] * 4
+    dsv4_tl.ops.sparse_decode(**dict(args, indices=torch.zeros(3, 1, 16, dtype=I32)))
+    assert len(decode_module._PLANS.plans) == 1  # the first plan was evicted
+    clear_caches()
+    kept = [lengths, sink, p_lengths, p_sink]
+    rec.calls.clear()
+    del d_launch, p_launch, lengths, sink, p_lengths, p_sink
+    gc.collect()
+    assert all(_pooled(t) for t in kept)
+    # growing a constant keeps the outgrown buffer too (a graph may hold it)
+    small = _dispatch.full_lengths(2, torch.device("cpu"))
+    _dispatch.full_lengths(4096, torch.device("cpu"))
+    assert _pooled(small) and _dispatch.full_lengths(2, torch.device("cpu")).tolist() == \
+        [_dispatch.FULL_LENGTH] * 2
+
 def test_launch_fills_arguments_by_name():
     spec = KERNELS["sparse_decode_combine"]
     got = []
@@ -434,3 +478,61 @@ def test_nothing_made_under_a_fake_mode_is_kept():
     assert not _dispatch.faking()
     assert not is_fake(_dispatch.placeholder(cpu, torch.float32, (0, 3)))
     assert not is_fake(_dispatch.no_sink(5, cpu))
+
+
+def test_resolution_memos_are_bounded_by_the_buckets(rec):
+    """Issue 25 item 8: the memos of resolved kernels were keyed by the raw decode CTA count
+    and the dense prefill width (20,000 batch sizes left 20,000 entries); they are keyed by
+    the bucket and the schedule, whatever the values."""
+    target = parse_target("cuda:sm_90a")
+    kernels.kernels_changed()
+    for b in range(1, 3001):
+        _dispatch.resolve(SPARSE_DECODE, target, h=64, b=b, s_q=1, scope="c4a")
+    for width in range(1, 3001):
+        _dispatch.resolve(SPARSE_PREFILL, target, h=64, topk=width)
+    spec = {op: schedules.load_schedule_file(target.dirname, op)
+            for op in ("sparse_decode", "sparse_prefill")}
+    buckets = sum(len(s["buckets"]) + 1 for s in spec.values())
+    assert len(_dispatch._bucket_schedule._cache) <= buckets
+    assert len(_dispatch._loaded._cache) <= buckets
+    # and a memoised resolution is still the bucket's: b=1 and b=2 share one
+    (k1, s1), (k2, s2) = (_dispatch.resolve(SPARSE_DECODE, target, h=64, b=b, s_q=1, scope="c4a")
+                          for b in (1, 2))
+    assert k1 is k2 and s1 == s2 == schedules.schedule_for(target.dirname, "sparse_decode",
+                                                           h=64, scope="c4a", ctas=2)
+
+
+def test_stream_scratch_of_a_thread_is_dropped_when_it_ends(monkeypatch):
+    """Issue 25 item 5: pools keyed (device, stream, thread) were never dropped (16 worker
+    threads left 32 MiB allocated after they joined); a thread's buffers go with it."""
+    import threading
+    import weakref
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
+    monkeypatch.setattr(_dispatch, "capturing", lambda device: False)
+    scratch = _dispatch.StreamScratch()
+    dev = torch.device("cpu")
+    shapes = ((4, 8, 64, 512), (4, 8, 64))
+    ready, finish = threading.Barrier(17), threading.Event()
+
+    def worker():
+        scratch.views(dev, shapes)
+        ready.wait()
+        finish.wait()
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    assert len(scratch.pools) == 16  # one pool per live thread
+    buffers = [weakref.ref(buffer) for buffer, _views in scratch.pools.values()]
+    mine = scratch.views(dev, shapes)
+    finish.set()
+    for t in threads:
+        t.join()
+    gc.collect()
+    assert list(scratch.pools) == [(dev, 7, threading.get_ident())]  # only this thread's
+    assert all(ref() is None for ref in buffers)  # the workers' buffers were freed
+    assert scratch.views(dev, shapes) is mine
+    scratch.clear()
+    assert not scratch.pools

@@ -608,3 +608,59 @@ def test_numpy_scales_are_real_numbers(fake):
                      (np.float32("nan"), ValueError), ("0.1", TypeError)):
         with pytest.raises(exc, match="^softmax_scale: "):
             _fm_decode(d, vc.get_mla_metadata()[0], softmax_scale=bad)
+
+
+# ---------------------------------------------------------------------------------------
+# issue 25 item 7: a typed cache states its FP8 flavour
+# ---------------------------------------------------------------------------------------
+FN, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
+
+
+@pytest.mark.parametrize("typed,fmt", [(FNUZ, "e4m3fn"), (FN, "e4m3fnuz")])
+def test_a_typed_cache_read_as_the_other_fp8_flavour_is_refused(fake, typed, fmt):
+    """A float8_e4m3fnuz cache with fp8_format "e4m3fn" (and the reverse) was accepted and
+    its bytes decoded as the other flavour: every op that reads or writes a cache refuses."""
+    d = _decode_inputs(b=2, extra=True)
+    cache = d["k_cache"].view(typed)
+    message = f"fp8_format: k_cache is typed {typed}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        torch.ops.dsv4_tl.sparse_decode(d["q"], cache, d["indices"], d["topk_length"], SCALE,
+                                        d["attn_sink"], d["extra_k_cache"],
+                                        d["extra_indices_in_kvcache"], d["extra_topk_length"],
+                                        fmt)
+    with pytest.raises(ValueError, match=re.escape("fp8_format: extra_k_cache is typed")):
+        torch.ops.dsv4_tl.sparse_decode(d["q"], d["k_cache"], d["indices"], None, SCALE, None,
+                                        d["extra_k_cache"].view(typed),
+                                        d["extra_indices_in_kvcache"], None, fmt)
+    g = _gather_inputs()
+    with pytest.raises(ValueError, match=re.escape(f"fp8_format: k_cache is typed {typed}")):
+        torch.ops.dsv4_tl.dequantize_and_gather_k_cache(
+            g["out"], g["k_cache"].view(typed), g["seq_lens"], g["gather_lens"],
+            g["block_table"], 64, 5, fmt)
+    with pytest.raises(ValueError, match=re.escape(f"fp8_format: k_cache is typed {typed}")):
+        torch.ops.dsv4_tl.insert_k_cache(g["k_cache"].view(typed), _t((3, 512), BF16),
+                                         _t((3,), torch.int64), fmt)
+    with pytest.raises(ValueError, match="fp8_format: k_cache is typed"):
+        vc.dequantize_and_gather_k_cache(g["out"], g["k_cache"].view(FNUZ), g["seq_lens"],
+                                         g["gather_lens"], g["block_table"], 64, 5,
+                                         use_fnuz=False)
+
+
+def test_flash_mla_with_kvcache_reads_a_fnuz_typed_cache_as_fnuz(fake, monkeypatch):
+    """vllm_compat.flash_mla_with_kvcache decoded every cache as OCP e4m3fn; the flavour
+    now follows a typed cache (FlashMLA's uint8 / float8_e4m3fn caches stay OCP), and an
+    extra cache typed as the other flavour is refused."""
+    seen = []
+    real = vc.library.sparse_decode
+    monkeypatch.setattr(vc.library, "sparse_decode",
+                        lambda *args: seen.append(args[9]) or real(*args))
+    d = _decode_inputs(b=2, extra=True)
+    for typed, want in ((FNUZ, "e4m3fnuz"), (FN, "e4m3fn"), (U8, "e4m3fn")):
+        meta, _ = vc.get_mla_metadata()
+        _fm_decode(dict(d, k_cache=d["k_cache"].view(typed),
+                        extra_k_cache=d["extra_k_cache"].view(typed)), meta)
+        assert seen[-1] == want
+    meta, _ = vc.get_mla_metadata()
+    with pytest.raises(ValueError, match="fp8_format: extra_k_cache is typed"):
+        _fm_decode(dict(d, k_cache=d["k_cache"].view(FNUZ),
+                        extra_k_cache=d["extra_k_cache"].view(FN)), meta)

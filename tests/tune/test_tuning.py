@@ -525,3 +525,92 @@ def test_an_entry_without_a_knob_the_file_does_not_list_is_ignored(logs):
     ((bucket, config, source),) = [r for r in rows if r[0]["name"] == name]
     assert source == "file" and config == {**_spec("dequant_gather")["default"],
                                            **bucket["config"]}
+
+
+def test_every_shipped_bucket_has_a_valid_log_entry():
+    """Issue 25: every named bucket of every shipped ``schedules/cuda_sm90a/*.json`` resolves
+    to a logged entry of this TileLang version without any warning (a fresh-clone
+    ``dsv4-tl build`` printed six: entries ignored after a knob change, buckets never
+    tuned); re-run ``dsv4-tl tune --bucket NAME`` when this fails."""
+    import warnings
+    from importlib import resources
+
+    from dsv4_tl import schedules as sched
+
+    sched.clear_caches()
+    folder = resources.files("dsv4_tl.schedules").joinpath("cuda_sm90a")
+    ops = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+    assert ops
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for op in ops:
+            for bucket, _config, source in sched.resolved_buckets("cuda_sm90a", op):
+                if "name" in bucket:
+                    assert source == "log", f"{op} bucket {bucket['name']}: no valid log entry"
+    sched.clear_caches()
+
+
+@pytest.mark.parametrize("bad", [
+    b"[" * 100_000 + b"]" * 100_000,  # RecursionError in json.loads
+    b'{"format": 1, "op": "caf\xe9"}',  # not UTF-8
+    b'{"format": ' + b"7" * 5000 + b"}",  # ValueError: over 4300 digits
+    b'{"format": 1, "best": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001,  # deep but parseable
+], ids=["deep_nesting", "not_utf8", "huge_int", "deep_object"])
+def test_one_bad_log_line_is_skipped_with_one_warning_and_breaks_nothing(logs, bad, capsys):
+    """Issue 25 item 3: a bad line (RecursionError, a non-UTF-8 byte, an integer over 4300
+    digits) escaped parse_lines and then every schedule_for, ``dsv4-tl build`` and
+    ``tune --report`` failed; it is skipped with one warning naming the line."""
+    good = _entry("global_topk", "all", {"tokens_per_block": 8})
+    path = _write(logs, "global_topk", good)
+    with open(path, "ab") as f:
+        f.write(bad + b"\n")
+    _write(logs, "global_topk", good)
+    with pytest.warns(UserWarning) as record:
+        entries = tuning_log.read_log(path)
+    assert [e["_line"] for e in entries] == [1, 3]
+    skipped = [str(w.message) for w in record if "skipping a malformed line" in str(w.message)]
+    assert len(skipped) == 1 and f"{path}:2:" in skipped[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert schedules.schedule_for(SM90A, "global_topk")["threads"] > 0
+        assert tune.main(["--kernel", "global_topk", "--report", "--out", str(logs)]) == 0
+    assert "global_topk" in capsys.readouterr().out
+
+
+def test_tuning_logs_naming_a_file_is_one_clear_error(logs, monkeypatch):
+    not_a_folder = logs / "file.jsonl"
+    not_a_folder.write_text("{}\n")
+    monkeypatch.setenv(tuning_log.ENV_LOG_DIR, str(not_a_folder))
+    schedules.clear_caches()
+    with pytest.raises(ValueError, match=f"^{tuning_log.ENV_LOG_DIR}: expected a folder .*"
+                                         "not a folder"):
+        schedules.schedule_for(SM90A, "global_topk")
+
+
+@pytest.mark.parametrize("op,bucket,knobs,reason", [
+    ("sparse_decode", "h64_c4a_ctas1_16", {"num_splits": True}, "outside the schedule's space"),
+    ("sparse_decode", "h64_c4a_ctas1_16", {"num_splits": 2.0}, "outside the schedule's space"),
+    ("sparse_prefill", "h64_topk257_1024", {"heads_per_block": 0}, "outside the schedule's space"),
+    ("sparse_prefill", "h64_topk257_1024", {"block_tokens": 128}, "cannot be built"),
+    ("sparse_prefill", "h64_topk257_1024", {"threads": 256}, "cannot be built"),
+], ids=["bool_for_int", "float_for_int", "knob_outside_space", "ws_block128", "ws_threads256"])
+def test_a_best_config_that_cannot_build_is_ignored_with_a_warning(logs, op, bucket, knobs,
+                                                                   reason):
+    """Issue 25 item 4: ``true`` and ``2.0`` passed the space check for ``1`` and ``2``,
+    knobs outside the space were unchecked (``heads_per_block 0``: ZeroDivisionError) and
+    in-space combinations could be invalid (warp-specialised with block_tokens 128 or 256
+    threads); ``num_splits: true`` was then built under one key and asked for under
+    another. Types compare exactly and combinations go through the schedule's own rule."""
+    _write(logs, op, _entry(op, bucket, knobs))
+    with pytest.warns(UserWarning, match=reason):
+        entry = tuning_log.select_entry(SM90A, op, bucket, match=_bucket(op, bucket)["match"])
+    assert entry is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        schedules.clear_caches()
+        built = {v.schedule for v in build_variants(TARGET, ops=[op])}
+        file_config = {**_spec(op)["default"], **_bucket(op, bucket)["config"]}
+    assert tuple(sorted(file_config.items())) in built  # the bucket builds its file config
+    bad = {**_spec(op)["default"], **knobs}
+    assert not any(all(tuning_log.same_value(dict(s).get(k), v) for k, v in knobs.items())
+                   and dict(s) == bad for s in built)

@@ -14,7 +14,9 @@ outputs' and scratch buffers' allocation, and the launch.
 
 Every memo here (plans, resolved kernels, targets, schedules) is dropped by
 :func:`dsv4_tl.kernels.kernels_changed` (a new loader, cleared schedule caches, a forced
-schedule: see :mod:`dsv4_tl.kernels`); their ``cache_clear()`` does the same.
+schedule: see :mod:`dsv4_tl.kernels`); their ``cache_clear()`` does the same. What a plan
+passes to a kernel on its own account (the -inf sink, full lengths) comes from
+:data:`constants`, which never frees: a CUDA graph may have captured it.
 """
 
 import functools
@@ -29,7 +31,7 @@ import torch
 from ..kernels import KernelSpec, Variant, kernels_changed, on_kernels_changed
 from ..validation import check_kernel_device, check_tensor
 from ..loader import loader_for
-from ..schedules import schedule_for
+from ..schedules import bucket_index, schedule_of_bucket
 from ..targets import Target, sycl_runs_cpu_tensors, target_for_device
 
 
@@ -131,21 +133,32 @@ def _target(device: torch.device) -> Target:
     return _target_of(device.type, index)
 
 
-@_Memo
 def _resolve(op: str, target: Target, static: tuple, features: tuple) -> Tuple[Callable, dict]:
-    schedule = schedule_for(target.dirname, op, **dict(features))
-    return loader_for(target).get(Variant.make(op, dict(static), schedule)), schedule
+    schedule = _schedule_of(op, target, features)
+    return _loaded(op, target, static, tuple(sorted(schedule.items()))), schedule
+
+
+def _schedule_of(op: str, target: Target, features: tuple) -> dict:
+    return _bucket_schedule(op, target, bucket_index(target.dirname, op, **dict(features)))
+
+
+# Both memos are keyed by what the features decide (the bucket, the schedule), not by the
+# features' values (a decode CTA count, a dense prefill width: one entry per batch size or
+# width would grow without bound); so at most (buckets x static parameter sets) entries.
+@_Memo
+def _bucket_schedule(op: str, target: Target, index) -> dict:
+    return schedule_of_bucket(target.dirname, op, index)
 
 
 @_Memo
-def _schedule_of(op: str, target: Target, features: tuple) -> dict:
-    return schedule_for(target.dirname, op, **dict(features))
+def _loaded(op: str, target: Target, static: tuple, schedule: tuple) -> Callable:
+    return loader_for(target).get(Variant.make(op, dict(static), dict(schedule)))
 
 
 def kernel_for(op: str, device: torch.device, static: dict, **features: int) -> Callable:
     """The loaded kernel of ``op`` for ``device``: schedule of the shape bucket that
     ``features`` fall in (from ``schedules/<target>/<op>.json``), compiled or loaded once.
-    Resolutions are memoised. Arguments in the order of ``KERNELS[op].params``."""
+    Resolutions are memoised per bucket. Arguments in the order of ``KERNELS[op].params``."""
     return _resolve(op, _target(device), tuple(sorted(static.items())),
                     tuple(sorted(features.items())))[0]
 
@@ -216,24 +229,82 @@ def faking() -> bool:
     return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
 
 
+# ------------------------------------------------------------------------------ constants
+FULL_LENGTH = (1 << 31) - 1
+"""A ``topk_length`` / ``Lengths`` entry meaning "the whole row": the kernels clamp every
+length to the row's width (``min(max(length, 0), width)``), so one value serves every width."""
+
+
+class ConstantPool:
+    """Read-only tensors filled with one value, as views of one buffer per (device, dtype,
+    value) that is never freed. A CUDA graph captured with such a view reads its address on
+    every replay, long after the plan or memo that took the view was evicted or dropped by
+    :func:`~dsv4_tl.kernels.kernels_changed`: so what a plan passes for an absent
+    ``topk_length`` or ``attn_sink`` lives as long as the process. A buffer grows to the next
+    power of two when a call needs more; the outgrown one is kept too (a graph may hold it),
+    so a key costs at most twice its largest request, and the keys are few (the -inf sink,
+    :data:`FULL_LENGTH`)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._buffers: dict = {}  # (device, dtype, value) -> the current buffer
+        self._outgrown: list = []  # never freed: a captured graph may read them
+
+    def get(self, value, n: int, dtype: torch.dtype, device: torch.device):
+        """A read-only ``[n]`` view of ``value``, or None where none may be made now: a new
+        buffer while a CUDA graph is captured (the capture would record its fill without
+        running it) or anything under a FakeTensorMode."""
+        if faking():
+            return None
+        key = (device, dtype, value)
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < n:
+            if capturing(device):
+                return None
+            with self._lock:
+                buf = self._buffers.get(key)
+                if buf is None or buf.numel() < n:
+                    if buf is not None:
+                        self._outgrown.append(buf)
+                    buf = torch.full((max(16, 1 << max(0, n - 1).bit_length()),), value,
+                                     dtype=dtype, device=device)
+                    if device.type == "cuda":  # filled before any other stream reads it
+                        torch.cuda.current_stream(device).synchronize()
+                    self._buffers[key] = buf
+        return buf[:n]
+
+    def __call__(self, value, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """:meth:`get`, else a tensor of this call (a graph being captured keeps its own)."""
+        made = self.get(value, n, dtype, device)
+        if made is None:
+            made = torch.full((n,), value, dtype=dtype, device=device)
+        return made
+
+
+constants = ConstantPool()
+
+
 def no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
     """``attn_sink`` = -inf for every head: e^-inf = 0 adds nothing to the denominator.
-    One read-only tensor per (head count, device), reused by every call (made per call
-    while a CUDA graph is captured)."""
-    if capturing(device) or faking():
-        return torch.full((num_heads,), -math.inf, dtype=torch.float32, device=device)
-    return _no_sink(num_heads, device)
-
-
-@_Memo
-def _no_sink(num_heads: int, device: torch.device) -> torch.Tensor:
-    return torch.full((num_heads,), -math.inf, dtype=torch.float32, device=device)
+    A view of the process-lifetime :data:`constants` (a per-call tensor while a CUDA graph is
+    captured before the pool has one, or under a FakeTensorMode)."""
+    return constants(-math.inf, num_heads, torch.float32, device)
 
 
 def reusable_no_sink(num_heads: int, device: torch.device):
-    """A plan's :func:`no_sink` (None while a CUDA graph is captured: no reusable tensor with
-    data is made then, the capture records its fill without running it)."""
-    return None if capturing(device) or faking() else _no_sink(num_heads, device)
+    """A plan's :func:`no_sink` (None where :meth:`ConstantPool.get` makes none)."""
+    return constants.get(-math.inf, num_heads, torch.float32, device)
+
+
+def full_lengths(n: int, device: torch.device) -> torch.Tensor:
+    """``[n]`` int32 :data:`FULL_LENGTH` (the lengths argument when ``topk_length`` is None),
+    from the process-lifetime :data:`constants`."""
+    return constants(FULL_LENGTH, n, torch.int32, device)
+
+
+def reusable_full_lengths(n: int, device: torch.device):
+    """A plan's :func:`full_lengths` (None where :meth:`ConstantPool.get` makes none)."""
+    return constants.get(FULL_LENGTH, n, torch.int32, device)
 
 
 def sink_argument(attn_sink, reusable, num_heads: int, device: torch.device) -> torch.Tensor:
@@ -260,6 +331,16 @@ def _placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torc
 
 
 # ------------------------------------------------------------------------------ buffers
+class _ThreadPools:
+    """One thread's scratch: ``buffers``, (device, raw stream) -> (float32 buffer,
+    {shapes: views}), and the thread's id."""
+
+    __slots__ = ("ident", "buffers", "__weakref__")
+
+    def __init__(self):
+        self.ident, self.buffers = threading.get_ident(), {}
+
+
 class StreamScratch:
     """Float32 scratch that kernels use within one launch sequence (split-KV partials, from
     the decode kernel to its combine), one buffer per (device, stream, thread), shared by
@@ -267,25 +348,41 @@ class StreamScratch:
     same bytes, which saves an allocation per call (a few µs of host time each). A buffer
     grows to the next power of two when a call needs more (the old one is freed then: the
     views made of it go with it; the caching allocator reuses it in stream order) and is
-    kept while its stream is used; scratch over ``MAX_POOLED_BYTES`` is allocated per call
-    (at the batch sizes where partials are that large the allocation is small next to the
-    kernels' time, and the pool would keep that memory reserved). Not while a CUDA graph is
-    captured or a FakeTensorMode is active: then each call gets its own (a graph keeps its
-    buffers). :meth:`clear` drops every buffer."""
+    kept while its thread lives: each thread's buffers sit in thread-local storage, dropped
+    when the thread ends (a pool of worker threads leaves nothing behind). Scratch over
+    ``MAX_POOLED_BYTES`` is allocated per call (at the batch sizes where partials are that
+    large the allocation is small next to the kernels' time, and the pool would keep that
+    memory reserved). Not while a CUDA graph is captured or a FakeTensorMode is active: then
+    each call gets its own (a graph keeps its buffers). :meth:`clear` drops every buffer."""
 
     MAX_POOLED_BYTES = 64 << 20
 
     def __init__(self):
-        # (device, raw stream, thread) -> (float32 buffer, {shapes: views of it})
-        self.pools: dict = {}
+        self._local = threading.local()
+        self._threads = weakref.WeakSet()  # every live thread's _ThreadPools (for clear())
+
+    def _mine(self) -> _ThreadPools:
+        pools = getattr(self._local, "pools", None)
+        if pools is None:
+            pools = self._local.pools = _ThreadPools()
+            self._threads.add(pools)
+        return pools
+
+    @property
+    def pools(self) -> dict:
+        """``{(device, raw stream, thread id): (buffer, views)}`` of the live threads (a
+        snapshot, for inspection)."""
+        return {(*key, pools.ident): pool for pools in list(self._threads)
+                for key, pool in list(pools.buffers.items())}
 
     def views(self, device: torch.device, shapes: Tuple[tuple, ...]) -> tuple:
         """Float32 tensors of ``shapes`` for kernels launched next on CUDA ``device``'s
         current stream by this thread; valid until this thread's next call on that stream."""
         if capturing(device) or faking():
             return self.fresh(device, shapes)
-        key = (device, torch._C._cuda_getCurrentRawStream(device.index), threading.get_ident())
-        pool = self.pools.get(key)
+        pools = self._mine().buffers
+        key = (device, torch._C._cuda_getCurrentRawStream(device.index))
+        pool = pools.get(key)
         if pool is not None:
             made = pool[1].get(shapes)
             if made is not None:
@@ -298,7 +395,7 @@ class StreamScratch:
         if pool is None or pool[0].numel() < need:
             pool = (torch.empty(1 << (need - 1).bit_length(), dtype=torch.float32,
                                 device=device), {})
-            self.pools[key] = pool
+            pools[key] = pool
         made = pool[1][shapes] = tuple(pool[0][at:at + n].view(shape)
                                        for at, n, shape in zip(starts, sizes, shapes))
         return made
@@ -309,8 +406,9 @@ class StreamScratch:
         return tuple(torch.empty(shape, dtype=torch.float32, device=device) for shape in shapes)
 
     def clear(self) -> None:
-        """Drop every buffer (for a caller that wants the memory back)."""
-        self.pools = {}
+        """Drop every thread's buffers (for a caller that wants the memory back)."""
+        for pools in list(self._threads):
+            pools.buffers = {}
 
 
 stream_scratch = StreamScratch()

@@ -14,7 +14,7 @@ import torch
 from ..cache_format import HEAD_DIM, cache_geometry
 from ..kernels import INSERT_K_CACHE
 from ..validation import (
-    check_fp8_format,
+    check_cache_fp8_format,
     check_kernel_device,
     check_same_device,
     check_tensor,
@@ -41,7 +41,7 @@ def check_insert_k_cache_args(k_cache: torch.Tensor, k: torch.Tensor, slot_mappi
     check_tensor("k", k, dtype=torch.bfloat16, shape=(None, HEAD_DIM), last_dim_contiguous=True)
     n = k.shape[0]
     check_tensor("slot_mapping", slot_mapping, dtype=(torch.int32, torch.int64), shape=(n,))
-    fmt = check_fp8_format("fp8_format", fp8_format)
+    fmt = check_cache_fp8_format("k_cache", k_cache, "fp8_format", fp8_format)
     check_same_device(k_cache=k_cache, k=k, slot_mapping=slot_mapping)
     if n > 2**31 - 1:
         raise ValueError(f"k: expected fewer than 2^31 rows, got {n}")

@@ -8,6 +8,7 @@ from ..cache_format import HEAD_DIM, CacheGeometry, cache_geometry
 from ..validation import (
     check_kernel_device,
     check_softmax_scale,
+    check_cache_fp8_format,
     check_fp8_format,
     check_optional_tensor,
     check_same_device,
@@ -15,9 +16,10 @@ from ..validation import (
 )
 from ..kernels import SPARSE_DECODE, SPARSE_DECODE_COMBINE, decode_scope
 from ._dispatch import (Launch, PlanCache, StreamScratch, _target, aligned16, cache_views,
-                        capturing, check_aligned_output, check_output, meta, meta_contiguous,
+                        check_aligned_output, check_output, full_lengths, meta, meta_contiguous,
                         meta_last, meta_strides, placeholder, recheck_device, resolve,
-                        reusable_no_sink, routed_per_call, sink_argument, stream_scratch)
+                        reusable_full_lengths, reusable_no_sink, routed_per_call, sink_argument,
+                        stream_scratch)
 
 
 def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
@@ -76,6 +78,8 @@ def check_sparse_decode_args(
     if extra_k_cache is not None:
         extra = _check_scope(("extra_k_cache", "extra_indices", "extra_topk_length"),
                              extra_k_cache, extra_indices, extra_topk_length, b, s_q)
+        check_cache_fp8_format("extra_k_cache", extra_k_cache, "fp8_format", fp8_format)
+    check_cache_fp8_format("k_cache", k_cache, "fp8_format", fp8_format)
     return b, s_q, h, scale, main, extra
 
 
@@ -180,12 +184,12 @@ class _Plan:
             return
         self.m_span = m_geom.flat.numel()
         cache_views(k_cache, self.m_span, _VIEWS, _MAIN_MISALIGNED)
-        self.m_len = _Lengths(b, indices.shape[-1], topk_length, dev)
+        self.m_len = _Lengths(b, topk_length, dev)
         self.has_extra = extra_k_cache is not None
         if self.has_extra:
             self.e_span = e_geom.flat.numel()
             cache_views(extra_k_cache, self.e_span, _VIEWS, _EXTRA_MISALIGNED)
-            self.e_len = _Lengths(b, extra_indices.shape[-1], extra_topk_length, dev)
+            self.e_len = _Lengths(b, extra_topk_length, dev)
             e_scalars = (e_geom.block_size, e_geom.stride0, e_geom.num_blocks)
         else:
             u8 = placeholder(dev, torch.uint8, (0,))
@@ -255,19 +259,16 @@ class _Plan:
 
 class _Lengths:
     """A scope's lengths argument: the given ``[b]`` lengths (contiguous), or, when None,
-    ``[b]`` full lengths: one reusable tensor per plan (a new one per call while a CUDA
-    graph is captured, whose capture records the fill without running it)."""
+    ``[b]`` full lengths from the process-lifetime constants (:func:`full_lengths`: a graph
+    captured with them may outlive the plan)."""
 
-    __slots__ = ("b", "width", "device", "full")
+    __slots__ = ("b", "device", "full")
 
-    def __init__(self, b: int, width: int, given, device: torch.device):
-        self.b, self.width, self.device = b, width, device
-        self.full = None if given is not None or capturing(device) else self._fill()
-
-    def _fill(self) -> torch.Tensor:
-        return torch.full((self.b,), self.width, dtype=torch.int32, device=self.device)
+    def __init__(self, b: int, given, device: torch.device):
+        self.b, self.device = b, device
+        self.full = None if given is not None else reusable_full_lengths(b, device)
 
     def __call__(self, given):
         if given is not None:
             return given.contiguous()
-        return self.full if self.full is not None else self._fill()
+        return self.full if self.full is not None else full_lengths(self.b, self.device)

@@ -14,10 +14,10 @@ from ..validation import (
     check_tensor,
 )
 from ..kernels import SPARSE_PREFILL
-from ._dispatch import (Launch, PlanCache, _target, aligned16, capturing, check_aligned_output,
-                        check_output, meta, meta_contiguous, meta_last, placeholder,
-                        recheck_device, resolve, reusable_no_sink, routed_per_call,
-                        reshaped, sink_argument)
+from ._dispatch import (Launch, PlanCache, _target, aligned16, check_aligned_output,
+                        check_output, constants, full_lengths, meta, meta_contiguous, meta_last,
+                        placeholder, recheck_device, resolve, reusable_full_lengths,
+                        reusable_no_sink, routed_per_call, reshaped, sink_argument)
 
 
 def _check_q_kv(q: torch.Tensor, kv: torch.Tensor) -> Tuple[int, int, int]:
@@ -105,10 +105,8 @@ class _Plan:
         else:
             width = indices.shape[-1]
             self.indices_shape = (s_q, width)
-            # (no reusable tensor with data is made while a CUDA graph is captured: the
-            # capture records its fill without running it)
-            self.full = None if lengths is not None or capturing(dev) else \
-                torch.full((s_q,), width, dtype=torch.int32, device=dev)
+            # full lengths from the process-lifetime constants (a graph may outlive the plan)
+            self.full = None if lengths is not None else reusable_full_lengths(s_q, dev)
         self.sink = None if attn_sink is not None else reusable_no_sink(h, dev)
         kernel, _ = resolve(SPARSE_PREFILL, _target(dev), h=h, topk=width, ragged=ragged)
         self.launch = Launch(kernel, SPARSE_PREFILL, _DYNAMIC, sm_scale=sm_scale)
@@ -140,7 +138,7 @@ class _Plan:
         if not self.ragged:
             indices = reshaped(indices, self.indices_shape)
         elif self.no_indices:
-            indices = torch.full((1,), -1, dtype=torch.int32, device=dev)
+            indices = constants(-1, 1, torch.int32, dev)
         else:
             indices = indices.contiguous()
         if lengths is not None:
@@ -148,8 +146,7 @@ class _Plan:
         elif self.full is not None:
             lengths = self.full
         else:
-            lengths = torch.full(self.indices_shape[:1], self.indices_shape[1],
-                                 dtype=torch.int32, device=dev)
+            lengths = full_lengths(self.indices_shape[0], dev)
         sink = sink_argument(attn_sink, self.sink, q.shape[1], dev)
         q = aligned16(q)
         # the producers copy KV rows in 16-byte pieces (cp.async): a view that starts off a

@@ -37,7 +37,7 @@ from ..cache_format import HEAD_DIM, cache_geometry, dequantize_slots
 from ..validation import (
     check_block_size,
     check_dim_match,
-    check_fp8_format,
+    check_cache_fp8_format,
     check_int,
     check_optional_tensor,
     check_same_device,
@@ -64,7 +64,7 @@ def check_gather_args(out: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.
     if bs != geom.block_size:
         raise ValueError(f"block_size: expected {geom.block_size} (block size of k_cache), got {bs}")
     offset = check_int("offset", offset, min_value=0, max_value=max_tokens)
-    fmt = check_fp8_format("fp8_format", fp8_format)
+    fmt = check_cache_fp8_format("k_cache", k_cache, "fp8_format", fp8_format)
     check_same_device(out=out, k_cache=k_cache, seq_lens=seq_lens, gather_lens=gather_lens,
                       block_table=block_table)
     return geom, bs, offset, fmt

@@ -46,6 +46,7 @@ from ..cache_format import HEAD_DIM, CacheGeometry, cache_geometry, dequantize_s
 from ..validation import (
     check_dim_match,
     check_float,
+    check_cache_fp8_format,
     check_fp8_format,
     check_optional_tensor,
     check_same_device,
@@ -106,8 +107,12 @@ def sparse_decode_ref(
     check_optional_tensor("topk_length", topk_length, dtype=torch.int32, shape=(b,), contiguous=True)
     softmax_scale = check_float("softmax_scale", softmax_scale)
     check_optional_tensor("attn_sink", attn_sink, dtype=torch.float32, shape=(h,))
-    fmt = check_fp8_format("fp8_format", fp8_format)
+    fmt = check_cache_fp8_format("k_cache", k_cache, "fp8_format", fp8_format)
     extra_fmt = fmt if extra_fp8_format is None else check_fp8_format("extra_fp8_format", extra_fp8_format)
+    if extra_k_cache is not None:
+        check_cache_fp8_format("extra_k_cache", extra_k_cache,
+                               "fp8_format" if extra_fp8_format is None else "extra_fp8_format",
+                               extra_fmt)
 
     if extra_k_cache is None and extra_indices_in_kvcache is not None:
         raise ValueError("extra_k_cache: expected a cache when extra_indices_in_kvcache is given, got None")

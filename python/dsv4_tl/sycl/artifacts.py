@@ -9,8 +9,10 @@ SYCL device, not TileLang's lowering or the compiler.
 
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from ..file_lock import write_atomic
+from ..trust import private_dirs
 
 ARTIFACT_SUFFIX = ".sycl.json"
 
@@ -35,14 +37,12 @@ def write_artifact(func, key: str, path: Path) -> Path:
     program = lower_to_sycl(func, kernel_symbol(key))
     spirv = compile_to_spirv(program.kernel.source)
     spv_path, cpp_path = _siblings(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dirs(path.parent)
     meta = {"format": 1, **program.to_json(), "spirv": spv_path.name,
             "spirv_sha256": hashlib.sha256(spirv).hexdigest(), "source": cpp_path.name}
     for target, data in ((spv_path, spirv), (cpp_path, program.kernel.source.encode()),
                          (path, (json.dumps(meta, indent=1) + "\n").encode())):
-        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
+        write_atomic(target, data)
     return path
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import tuning_log
+from ..cli import one_line_errors
 from ..targets import parse_target
 from .harnesses import TUNABLE_OPS
 from .plan import DEFAULT_MAX_CANDIDATES, format_plan, plan, selected_ops
@@ -19,7 +20,7 @@ DESCRIPTION = ("dsv4-tl tune: measure the schedule candidates of each shape buck
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cli import OneLineParser, positive_int
+    from ..cli import OneLineParser, non_negative_float, non_negative_int, positive_int
     from ..targets import DEFAULT_TARGET, SUPPORTED_TARGETS
 
     p = OneLineParser(prog="dsv4-tl tune", description=DESCRIPTION)
@@ -37,17 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="list and prune the candidates (no GPU, no compiling)")
     p.add_argument("--report", action="store_true", help="table of the logged results")
     p.add_argument("--png", help="with --report: also draw a chart here (needs matplotlib)")
-    p.add_argument("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES,
+    p.add_argument("--max-candidates", type=non_negative_int, default=DEFAULT_MAX_CANDIDATES,
                    help="per bucket after pruning, nearest to the bucket's config first "
                         f"(default {DEFAULT_MAX_CANDIDATES}; 0 = all)")
     p.add_argument("--jobs", type=positive_int, help="parallel compiles (default: cores - 1)")
     p.add_argument("--artifacts", help="compiled candidates (default <kernel dir>/tune)")
-    p.add_argument("--time-budget", type=float, default=0,
+    p.add_argument("--time-budget", type=non_negative_float, default=0,
                    help="seconds after which no new bucket starts (0: none)")
-    p.add_argument("--candidate-timeout", type=float, default=90,
+    p.add_argument("--candidate-timeout", type=non_negative_float, default=90,
                    help="a candidate running longer (a hung kernel) ends the run with status 5 "
                         "and is pruned next time (default 90 s; 0: no watchdog)")
-    p.add_argument("--min-gain", type=float, default=0.01,
+    p.add_argument("--min-gain", type=non_negative_float, default=0.01,
                    help="a candidate replaces the bucket's file config only if faster by "
                         "more than this fraction (default 0.01)")
     p.add_argument("--device", default="cuda", help="torch device to measure on")
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@one_line_errors("dsv4-tl tune")
 def main(argv: Optional[list] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.out is None:  # read and extend the logs that schedule_for and builds read

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace, say=print) -> int:
     from ..loader import jit_artifact_path
 
     if not torch.cuda.is_available():
-        say("dsv4-tl tune: measuring needs a CUDA device (--dry-run and --report work anywhere)")
+        print("dsv4-tl tune: measuring needs a CUDA device (--dry-run and --report work "
+              "anywhere)", file=sys.stderr)
         return 2
     start = time.time()
     target = parse_target(args.target)
@@ -71,14 +72,14 @@ def run(args: argparse.Namespace, say=print) -> int:
     try:
         plans = plan(target, ops, args.suite, args.bucket, args.max_candidates, crashed)
     except ValueError as exc:
-        say(f"dsv4-tl tune: {exc}")
+        print(f"dsv4-tl tune: {exc}", file=sys.stderr)
         return 2
     info, tools = device_info(device), toolchain()
     from ..targets import target_for_device
 
     if target_for_device(device) != target:
-        say(f"dsv4-tl tune: {info['device']} runs {target_for_device(device).name} kernels, "
-            f"not {target.name}")
+        print(f"dsv4-tl tune: {info['device']} runs {target_for_device(device).name} kernels, "
+              f"not {target.name}", file=sys.stderr)
         return 2
     if args.resume and not args.force:
         todo = []
