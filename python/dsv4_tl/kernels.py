@@ -192,9 +192,10 @@ SPARSE_DECODE = KernelSpec(
     build=_build_sparse_decode,
     params=("Q", "MainFp8", "MainBf16", "MainU8", "MainIndices", "MainLength",
             "ExtraFp8", "ExtraBf16", "ExtraU8", "ExtraIndices", "ExtraLength", "Sink",
-            "Out", "Lse", "OPartial", "LsePartial", "sm_scale",
+            "Out", "Lse", "OPartial", "LsePartial", "RowSplits", "sm_scale",
             "main_block_size", "main_block_stride", "main_num_blocks",
-            "extra_block_size", "extra_block_stride", "extra_num_blocks"),
+            "extra_block_size", "extra_block_stride", "extra_num_blocks",
+            "tiles_per_split", "num_ctas"),
     static=_decode_static,
     aot_statics=_decode_aot_statics,
     features=_decode_features,
@@ -204,6 +205,11 @@ SPARSE_DECODE = KernelSpec(
 )
 """call: ``h``, ``b``, ``s_q`` (1), ``scope`` (:func:`decode_scope`), ``batch_invariant``
 (False), ``fp8_format`` ("e4m3fn")."""
+
+
+# The combine's largest bound on a row's split count (its powers of two up to this) on the
+# persistent grid; the front end raises the split size of longer rows to stay within it.
+MAX_COMBINE_SPLITS = 128
 
 
 def _build_sparse_decode_combine(**params):
@@ -218,8 +224,14 @@ def _combine_static(*, h: int, num_splits: int, **_call) -> dict:
 
 def _combine_aot_statics(target_dir: str, heads: Tuple[int, ...],
                          fp8_formats: Tuple[str, ...]) -> List[dict]:
-    """Each head count with each split count > 1 of the target's decode schedules."""
-    splits = sorted({c["num_splits"] for c in SPARSE_DECODE.schedules(target_dir)} - {1})
+    """Each head count with each split count > 1 of the target's decode schedules, and the
+    powers of two up to ``MAX_COMBINE_SPLITS`` when a schedule is persistent (its bound on a
+    row's splits follows the index widths)."""
+    configs = SPARSE_DECODE.schedules(target_dir)
+    splits = {c["num_splits"] for c in configs} - {1}
+    if any(c.get("persistent") for c in configs):
+        splits |= {1 << i for i in range(1, MAX_COMBINE_SPLITS.bit_length())}
+    splits = sorted(splits)
     return [dict(num_heads=h, num_splits=s) for h in heads for s in splits]
 
 
@@ -227,7 +239,7 @@ SPARSE_DECODE_COMBINE = KernelSpec(
     op="sparse_decode_combine",
     entry="sparse_decode_combine",
     build=_build_sparse_decode_combine,
-    params=("OPartial", "LsePartial", "Sink", "Out", "Lse"),
+    params=("OPartial", "LsePartial", "RowSplits", "Sink", "Out", "Lse"),
     static=_combine_static,
     aot_statics=_combine_aot_statics,
     front_ends=("sparse_decode",),  # the second launch of split-KV decode
