@@ -93,8 +93,6 @@ def build_sparse_decode(
     tile_math: str = "tensor_core",
     persistent: bool = False,
     item_cost: int = 3,
-    tiles_per_split_min: int = 4,
-    invariant_tiles_per_split: int = 16,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -117,8 +115,6 @@ def build_sparse_decode(
             ``-m``: ``max(m, ceil(tiles of the call / num_ctas))``), a row of one split is
             stored directly and the splits of a split row write partials at the row's slots
             (``RowSplits``). ``item_cost``: an item's fixed cost in tiles, for the balance.
-            ``tiles_per_split_min`` (m) and ``invariant_tiles_per_split`` (the fixed split
-            size of batch-invariant calls) are the front end's, not used by the kernel.
 
     Kernel arguments: ``q [b, s_q, h, 512] bf16``; per scope the cache as three flat views of
     the same bytes (``fp8 [n_bytes]``, ``bf16 [n_bytes / 2]``, ``uint8 [n_bytes]``), ``indices
@@ -152,11 +148,9 @@ def build_sparse_decode(
         if HB != 64 or threads != WS_THREADS or BI not in (32, 64):
             raise ValueError("warp_specialized: needs heads_per_block 64, threads 384 and "
                              f"block_tokens 32 or 64, got {HB}, {threads}, {BI}")
-        if persistent and (S != 1 or item_cost < 1 or tiles_per_split_min < 1
-                           or invariant_tiles_per_split < 1):
-            raise ValueError("persistent: needs num_splits 1, item_cost >= 1 and split sizes "
-                             f">= 1, got {S}, {item_cost}, {tiles_per_split_min}, "
-                             f"{invariant_tiles_per_split}")
+        if persistent and (S != 1 or item_cost < 1):
+            raise ValueError("persistent: needs num_splits 1 and item_cost >= 1, got "
+                             f"{S}, {item_cost}")
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost)
     if persistent:

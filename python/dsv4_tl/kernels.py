@@ -98,6 +98,9 @@ class KernelSpec:
     feature_values: Callable[[dict], dict] = _any_feature  # static -> {feature: values}
     front_ends: Tuple[str, ...] = ()  # names in dsv4_tl (custom ops) and dsv4_tl.ops
     references: Tuple[str, ...] = ()  # names in dsv4_tl.reference
+    # schedule knobs that only the front end's launch plan reads (not the builder): left out
+    # of the variant, so that changing them compiles nothing
+    plan_knobs: Tuple[str, ...] = ()
 
     def variant(self, target_dir: str, **call) -> "Variant":
         """The variant a call described by ``call`` runs on ``target_dir``: its static
@@ -202,6 +205,8 @@ SPARSE_DECODE = KernelSpec(
     feature_values=_decode_feature_values,
     front_ends=("sparse_decode",),
     references=("sparse_decode_ref",),
+    # the persistent grid's split sizes (run-time arguments of the kernel)
+    plan_knobs=("tiles_per_split_min", "invariant_tiles_per_split"),
 )
 """call: ``h``, ``b``, ``s_q`` (1), ``scope`` (:func:`decode_scope`), ``batch_invariant``
 (False), ``fp8_format`` ("e4m3fn")."""
@@ -432,6 +437,8 @@ class Variant:
     def make(cls, op: str, static: dict, schedule: dict) -> "Variant":
         if op not in KERNELS:
             raise ValueError(f"op: unknown kernel {op!r}; known: {', '.join(sorted(KERNELS))}")
+        plan_knobs = KERNELS[op].plan_knobs
+        schedule = {k: v for k, v in schedule.items() if k not in plan_knobs}
         return cls(op, _canonical(static), _canonical(schedule))
 
     @property

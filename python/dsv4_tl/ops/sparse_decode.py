@@ -213,10 +213,10 @@ class _Plan:
             if self.has_extra:
                 max_tiles += -(-extra_indices.shape[-1] // bt)
             floor = -(-max_tiles // MAX_COMBINE_SPLITS)
-            if batch_invariant:
-                tps = max(schedule["invariant_tiles_per_split"], floor)
-            else:
-                tps = max(schedule["tiles_per_split_min"], floor)
+            knob = "invariant_tiles_per_split" if batch_invariant else "tiles_per_split_min"
+            if not (isinstance(schedule[knob], int) and schedule[knob] >= 1):
+                raise ValueError(f"schedule: {knob} must be a positive int, got {schedule[knob]!r}")
+            tps = max(schedule[knob], floor)
             max_splits = -(-max_tiles // tps)
             units = rows * -(-h // schedule["heads_per_block"])
             ctas = min(_sm_count(dev), units * max_splits)
