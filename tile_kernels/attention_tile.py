@@ -78,7 +78,7 @@ def attend_tile(
 # validity flags. Buffers are picked at trace time: a loop over tile pairs writes the body
 # out for buffer 0 then buffer 1; the P tile and rescale row of tile k live in P buffer
 # (tile % 2) too. Barrier phases: every per-buffer barrier (K and P) completes once per
-# pair (parity pair & 1).
+# pair (parity pair & 1, counting the pairs of the CTA's earlier work items: ``pair0``).
 WS_THREADS = 384
 # Registers per thread at launch (64K / 384, rounded down to a multiple of 8). Each role
 # then sets its own count with setmaxnreg, and ptxas allocates the role's code within it.

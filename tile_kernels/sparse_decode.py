@@ -21,7 +21,11 @@ log LSE (sink excluded, ``+inf`` for a row with no valid token). With ``num_spli
 writes an fp32 partial output normalised by its own sum and a log2-domain partial LSE
 (``-inf`` when empty); ``build_sparse_decode_combine`` merges the splits and applies the sink.
 
-Grid: ``(b * s_q, ceil(h / heads_per_block), num_splits)``.
+Grid: ``(b * s_q, ceil(h / heads_per_block), num_splits)``; or, with the warp-specialised
+schedule's ``persistent`` knob, ``num_ctas`` CTAs that each walk a balanced range of (row, head
+group, split) work items planned at their start from the call's lengths (``work.py``): rows
+cut into splits of a fixed number of tiles, rows of one split finished in place, the splits of
+a split row merged by the combine.
 Definition of the math: ``dsv4_tl/reference/sparse_decode.py``.
 """
 
@@ -32,7 +36,7 @@ import tilelang.language as T
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
 from .fp8 import FP8_BF16_PRELUDE, FP8_FORMATS, FP8_RESTORE_EXP, fp8_byte_to_float
 from .tile_math import check_tile_math
-from .work import cta_work_range, unit_splits
+from .work import cta_work_range, walk_items
 
 from .attention_tile import (
     LN2,
@@ -240,13 +244,8 @@ def build_sparse_decode(
             r_s = row % s_q
             h0 = hg * HB
             scale_log2 = sm_scale * LOG2E
-            main_len = T.min(T.max(MainLength[r_b], 0), topk)
-            main_tiles = T.ceildiv(main_len, BI)
-            extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
-            total_tiles = main_tiles + T.ceildiv(extra_len, BI)
-            per_split = T.ceildiv(total_tiles, S)
-            t_begin = T.min(split * per_split, total_tiles)
-            t_end = T.min(t_begin + per_split, total_tiles)
+            main_len, extra_len, main_tiles, t_begin, t_end = fixed_split(
+                MainLength, ExtraLength, topk, ew, r_b, split, BI, S, has_extra)
             if S > 1:
                 store_row_splits(RowSplits, row, hg, split, S)
 
@@ -305,6 +304,32 @@ def build_sparse_decode(
                         OPartial[r_b, r_s, split, h0 + i, d] = acc_o[i, d] / l_i[i]
 
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+
+
+def row_lengths(MainLength, ExtraLength, topk, ew, r_b, has_extra: bool) -> tuple:
+    """Request ``r_b``'s scope lengths clamped into ``[0, width]`` (expressions)."""
+    main_len = T.min(T.max(MainLength[r_b], 0), topk)
+    extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
+    return main_len, extra_len
+
+
+def row_tiles(main_len, extra_len, BI: int, has_extra: bool):
+    """KV tiles of a row with these lengths, both scopes (an expression)."""
+    if has_extra:
+        return T.ceildiv(main_len, BI) + T.ceildiv(extra_len, BI)
+    return T.ceildiv(main_len, BI)
+
+
+def fixed_split(MainLength, ExtraLength, topk, ew, r_b, split, BI: int, S: int, has_extra: bool):
+    """The fixed grids' split ``split`` of request ``r_b``'s rows: ``(main_len, extra_len,
+    main_tiles, t_begin, t_end)`` (expressions; the window scope's tiles first, each of the
+    ``S`` splits ``ceil(tiles / S)`` of them)."""
+    main_len, extra_len = row_lengths(MainLength, ExtraLength, topk, ew, r_b, has_extra)
+    main_tiles = T.ceildiv(main_len, BI)
+    total_tiles = row_tiles(main_len, extra_len, BI, has_extra)
+    per_split = T.ceildiv(total_tiles, S)
+    t_begin = T.min(split * per_split, total_tiles)
+    return main_len, extra_len, main_tiles, t_begin, T.min(t_begin + per_split, total_tiles)
 
 
 @T.macro
@@ -508,122 +533,6 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                     T.fence_proxy_async()
                     T.barrier_arrive(st.k_ready[buf])
 
-    @T.prim_func
-    def sparse_decode(
-        Q: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
-        MainFp8: T.Tensor([m_bytes], T.float8_e4m3fn),
-        MainBf16: T.Tensor([m_half], T.bfloat16),
-        MainU8: T.Tensor([m_bytes], T.uint8),
-        MainIndices: T.Tensor([b, s_q, topk], T.int32),
-        MainLength: T.Tensor([b], T.int32),
-        ExtraFp8: T.Tensor([e_bytes], T.float8_e4m3fn),
-        ExtraBf16: T.Tensor([e_half], T.bfloat16),
-        ExtraU8: T.Tensor([e_bytes], T.uint8),
-        ExtraIndices: T.Tensor([eb, es, ew], T.int32),
-        ExtraLength: T.Tensor([eb], T.int32),
-        Sink: T.Tensor([num_heads], T.float32),
-        Out: T.Tensor([ob, os_, num_heads, D], T.bfloat16),
-        Lse: T.Tensor([ob, num_heads, os_], T.float32),
-        OPartial: T.Tensor([pb, ps, S, num_heads, D], T.float32),
-        LsePartial: T.Tensor([pb, ps, S, num_heads], T.float32),
-        RowSplits: T.Tensor([rs, 2], T.int32),
-        sm_scale: T.float32,
-        main_block_size: T.int32,
-        main_block_stride: T.int64,
-        main_num_blocks: T.int32,
-        extra_block_size: T.int32,
-        extra_block_stride: T.int64,
-        extra_num_blocks: T.int32,
-        tiles_per_split: T.int32,
-        num_ctas: T.int32,
-    ):
-        with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
-                      prelude=FP8_BF16_PRELUDE) as (row, hg, split):
-            st = WarpSpecializedState(HB, BI, D)
-            tx = T.get_thread_binding()
-            # Once, as variables: as expressions every output address recomputed them
-            # (64-bit division by s_q).
-            r_b = T.alloc_var(T.int32, init=row // s_q)
-            r_s = T.alloc_var(T.int32, init=row % s_q)
-            h0 = hg * HB
-            scale_log2 = sm_scale * LOG2E
-            main_len = T.min(T.max(MainLength[r_b], 0), topk)
-            main_tiles = T.ceildiv(main_len, BI)
-            extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
-            total_tiles = main_tiles + T.ceildiv(extra_len, BI)
-            per_split = T.ceildiv(total_tiles, S)
-            t_begin = T.min(split * per_split, total_tiles)
-            t_end = T.min(t_begin + per_split, total_tiles)
-            pairs = T.ceildiv(t_end - t_begin, 2)
-            if S > 1:
-                store_row_splits(RowSplits, row, hg, split, S)
-
-            ws_load_q(st, lambda hh, d: Q[r_b, r_s, hh, d],
-                      lambda h, d0, d1: Q[r_b, r_s, h:h + HB, d0:d1], h0, num_heads)
-
-            if tx < 128:
-                ws_set_regs(DECODE_WS_REGS[0])
-                ws_consumer_softmax(st, pairs, scale_log2)
-                inv = T.alloc_fragment([HB], T.float32)
-                for i in T.Parallel(HB):
-                    has = st.l_i[i] > 0
-                    if h0 + i < num_heads:
-                        if S == 1:
-                            Lse[r_b, h0 + i, r_s] = T.if_then_else(
-                                has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale,
-                                T.infinity(T.float32))
-                        else:
-                            LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
-                                has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2,
-                                -T.infinity(T.float32))
-                    # 1 / denominator, once per row: the sink joins it here when the CTA
-                    # finishes the row, else in the combine.
-                    if S == 1:
-                        inv[i] = T.if_then_else(
-                            has,
-                            1.0 / (st.l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
-                                                      - st.m_i[i] * scale_log2)),
-                            1.0)
-                    else:
-                        inv[i] = T.if_then_else(has, 1.0 / st.l_i[i], 1.0)
-                T.copy(inv, st.inv_denom_shared)
-                T.barrier_arrive(st.bar_done)
-                write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, split, h0)
-            elif tx < 256:
-                ws_set_regs(DECODE_WS_REGS[1])
-                ws_consumer_pv(st, pairs)
-                inv = T.alloc_fragment([HB], T.float32)
-                T.copy(st.inv_denom_shared, inv)
-                write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, r_b, r_s, split, h0)
-            else:
-                ws_set_regs(DECODE_WS_REGS[2])
-                p = tx - 256
-                main = CacheScope(MainU8, MainIndices, topk, main_len, main_block_size,
-                                  main_block_stride, main_num_blocks)
-                extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
-                                   extra_block_stride, extra_num_blocks)
-                raw = T.alloc_local([2 * RAW_WORDS], T.uint32)  # two rounds in flight
-                ok = T.alloc_local([2], T.int32)
-                nxt = T.alloc_local([R], T.int32)
-                deq = T.alloc_local([16], T.bfloat16)
-                produce_tiles(st, raw, ok, nxt, deq, p, main, extra, r_b, r_s, t_begin, t_end,
-                              main_tiles, pairs, 0)
-
-    if not persistent:
-        return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
-
-    def lengths(MainLength, ExtraLength, topk, ew, bi):
-        """Request ``bi``'s clamped scope lengths (expressions)."""
-        main_len = T.min(T.max(MainLength[bi], 0), topk)
-        extra_len = T.min(T.max(ExtraLength[bi], 0), ew) if has_extra else 0
-        return main_len, extra_len
-
-    def tiles_of(main_len, extra_len):
-        """KV tiles of a row with these lengths (both scopes)."""
-        if has_extra:
-            return T.ceildiv(main_len, BI) + T.ceildiv(extra_len, BI)
-        return T.ceildiv(main_len, BI)
-
     @T.macro
     def write_half_item(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, h0, direct,
                         slot):
@@ -641,6 +550,74 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 if h0 + i < num_heads:
                     OPartial[slot, 0, 0, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
 
+
+    @T.macro
+    def softmax_item(st, item, inv, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits, sm_scale,
+                     scale_log2, rs):
+        """Warpgroup 0's part of one persistent-grid item: this item's Q (once both consumers
+        are done with the last item's Q buffers, which its QKᵀ read and its output was staged
+        through), QKᵀ / softmax / left P·V, the row statistics and the left output half."""
+        r_b, r_s, h0 = item.r_b, item.r_s, item.hg * HB
+        direct = item.splits == 1
+        T.sync_threads(10, 256)
+        if num_heads % HB == 0:
+            T.tma_copy(Q[r_b, r_s, h0:h0 + HB, 0:DH], st.Q_l, barrier=st.bar_q,
+                       leader_scope_threads=128)
+            T.tma_copy(Q[r_b, r_s, h0:h0 + HB, DH:D], st.Q_r, barrier=st.bar_q,
+                       leader_scope_threads=128)
+        else:
+            for i, d in T.Parallel(HB, DH):
+                hh = T.min(h0 + i, num_heads - 1)
+                st.Q_l[i, d] = T.if_then_else(h0 + i < num_heads, Q[r_b, r_s, hh, d], 0)
+                st.Q_r[i, d] = T.if_then_else(h0 + i < num_heads, Q[r_b, r_s, hh, DH + d], 0)
+        T.barrier_arrive(st.bar_q)
+        ws_consumer_softmax(st, item.pairs, scale_log2, item.pairs_before, item.index & 1)
+        for i in T.Parallel(HB):
+            has = st.l_i[i] > 0
+            if h0 + i < num_heads:
+                if direct:
+                    Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                        has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale, T.infinity(T.float32))
+                else:
+                    LsePartial[item.slot, 0, 0, h0 + i] = T.if_then_else(
+                        has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2, -T.infinity(T.float32))
+            # 1 / denominator; the sink joins it when this item finishes its row
+            inv[i] = T.if_then_else(
+                has,
+                1.0 / (st.l_i[i] + T.if_then_else(
+                    direct,
+                    T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E - st.m_i[i] * scale_log2),
+                    0.0)),
+                1.0)
+        if T.get_thread_binding() == 0 and item.hg == 0 and item.k == 0 and rs > 0:
+            RowSplits[item.row, 0] = item.slot
+            RowSplits[item.row, 1] = item.splits
+        T.copy(inv, st.inv_denom_shared)
+        T.barrier_arrive(st.bar_done)
+        write_half_item(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, h0, direct,
+                        item.slot)
+
+    @T.macro
+    def pv_item(st, item, inv, Out, OPartial):
+        """Warpgroup 1's part of one persistent-grid item: right P·V and output half."""
+        T.sync_threads(10, 256)
+        ws_consumer_pv(st, item.pairs, item.pairs_before, item.index & 1)
+        T.copy(st.inv_denom_shared, inv)
+        write_half_item(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, item.r_b, item.r_s,
+                        item.hg * HB, item.splits == 1, item.slot)
+
+    @T.macro
+    def produce_item(st, item, lv, raw, ok, nxt, deq, p, main_args, extra_args):
+        """The producer's tiles of one persistent-grid item (``*_args``: a scope's cache
+        bytes, indices, lengths, width, block size, block stride, block count)."""
+        # (indexed, not unpacked: a buffer bound to a new name is renamed in the kernel)
+        lv[0], lv[1] = row_lengths(main_args[2], extra_args[2], main_args[3], extra_args[3],
+                                   item.r_b, has_extra)
+        main = CacheScope(main_args[0], main_args[1], main_args[3], lv[0], *main_args[4:])
+        extra = CacheScope(extra_args[0], extra_args[1], extra_args[3], lv[1], *extra_args[4:])
+        produce_tiles(st, raw, ok, nxt, deq, p, main, extra, item.r_b, item.r_s, item.t_begin,
+                      item.t_end, T.ceildiv(lv[0], BI), item.pairs, item.pairs_before)
+
     @T.prim_func
     def sparse_decode(
         Q: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
@@ -670,151 +647,117 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         tiles_per_split: T.int32,
         num_ctas: T.int32,
     ):
-        with T.Kernel(num_ctas, threads=WS_THREADS, prelude=FP8_BF16_PRELUDE) as cta:
-            # Q comes per work item, loaded and awaited by warpgroup 0 alone.
-            st = WarpSpecializedState(HB, BI, D, q_arrivals=128)
-            bounds = T.alloc_shared([6], T.int32, scope="shared")
-            scratch = T.alloc_shared([WS_THREADS // 32, 3], T.int32, scope="shared")
-            tx = T.get_thread_binding()
-            scale_log2 = sm_scale * LOG2E
-            units = b * s_q * head_groups
-            lens = (MainLength, ExtraLength, topk, ew)
-            cta_work_range(bounds, scratch,
-                           lambda u: tiles_of(*lengths(*lens, (u // head_groups) // s_q)),
-                           units, head_groups, tiles_per_split, item_cost, num_ctas, cta,
-                           WS_THREADS)
-            span = T.alloc_local([6], T.int32)  # u_begin, k_begin, slot base, u_end, k_end, T
-            for i in _unrolled(6):
-                span[i] = bounds[i]
-            pc = T.alloc_local([1], T.int32)  # tile pairs so far: barrier phases
-            it = T.alloc_local([1], T.int32)  # items so far: bar_q / bar_done phases
-            base = T.alloc_local([1], T.int32)  # partial slot base of the unit's row
-            pc[0] = 0
-            it[0] = 0
-            base[0] = span[2]
+        if persistent:
+            with T.Kernel(num_ctas, threads=WS_THREADS, prelude=FP8_BF16_PRELUDE) as cta:
+                # Q comes per work item, loaded and awaited by warpgroup 0 alone.
+                st = WarpSpecializedState(HB, BI, D, q_arrivals=128)
+                bounds = T.alloc_shared([6], T.int32, scope="shared")
+                scratch = T.alloc_shared([WS_THREADS // 32, 3], T.int32, scope="shared")
+                tx = T.get_thread_binding()
+                scale_log2 = sm_scale * LOG2E
+                units = b * s_q * head_groups
+                lens = (MainLength, ExtraLength, topk, ew)
+                tiles = lambda r_b: row_tiles(*row_lengths(*lens, r_b, has_extra),  # noqa: E731
+                                              BI, has_extra)
+                cta_work_range(bounds, scratch, lambda u: tiles((u // head_groups) // s_q),
+                               units, head_groups, tiles_per_split, item_cost, num_ctas, cta,
+                               WS_THREADS)
+                span = T.alloc_local([6], T.int32)  # u_begin, k_begin, slot base, u_end, k_end, T
+                for i in _unrolled(6):
+                    span[i] = bounds[i]
 
-            if tx < 128:
-                ws_set_regs(DECODE_WS_REGS[0])
-                inv = T.alloc_fragment([HB], T.float32)
-                rv = T.alloc_local([3], T.int32)  # the unit's r_b, r_s, tiles
-                for u in T.serial(span[0], T.min(span[3] + 1, units)):
-                    row = u // head_groups
-                    hg = u % head_groups
-                    # as variables: as expressions each use recomputed 64-bit divisions
-                    rv[0] = row // s_q
-                    rv[1] = row % s_q
-                    rv[2] = tiles_of(*lengths(*lens, rv[0]))
-                    r_b, r_s, total_tiles = rv[0], rv[1], rv[2]
-                    h0 = hg * HB
-                    ns = unit_splits(total_tiles, span[5])
-                    for k in T.serial(T.if_then_else(u == span[0], span[1], 0),
-                                      T.if_then_else(u == span[3], span[4], ns)):
-                        t_begin = k * span[5]
-                        pairs = T.ceildiv(T.min(t_begin + span[5], total_tiles) - t_begin, 2)
-                        direct = ns == 1
-                        slot = base[0] + k
-                        # Both consumers are done with the last item's Q buffers (QKᵀ and
-                        # the output staged through them) before this item's Q lands.
-                        T.sync_threads(10, 256)
-                        if num_heads % HB == 0:
-                            T.tma_copy(Q[r_b, r_s, h0:h0 + HB, 0:DH], st.Q_l, barrier=st.bar_q,
-                                       leader_scope_threads=128)
-                            T.tma_copy(Q[r_b, r_s, h0:h0 + HB, DH:D], st.Q_r, barrier=st.bar_q,
-                                       leader_scope_threads=128)
-                        else:
-                            for i, d in T.Parallel(HB, DH):
-                                hh = T.min(h0 + i, num_heads - 1)
-                                st.Q_l[i, d] = T.if_then_else(h0 + i < num_heads,
-                                                              Q[r_b, r_s, hh, d], 0)
-                                st.Q_r[i, d] = T.if_then_else(h0 + i < num_heads,
-                                                              Q[r_b, r_s, hh, DH + d], 0)
-                        T.barrier_arrive(st.bar_q)
-                        ws_consumer_softmax(st, pairs, scale_log2, pc[0], it[0] & 1)
-                        for i in T.Parallel(HB):
-                            has = st.l_i[i] > 0
-                            if h0 + i < num_heads:
-                                if direct:
-                                    Lse[r_b, h0 + i, r_s] = T.if_then_else(
-                                        has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale,
-                                        T.infinity(T.float32))
-                                else:
-                                    LsePartial[slot, 0, 0, h0 + i] = T.if_then_else(
-                                        has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2,
-                                        -T.infinity(T.float32))
+                if tx < 128:
+                    ws_set_regs(DECODE_WS_REGS[0])
+                    inv = T.alloc_fragment([HB], T.float32)
+                    walk_items(span, units, head_groups, s_q, tiles, lambda item: softmax_item(
+                        st, item, inv, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
+                        sm_scale, scale_log2, rs))
+                elif tx < 256:
+                    ws_set_regs(DECODE_WS_REGS[1])
+                    inv = T.alloc_fragment([HB], T.float32)
+                    walk_items(span, units, head_groups, s_q, tiles,
+                               lambda item: pv_item(st, item, inv, Out, OPartial))
+                else:
+                    ws_set_regs(DECODE_WS_REGS[2])
+                    p = tx - 256
+                    raw = T.alloc_local([2 * RAW_WORDS], T.uint32)  # two rounds in flight
+                    ok = T.alloc_local([2], T.int32)
+                    nxt = T.alloc_local([R], T.int32)
+                    deq = T.alloc_local([16], T.bfloat16)
+                    lv = T.alloc_local([2], T.int32)  # the row's lengths
+                    walk_items(span, units, head_groups, s_q, tiles, lambda item: produce_item(
+                        st, item, lv, raw, ok, nxt, deq, p,
+                        (MainU8, MainIndices, MainLength, topk, main_block_size, main_block_stride,
+                         main_num_blocks),
+                        (ExtraU8, ExtraIndices, ExtraLength, ew, extra_block_size,
+                         extra_block_stride, extra_num_blocks)))
+        else:
+            with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
+                          prelude=FP8_BF16_PRELUDE) as (row, hg, split):
+                st = WarpSpecializedState(HB, BI, D)
+                tx = T.get_thread_binding()
+                # Once, as variables: as expressions every output address recomputed them
+                # (64-bit division by s_q).
+                r_b = T.alloc_var(T.int32, init=row // s_q)
+                r_s = T.alloc_var(T.int32, init=row % s_q)
+                h0 = hg * HB
+                scale_log2 = sm_scale * LOG2E
+                main_len, extra_len, main_tiles, t_begin, t_end = fixed_split(
+                    MainLength, ExtraLength, topk, ew, r_b, split, BI, S, has_extra)
+                pairs = T.ceildiv(t_end - t_begin, 2)
+                if S > 1:
+                    store_row_splits(RowSplits, row, hg, split, S)
+
+                ws_load_q(st, lambda hh, d: Q[r_b, r_s, hh, d],
+                          lambda h, d0, d1: Q[r_b, r_s, h:h + HB, d0:d1], h0, num_heads)
+
+                if tx < 128:
+                    ws_set_regs(DECODE_WS_REGS[0])
+                    ws_consumer_softmax(st, pairs, scale_log2)
+                    inv = T.alloc_fragment([HB], T.float32)
+                    for i in T.Parallel(HB):
+                        has = st.l_i[i] > 0
+                        if h0 + i < num_heads:
+                            if S == 1:
+                                Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                                    has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale,
+                                    T.infinity(T.float32))
+                            else:
+                                LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
+                                    has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2,
+                                    -T.infinity(T.float32))
+                        # 1 / denominator, once per row: the sink joins it here when the CTA
+                        # finishes the row, else in the combine.
+                        if S == 1:
                             inv[i] = T.if_then_else(
                                 has,
-                                1.0 / (st.l_i[i] + T.if_then_else(
-                                    direct,
-                                    T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
-                                           - st.m_i[i] * scale_log2),
-                                    0.0)),
+                                1.0 / (st.l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                                          - st.m_i[i] * scale_log2)),
                                 1.0)
-                        if tx == 0 and hg == 0 and k == 0 and rs > 0:
-                            RowSplits[row, 0] = base[0]
-                            RowSplits[row, 1] = ns
-                        T.copy(inv, st.inv_denom_shared)
-                        T.barrier_arrive(st.bar_done)
-                        write_half_item(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s,
-                                        h0, direct, slot)
-                        pc[0] += pairs
-                        it[0] += 1
-                    if hg == head_groups - 1 and ns > 1:
-                        base[0] += ns
-            elif tx < 256:
-                ws_set_regs(DECODE_WS_REGS[1])
-                inv = T.alloc_fragment([HB], T.float32)
-                rv = T.alloc_local([3], T.int32)  # the unit's r_b, r_s, tiles
-                for u in T.serial(span[0], T.min(span[3] + 1, units)):
-                    row = u // head_groups
-                    hg = u % head_groups
-                    # as variables: as expressions each use recomputed 64-bit divisions
-                    rv[0] = row // s_q
-                    rv[1] = row % s_q
-                    rv[2] = tiles_of(*lengths(*lens, rv[0]))
-                    r_b, r_s, total_tiles = rv[0], rv[1], rv[2]
-                    h0 = hg * HB
-                    ns = unit_splits(total_tiles, span[5])
-                    for k in T.serial(T.if_then_else(u == span[0], span[1], 0),
-                                      T.if_then_else(u == span[3], span[4], ns)):
-                        t_begin = k * span[5]
-                        pairs = T.ceildiv(T.min(t_begin + span[5], total_tiles) - t_begin, 2)
-                        T.sync_threads(10, 256)
-                        ws_consumer_pv(st, pairs, pc[0], it[0] & 1)
-                        T.copy(st.inv_denom_shared, inv)
-                        write_half_item(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, r_b, r_s,
-                                        h0, ns == 1, base[0] + k)
-                        pc[0] += pairs
-                        it[0] += 1
-                    if hg == head_groups - 1 and ns > 1:
-                        base[0] += ns
-            else:
-                ws_set_regs(DECODE_WS_REGS[2])
-                p = tx - 256
-                raw = T.alloc_local([2 * RAW_WORDS], T.uint32)  # two rounds in flight
-                ok = T.alloc_local([2], T.int32)
-                nxt = T.alloc_local([R], T.int32)
-                deq = T.alloc_local([16], T.bfloat16)
-                rv = T.alloc_local([4], T.int32)  # the unit's r_b, r_s and lengths
-                for u in T.serial(span[0], T.min(span[3] + 1, units)):
-                    rv[0] = (u // head_groups) // s_q
-                    rv[1] = (u // head_groups) % s_q
-                    rv[2], rv[3] = lengths(*lens, rv[0])
-                    r_b, r_s, main_len, extra_len = rv[0], rv[1], rv[2], rv[3]
-                    main_tiles = T.ceildiv(main_len, BI)
-                    total_tiles = tiles_of(main_len, extra_len)
-                    ns = unit_splits(total_tiles, span[5])
+                        else:
+                            inv[i] = T.if_then_else(has, 1.0 / st.l_i[i], 1.0)
+                    T.copy(inv, st.inv_denom_shared)
+                    T.barrier_arrive(st.bar_done)
+                    write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, split, h0)
+                elif tx < 256:
+                    ws_set_regs(DECODE_WS_REGS[1])
+                    ws_consumer_pv(st, pairs)
+                    inv = T.alloc_fragment([HB], T.float32)
+                    T.copy(st.inv_denom_shared, inv)
+                    write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, r_b, r_s, split, h0)
+                else:
+                    ws_set_regs(DECODE_WS_REGS[2])
+                    p = tx - 256
                     main = CacheScope(MainU8, MainIndices, topk, main_len, main_block_size,
                                       main_block_stride, main_num_blocks)
                     extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
                                        extra_block_stride, extra_num_blocks)
-                    for k in T.serial(T.if_then_else(u == span[0], span[1], 0),
-                                      T.if_then_else(u == span[3], span[4], ns)):
-                        t_begin = k * span[5]
-                        t_end = T.min(t_begin + span[5], total_tiles)
-                        pairs = T.ceildiv(t_end - t_begin, 2)
-                        produce_tiles(st, raw, ok, nxt, deq, p, main, extra, r_b, r_s, t_begin,
-                                      t_end, main_tiles, pairs, pc[0])
-                        pc[0] += pairs
+                    raw = T.alloc_local([2 * RAW_WORDS], T.uint32)  # two rounds in flight
+                    ok = T.alloc_local([2], T.int32)
+                    nxt = T.alloc_local([R], T.int32)
+                    deq = T.alloc_local([16], T.bfloat16)
+                    produce_tiles(st, raw, ok, nxt, deq, p, main, extra, r_b, r_s, t_begin, t_end,
+                                  main_tiles, pairs, 0)
 
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 

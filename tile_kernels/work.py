@@ -22,6 +22,8 @@ no launch and no host synchronisation and follows the lengths of each call (CUDA
 :func:`plan_reference` is the same arithmetic in Python, for tests.
 """
 
+from typing import NamedTuple
+
 import tilelang.language as T
 
 
@@ -78,6 +80,28 @@ def plan_reference(tiles, s_q: int, head_groups: int, tiles_per_split: int, item
         row_splits.append((base, n))
         base += n if n > 1 else 0
     return {"tps": tps, "bounds": bounds, "items": items, "row_splits": row_splits}
+
+
+class WorkItem(NamedTuple):
+    """One work item as a role sees it (int32 expressions): query row ``row`` (request
+    ``r_b``, query ``r_s``) of ``tiles`` KV tiles, head group ``hg``, split ``k`` of
+    ``splits`` covering tiles ``[t_begin, t_end)`` in ``pairs`` tile pairs (odd ranges padded
+    to whole pairs); ``pairs_before`` / ``index``: the tile pairs and items this CTA ran
+    before it (barrier phases run on across items); ``slot``: the split's partial slot (used
+    when ``splits > 1``)."""
+    row: object
+    hg: object
+    r_b: object
+    r_s: object
+    tiles: object
+    splits: object
+    k: object
+    t_begin: object
+    t_end: object
+    pairs: object
+    pairs_before: object
+    index: object
+    slot: object
 
 
 def unit_splits(tiles, tps):
@@ -173,3 +197,33 @@ def cta_work_range(bounds, scratch, unit_tiles, units, head_groups: int, tiles_p
             bounds[3] = units
             bounds[4] = 0
     T.sync_threads()
+
+
+@T.macro
+def walk_items(span, units, head_groups: int, s_q, row_tiles, body):
+    """Run ``body(item)`` (a :class:`WorkItem`) for each item of this CTA, in order. ``span``:
+    a local int32 [6] copy of ``cta_work_range``'s bounds; ``row_tiles(r_b)``: the KV tiles
+    of request ``r_b``'s rows (an int32 expression). Every role of the CTA walks the same
+    items, so each keeps its own counts."""
+    unit = T.alloc_local([3], T.int32)  # r_b, r_s, tiles (variables: no repeated divisions)
+    runs = T.alloc_local([3], T.int32)  # pairs before, items before, slot base of the row
+    runs[0] = 0
+    runs[1] = 0
+    runs[2] = span[2]
+    for u in T.serial(span[0], T.min(span[3] + 1, units)):
+        row = u // head_groups
+        unit[0] = row // s_q
+        unit[1] = row % s_q
+        unit[2] = row_tiles(unit[0])
+        ns = unit_splits(unit[2], span[5])
+        for k in T.serial(T.if_then_else(u == span[0], span[1], 0),
+                          T.if_then_else(u == span[3], span[4], ns)):
+            t_begin = k * span[5]
+            t_end = T.min(t_begin + span[5], unit[2])
+            pairs = T.ceildiv(t_end - t_begin, 2)
+            body(WorkItem(row, u % head_groups, unit[0], unit[1], unit[2], ns, k, t_begin,
+                          t_end, pairs, runs[0], runs[1], runs[2] + k))
+            runs[0] += pairs
+            runs[1] += 1
+        if u % head_groups == head_groups - 1 and ns > 1:
+            runs[2] += ns

@@ -116,7 +116,10 @@ def sparse_decode(
             picks the split-KV count from the batch's CTA count, so a row's rounding can
             change with the batch; this mode always uses the schedule of the smallest-batch
             bucket, whose splits divide each row by its own lengths only. Costs time at
-            large batches (every row goes through split-KV partials and the combine).
+            large batches (every row goes through split-KV partials and the combine). On
+            the persistent grid (schedule knob ``persistent``) this mode cuts every row into
+            splits of a fixed ``invariant_tiles_per_split`` KV tiles (the default mode sizes
+            them from the batch's work); rows of one split are stored directly.
         out, lse: optional preallocated contiguous outputs of the shapes below.
 
     Returns:
