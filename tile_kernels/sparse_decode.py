@@ -244,8 +244,13 @@ def build_sparse_decode(
             r_s = row % s_q
             h0 = hg * HB
             scale_log2 = sm_scale * LOG2E
-            main_len, extra_len, main_tiles, t_begin, t_end = fixed_split(
-                MainLength, ExtraLength, topk, ew, r_b, split, BI, S, has_extra)
+            main_len = T.min(T.max(MainLength[r_b], 0), topk)
+            main_tiles = T.ceildiv(main_len, BI)
+            extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
+            total_tiles = main_tiles + T.ceildiv(extra_len, BI)
+            per_split = T.ceildiv(total_tiles, S)
+            t_begin = T.min(split * per_split, total_tiles)
+            t_end = T.min(t_begin + per_split, total_tiles)
             if S > 1:
                 store_row_splits(RowSplits, row, hg, split, S)
 
@@ -318,18 +323,6 @@ def row_tiles(main_len, extra_len, BI: int, has_extra: bool):
     if has_extra:
         return T.ceildiv(main_len, BI) + T.ceildiv(extra_len, BI)
     return T.ceildiv(main_len, BI)
-
-
-def fixed_split(MainLength, ExtraLength, topk, ew, r_b, split, BI: int, S: int, has_extra: bool):
-    """The fixed grids' split ``split`` of request ``r_b``'s rows: ``(main_len, extra_len,
-    main_tiles, t_begin, t_end)`` (expressions; the window scope's tiles first, each of the
-    ``S`` splits ``ceil(tiles / S)`` of them)."""
-    main_len, extra_len = row_lengths(MainLength, ExtraLength, topk, ew, r_b, has_extra)
-    main_tiles = T.ceildiv(main_len, BI)
-    total_tiles = row_tiles(main_len, extra_len, BI, has_extra)
-    per_split = T.ceildiv(total_tiles, S)
-    t_begin = T.min(split * per_split, total_tiles)
-    return main_len, extra_len, main_tiles, t_begin, T.min(t_begin + per_split, total_tiles)
 
 
 @T.macro
@@ -702,8 +695,13 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 r_s = T.alloc_var(T.int32, init=row % s_q)
                 h0 = hg * HB
                 scale_log2 = sm_scale * LOG2E
-                main_len, extra_len, main_tiles, t_begin, t_end = fixed_split(
-                    MainLength, ExtraLength, topk, ew, r_b, split, BI, S, has_extra)
+                main_len = T.min(T.max(MainLength[r_b], 0), topk)
+                main_tiles = T.ceildiv(main_len, BI)
+                extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
+                total_tiles = main_tiles + T.ceildiv(extra_len, BI)
+                per_split = T.ceildiv(total_tiles, S)
+                t_begin = T.min(split * per_split, total_tiles)
+                t_end = T.min(t_begin + per_split, total_tiles)
                 pairs = T.ceildiv(t_end - t_begin, 2)
                 if S > 1:
                     store_row_splits(RowSplits, row, hg, split, S)
@@ -840,8 +838,8 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
 
 
 # Representative builds for the lowering smoke test (tests/builds/test_lowering.py): the sm_90a
-# warp-specialised schedule on the fixed and on the persistent grid, C4A (h128) on the plain
-# schedule,
+# warp-specialised schedule on the fixed grid (one split; SWA-only with split-KV partials) and
+# on the persistent grid, C4A (h128) on the plain schedule,
 # SWA-only split-KV (h64), an unpadded head count with a C128A-width extra scope, and a combine.
 LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
@@ -850,6 +848,9 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "persistent": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 64, "has_extra": False, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "num_splits": 8}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 128, "has_extra": True}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 64, "has_extra": False, "num_splits": 4}},
     {"builder": "build_sparse_decode",
