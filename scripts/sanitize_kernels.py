@@ -168,7 +168,7 @@ def main() -> int:
     with forcing(parse_target("cuda:sm_90a"), "sparse_decode", persistent):
         run_decode(gen, 128, 8, "persistent grid, split rows")
         run_decode(gen, 64, 300, "persistent grid, several items per CTA")
-        run_decode(gen, 96, 5, "persistent grid, padded heads")
+        run_decode(gen, 96, 5, "padded heads: the fixed grid under the persistent schedule")
         run_decode(gen, 128, 9, "persistent grid, batch-invariant", batch_invariant=True)
     run_prefill(gen)
     run_gather(gen, 200)

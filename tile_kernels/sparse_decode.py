@@ -113,8 +113,10 @@ def build_sparse_decode(
         warp_specialized: the Hopper schedule (384 threads, 64 heads per CTA): a producer
             warpgroup dequantises tiles into two buffers while two consumer warpgroups run
             the attention math (attention_tile.WarpSpecializedState). sm_90a only.
-        persistent: with ``warp_specialized``, the persistent grid (``num_ctas`` CTAs, each
-            walking a balanced range of work items, ``work.py``; ``num_splits`` must be 1):
+        persistent: with ``warp_specialized`` and whole head groups (``num_heads`` a multiple
+            of 64; other head counts keep the fixed grid), the persistent grid (``num_ctas``
+            CTAs, each walking a balanced range of work items, ``work.py``; ``num_splits``
+            must be 1):
             a row is cut into splits of ``tiles_per_split`` KV tiles (the run-time argument;
             ``-m``: ``max(m, ceil(tiles of the call / num_ctas))``), a row of one split is
             stored directly and the splits of a split row write partials at the row's slots
@@ -155,6 +157,10 @@ def build_sparse_decode(
         if persistent and (S != 1 or item_cost < 1):
             raise ValueError("persistent: needs num_splits 1 and item_cost >= 1, got "
                              f"{S}, {item_cost}")
+        # Whole head groups only: with a padded last group TileLang's thread-sync lowering
+        # of the producer fails (a sync it wants inside a divergent region); those head
+        # counts keep the fixed grid (the front end's _Plan applies the same rule).
+        persistent = persistent and num_heads % HB == 0
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost)
     if persistent:
@@ -529,75 +535,62 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     @T.macro
     def write_half_item(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, h0, direct,
                         slot):
-        """``write_half`` of the persistent grid: a row of one split finished in place, a
-        split of a split row as an fp32 partial at ``slot``."""
+        """``write_half`` of the persistent grid (whole head groups): a row of one split
+        finished in place by TMA, a split of a split row as an fp32 partial at ``slot``."""
         if direct:
-            if num_heads % HB == 0:
-                ws_store_rows(acc_o, inv, stage, bar_id, Out[r_b, r_s, h0:h0 + HB, d0:d0 + DH])
-            else:
-                for i, d in T.Parallel(HB, DH):
-                    if h0 + i < num_heads:
-                        Out[r_b, r_s, h0 + i, d0 + d] = T.cast(acc_o[i, d] * inv[i], T.bfloat16)
+            ws_store_rows(acc_o, inv, stage, bar_id, Out[r_b, r_s, h0:h0 + HB, d0:d0 + DH])
         else:
             for i, d in T.Parallel(HB, DH):
-                if h0 + i < num_heads:
-                    OPartial[slot, 0, 0, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
+                OPartial[slot, 0, 0, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
 
 
     @T.macro
-    def softmax_item(st, item, inv, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits, sm_scale,
-                     scale_log2, rs):
+    def softmax_item(st, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
+                     sm_scale, scale_log2, rs):
         """Warpgroup 0's part of one persistent-grid item: this item's Q (once both consumers
         are done with the last item's Q buffers, which its QKᵀ read and its output was staged
         through), QKᵀ / softmax / left P·V, the row statistics and the left output half."""
         r_b, r_s, h0 = item.r_b, item.r_s, item.hg * HB
+        slot = item.slot
         direct = item.splits == 1
         T.sync_threads(10, 256)
-        if num_heads % HB == 0:
-            T.tma_copy(Q[r_b, r_s, h0:h0 + HB, 0:DH], st.Q_l, barrier=st.bar_q,
-                       leader_scope_threads=128)
-            T.tma_copy(Q[r_b, r_s, h0:h0 + HB, DH:D], st.Q_r, barrier=st.bar_q,
-                       leader_scope_threads=128)
-        else:
-            for i, d in T.Parallel(HB, DH):
-                hh = T.min(h0 + i, num_heads - 1)
-                st.Q_l[i, d] = T.if_then_else(h0 + i < num_heads, Q[r_b, r_s, hh, d], 0)
-                st.Q_r[i, d] = T.if_then_else(h0 + i < num_heads, Q[r_b, r_s, hh, DH + d], 0)
+        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, 0:DH], st.Q_l, barrier=st.bar_q,
+                   leader_scope_threads=128)
+        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, DH:D], st.Q_r, barrier=st.bar_q,
+                   leader_scope_threads=128)
         T.barrier_arrive(st.bar_q)
         ws_consumer_softmax(st, item.pairs, scale_log2, item.pairs_before, item.index & 1)
         for i in T.Parallel(HB):
             has = st.l_i[i] > 0
-            if h0 + i < num_heads:
-                if direct:
-                    Lse[r_b, h0 + i, r_s] = T.if_then_else(
-                        has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale, T.infinity(T.float32))
-                else:
-                    LsePartial[item.slot, 0, 0, h0 + i] = T.if_then_else(
-                        has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2, -T.infinity(T.float32))
+            if direct:
+                Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                    has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale, T.infinity(T.float32))
+            else:
+                LsePartial[slot, 0, 0, h0 + i] = T.if_then_else(
+                    has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2, -T.infinity(T.float32))
             # 1 / denominator; the sink joins it when this item finishes its row
             inv[i] = T.if_then_else(
                 has,
                 1.0 / (st.l_i[i] + T.if_then_else(
-                    direct,
-                    T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E - st.m_i[i] * scale_log2),
-                    0.0)),
+                    direct, T.exp2(Sink[h0 + i] * LOG2E - st.m_i[i] * scale_log2), 0.0)),
                 1.0)
-        if T.get_thread_binding() == 0 and item.hg == 0 and item.k == 0 and rs > 0:
+        if tx == 0 and item.hg == 0 and item.k == 0 and rs > 0:
             RowSplits[item.row, 0] = item.slot
             RowSplits[item.row, 1] = item.splits
         T.copy(inv, st.inv_denom_shared)
         T.barrier_arrive(st.bar_done)
         write_half_item(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, h0, direct,
-                        item.slot)
+                        slot)
 
     @T.macro
     def pv_item(st, item, inv, Out, OPartial):
         """Warpgroup 1's part of one persistent-grid item: right P·V and output half."""
+        slot = item.slot
         T.sync_threads(10, 256)
         ws_consumer_pv(st, item.pairs, item.pairs_before, item.index & 1)
         T.copy(st.inv_denom_shared, inv)
         write_half_item(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, item.r_b, item.r_s,
-                        item.hg * HB, item.splits == 1, item.slot)
+                        item.hg * HB, item.splits == 1, slot)
 
     @T.macro
     def produce_item(st, item, lv, raw, ok, nxt, deq, p, main_args, extra_args):
@@ -663,7 +656,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                     ws_set_regs(DECODE_WS_REGS[0])
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_items(span, units, head_groups, s_q, tiles, lambda item: softmax_item(
-                        st, item, inv, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
+                        st, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
                         sm_scale, scale_log2, rs))
                 elif tx < 256:
                     ws_set_regs(DECODE_WS_REGS[1])

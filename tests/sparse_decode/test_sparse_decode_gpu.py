@@ -316,8 +316,8 @@ def _persistent(**over):
 )
 def test_decode_persistent_matches_reference(h, b, s_q, extra_kind, over, seed):
     """Rows of one split stored directly, split rows merged by the combine, CTAs walking
-    several items (barrier phases carried across them), padded head groups, holes, garbage
-    past the lengths and a lonely last request."""
+    several items (barrier phases carried across them), holes, garbage past the lengths and
+    a lonely last request; padded head counts (96, 16) keep the fixed grid."""
     gen = torch.Generator(DEV).manual_seed(seed)
     with _persistent(**over):
         check_decode(*decode_case(b, s_q, h, extra_kind, gen))

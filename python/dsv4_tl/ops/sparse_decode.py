@@ -204,7 +204,9 @@ class _Plan:
         kernel, schedule = resolve(SPARSE_DECODE, target, h=h, b=b, s_q=s_q, scope=scope,
                                    batch_invariant=batch_invariant, fp8_format=fp8_format)
         rows = b * s_q
-        self.persistent = bool(schedule.get("persistent") and schedule["warp_specialized"])
+        # (whole head groups only, as the builder decides: padded ones keep the fixed grid)
+        self.persistent = bool(schedule.get("persistent") and schedule["warp_specialized"]
+                               and h % schedule["heads_per_block"] == 0)
         grid = {"tiles_per_split": 0, "num_ctas": 0}
         if self.persistent:
             # The persistent grid (tile_kernels/work.py): rows cut into splits of T tiles;
