@@ -33,6 +33,8 @@ from dsv4_tl.reference import (
     sparse_prefill_ref,
 )
 from dsv4_tl.cache_format import alloc_k_cache, cache_geometry
+from dsv4_tl.targets import parse_target
+from dsv4_tl.tune import forcing
 from dsv4_tl.testing import (CACHE_POISON, INT32_MAX, INT32_MIN, clamped_csr_as_dense,
                              expected_insert, random_insert_case, random_k, random_paged_cache)
 
@@ -50,7 +52,7 @@ def garbage_indices(shape, num_valid: int, gen) -> torch.Tensor:
     return torch.where(use_valid, valid, pick)
 
 
-def run_decode(gen, h: int, b: int, splits_hint: str) -> None:
+def run_decode(gen, h: int, b: int, splits_hint: str, batch_invariant: bool = False) -> None:
     main = random_paged_cache(5, 64, gen, DEV)
     extra = random_paged_cache(7, 2, gen, DEV)
     q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
@@ -62,7 +64,8 @@ def run_decode(gen, h: int, b: int, splits_hint: str) -> None:
     e_lens = torch.tensor(([256, 1000, 0, -1, INT32_MIN, 255, 3, 256] * reps)[:b],
                           dtype=torch.int32, device=DEV)
     sink = torch.tensor([0.5, -math.inf, math.inf] * (h // 3 + 1), device=DEV)[:h]
-    out, lse = sparse_decode(q, main, idx, lens, SCALE, sink, extra, e_idx, e_lens)
+    out, lse = sparse_decode(q, main, idx, lens, SCALE, sink, extra, e_idx, e_lens,
+                             batch_invariant=batch_invariant)
     torch.cuda.synchronize()
     ref_out, ref_lse = sparse_decode_ref(q, main, idx, lens.clamp(0, 128), SCALE, sink, extra,
                                          e_idx, e_lens.clamp(0, 256))
@@ -157,6 +160,16 @@ def main() -> int:
     run_decode(gen, 128, 8, "split-KV, two head groups")
     run_decode(gen, 16, 3, "padded heads")
     run_decode(gen, 128, 72, "one split per row, warp-specialised producer")
+    # the persistent grid (tile_kernels/work.py): CTAs walking several items, split rows
+    # merged by the combine, rows of one split stored directly, both modes
+    persistent = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 1,
+                  "warp_specialized": True, "persistent": True, "item_cost": 3,
+                  "tiles_per_split_min": 2, "invariant_tiles_per_split": 3}
+    with forcing(parse_target("cuda:sm_90a"), "sparse_decode", persistent):
+        run_decode(gen, 128, 8, "persistent grid, split rows")
+        run_decode(gen, 64, 300, "persistent grid, several items per CTA")
+        run_decode(gen, 96, 5, "padded heads: the fixed grid under the persistent schedule")
+        run_decode(gen, 128, 9, "persistent grid, batch-invariant", batch_invariant=True)
     run_prefill(gen)
     run_gather(gen, 200)
     run_gather(gen, 4000)

@@ -78,7 +78,7 @@ def attend_tile(
 # validity flags. Buffers are picked at trace time: a loop over tile pairs writes the body
 # out for buffer 0 then buffer 1; the P tile and rescale row of tile k live in P buffer
 # (tile % 2) too. Barrier phases: every per-buffer barrier (K and P) completes once per
-# pair (parity pair & 1).
+# pair (parity pair & 1, counting the pairs of the CTA's earlier work items: ``pair0``).
 WS_THREADS = 384
 # Registers per thread at launch (64K / 384, rounded down to a multiple of 8). Each role
 # then sets its own count with setmaxnreg, and ptxas allocates the role's code within it.
@@ -105,12 +105,15 @@ def ws_set_regs(count: int):
 class WarpSpecializedState:
     """Shared memory, fragments and barriers of the warp-specialised schedule."""
 
-    def __init__(self, heads: int, block_tokens: int, dim: int, split: bool = True):
+    def __init__(self, heads: int, block_tokens: int, dim: int, split: bool = True,
+                 q_arrivals: int = WS_THREADS):
         """``split``: the consumers of the macros below (warpgroup 0 scores, warpgroup 1
         only accumulates), with warpgroup 0's score and statistics fragments, their
         whole-buffer barriers, rescale rows and hand-over of the denominators. False: only
         the Q, K and P buffers, the output fragments and the Q and P barriers (prefill's
-        seesaw consumers bring their own fragments and synchronisation)."""
+        seesaw consumers bring their own fragments and synchronisation). ``q_arrivals``:
+        the threads that arrive on ``bar_q`` per Q load (every thread once with
+        ``ws_load_q``; warpgroup 0 per work item in the persistent decode)."""
         HB, BI, DH = heads, block_tokens, dim // 2
         self.Q_l = T.alloc_shared([HB, DH], T.bfloat16)
         self.Q_r = T.alloc_shared([HB, DH], T.bfloat16)
@@ -138,7 +141,7 @@ class WarpSpecializedState:
         # Q is in shared memory once every thread has arrived (and, when it comes by TMA, the
         # bytes have landed); only the scoring consumers wait for it, so the producer starts
         # at once.
-        self.bar_q = T.alloc_barrier(arrive_count=WS_THREADS)
+        self.bar_q = T.alloc_barrier(arrive_count=q_arrivals)
         if split:
             self.k_ready = (T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=128))
             self.k_free = (T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=256))
@@ -170,16 +173,18 @@ def ws_load_q(st, q_rows, q_row_index, h0, num_heads: int):
 
 
 @T.macro
-def ws_consumer_softmax(st, pairs, scale_log2):
-    """Warpgroup 0's loop over ``2 * pairs`` tiles."""
+def ws_consumer_softmax(st, pairs, scale_log2, pair0=0, q_phase=0):
+    """Warpgroup 0's loop over ``2 * pairs`` tiles. ``pair0``: the tile pairs this CTA's
+    consumers went through before (barrier phases run on across work items); ``q_phase``:
+    the phase of ``st.bar_q`` that brings this item's Q."""
     HB, BI, DH = st.heads, st.block_tokens, st.half_dim
     T.fill(st.l_i, 0)
     T.fill(st.m_i, M_SENTINEL)
     T.fill(st.acc_o_l, 0)
-    T.barrier_wait(st.bar_q, 0)
+    T.barrier_wait(st.bar_q, q_phase)
     for pair in T.serial(pairs):
         for buf in (0, 1):
-            T.barrier_wait(st.k_ready[buf], pair & 1)
+            T.barrier_wait(st.k_ready[buf], (pair0 + pair) & 1)
             # The tile may have been written by cp.async (generic proxy); wgmma reads it
             # through the async proxy.
             T.fence_proxy_async()
@@ -190,7 +195,7 @@ def ws_consumer_softmax(st, pairs, scale_log2):
             T.wait_wgmma(0)
             # Warpgroup 1 is done with this buffer's P tile of two tiles ago (parity 1 on
             # the first pair: a fresh barrier's previous phase counts as complete).
-            T.barrier_wait(st.p_free[buf], (pair & 1) ^ 1)
+            T.barrier_wait(st.p_free[buf], ((pair0 + pair) & 1) ^ 1)
             T.copy(st.m_i, st.m_prev)
             T.reduce_max(st.acc_s, st.m_i, dim=1, clear=False)
             for i in T.Parallel(HB):
@@ -231,15 +236,16 @@ def ws_store_rows(acc_o, inv, stage, bar_id: int, dst):
 
 
 @T.macro
-def ws_consumer_pv(st, pairs):
+def ws_consumer_pv(st, pairs, pair0=0, done_phase=0):
     """Warpgroup 1's loop: the right half of P·V, then wait for the rows' reciprocal
-    denominators."""
+    denominators (``pair0``, ``done_phase``: as ``ws_consumer_softmax``'s, for
+    ``st.bar_done``)."""
     HB, DH = st.heads, st.half_dim
     alpha = T.alloc_fragment([HB], T.float32)  # the rows' rescales, read once per tile
     T.fill(st.acc_o_r, 0)
     for pair in T.serial(pairs):
         for buf in (0, 1):
-            T.barrier_wait(st.p_ready[buf], pair & 1)
+            T.barrier_wait(st.p_ready[buf], (pair0 + pair) & 1)
             T.fence_proxy_async()
             T.copy(st.alpha_shared[buf], alpha)
             for i, d in T.Parallel(HB, DH):
@@ -248,4 +254,4 @@ def ws_consumer_pv(st, pairs):
             T.barrier_arrive(st.k_free[buf])
             T.barrier_arrive(st.p_free[buf])
     T.barrier_arrive(st.bar_done)
-    T.barrier_wait(st.bar_done, 0)
+    T.barrier_wait(st.bar_done, done_phase)

@@ -21,7 +21,11 @@ log LSE (sink excluded, ``+inf`` for a row with no valid token). With ``num_spli
 writes an fp32 partial output normalised by its own sum and a log2-domain partial LSE
 (``-inf`` when empty); ``build_sparse_decode_combine`` merges the splits and applies the sink.
 
-Grid: ``(b * s_q, ceil(h / heads_per_block), num_splits)``.
+Grid: ``(b * s_q, ceil(h / heads_per_block), num_splits)``; or, with the warp-specialised
+schedule's ``persistent`` knob, ``num_ctas`` CTAs that each walk a balanced range of (row, head
+group, split) work items planned at their start from the call's lengths (``work.py``): rows
+cut into splits of a fixed number of tiles, rows of one split finished in place, the splits of
+a split row merged by the combine.
 Definition of the math: ``dsv4_tl/reference/sparse_decode.py``.
 """
 
@@ -32,6 +36,7 @@ import tilelang.language as T
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
 from .fp8 import FP8_BF16_PRELUDE, FP8_FORMATS, FP8_RESTORE_EXP, fp8_byte_to_float
 from .tile_math import check_tile_math
+from .work import cta_work_range, walk_items
 
 from .attention_tile import (
     LN2,
@@ -68,13 +73,14 @@ def _shape_vars() -> tuple:
     the cache views' sizes and the sizes of the arguments a variant may not use."""
     # Cache byte sizes are int64: a cache passes 2 GiB at about 57K blocks of 64 tokens.
     # Arguments a variant does not use (the extra scope of an SWA-only layer, the final
-    # outputs of a split variant, the partials of a single-split one) get their own size
-    # variables so that the caller can pass zero-size placeholders.
+    # outputs of a split variant, the partials of a single-split one, the split table of a
+    # variant without splits) get their own size variables so that the caller can pass
+    # zero-size placeholders.
     return (T.dynamic("b"), T.dynamic("s_q"), T.dynamic("topk"), T.dynamic("extra_topk"),
             T.dynamic("m_bytes", "int64"), T.dynamic("m_half", "int64"),
             T.dynamic("e_bytes", "int64"), T.dynamic("e_half", "int64"),
             T.dynamic("eb"), T.dynamic("es"), T.dynamic("ob"), T.dynamic("os"),
-            T.dynamic("pb"), T.dynamic("ps"))
+            T.dynamic("pb"), T.dynamic("ps"), T.dynamic("rs"))
 
 
 def build_sparse_decode(
@@ -89,6 +95,8 @@ def build_sparse_decode(
     warp_specialized: bool = False,
     fp8_decode: str = "native",
     tile_math: str = "tensor_core",
+    persistent: bool = False,
+    item_cost: int = 3,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -105,14 +113,27 @@ def build_sparse_decode(
         warp_specialized: the Hopper schedule (384 threads, 64 heads per CTA): a producer
             warpgroup dequantises tiles into two buffers while two consumer warpgroups run
             the attention math (attention_tile.WarpSpecializedState). sm_90a only.
+        persistent: with ``warp_specialized`` and whole head groups (``num_heads`` a multiple
+            of 64; other head counts keep the fixed grid), the persistent grid (``num_ctas``
+            CTAs, each walking a balanced range of work items, ``work.py``; ``num_splits``
+            must be 1):
+            a row is cut into splits of ``tiles_per_split`` KV tiles (the run-time argument;
+            ``-m``: ``max(m, ceil(tiles of the call / num_ctas))``), a row of one split is
+            stored directly and the splits of a split row write partials at the row's slots
+            (``RowSplits``). ``item_cost``: an item's fixed cost in tiles, for the balance.
 
     Kernel arguments: ``q [b, s_q, h, 512] bf16``; per scope the cache as three flat views of
     the same bytes (``fp8 [n_bytes]``, ``bf16 [n_bytes / 2]``, ``uint8 [n_bytes]``), ``indices
     [b, s_q, width] int32``, ``topk_length [b] int32``; ``attn_sink [h] fp32`` (``-inf`` = no
     sink); outputs ``out [b, s_q, h, 512] bf16`` and ``lse [b, h, s_q] fp32`` (single split)
     or ``o_partial [b, s_q, splits, h, 512] fp32`` and ``lse_partial [b, s_q, splits, h]
-    fp32``; scalars ``sm_scale`` and per scope ``block_size`` (int32), ``block_stride`` (bytes,
-    int64) and ``num_blocks`` (int32).
+    fp32``; ``row_splits [b * s_q, 2] int32`` (written: per row the first partial slot and the
+    split count, what the combine reads; zero rows when no row is split); scalars
+    ``sm_scale`` and per scope ``block_size`` (int32), ``block_stride`` (bytes, int64) and
+    ``num_blocks`` (int32); ``tiles_per_split`` and ``num_ctas`` (the persistent grid's; any
+    value elsewhere). The persistent grid's partials are ``[slots, 1, 1, h, 512]`` and
+    ``[slots, 1, 1, h]``; the grid's partial slot of split ``k`` of row ``r`` is
+    ``row_splits[r, 0] + k`` (``r * num_splits + k`` on the other grids).
     """
     if fp8_format not in FP8_FORMATS:
         raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
@@ -122,7 +143,7 @@ def build_sparse_decode(
     S = num_splits
     head_groups = (num_heads + HB - 1) // HB
 
-    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps = _shape_vars()
+    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = _shape_vars()
 
     check_tile_math(tile_math)
     if warp_specialized:
@@ -133,7 +154,17 @@ def build_sparse_decode(
         if HB != 64 or threads != WS_THREADS or BI not in (32, 64):
             raise ValueError("warp_specialized: needs heads_per_block 64, threads 384 and "
                              f"block_tokens 32 or 64, got {HB}, {threads}, {BI}")
-        return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI)
+        if persistent and (S != 1 or item_cost < 1):
+            raise ValueError("persistent: needs num_splits 1 and item_cost >= 1, got "
+                             f"{S}, {item_cost}")
+        # Whole head groups only: with a padded last group TileLang's thread-sync lowering
+        # of the producer fails (a sync it wants inside a divergent region); those head
+        # counts keep the fixed grid (the front end's _Plan applies the same rule).
+        persistent = persistent and num_heads % HB == 0
+        return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
+                                       item_cost)
+    if persistent:
+        raise ValueError("persistent: needs the warp-specialised schedule")
 
     @T.macro
     def gather_dequant_tile(
@@ -195,6 +226,7 @@ def build_sparse_decode(
         Lse: T.Tensor([ob, num_heads, os_], T.float32),
         OPartial: T.Tensor([pb, ps, S, num_heads, D], T.float32),
         LsePartial: T.Tensor([pb, ps, S, num_heads], T.float32),
+        RowSplits: T.Tensor([rs, 2], T.int32),
         sm_scale: T.float32,
         main_block_size: T.int32,
         main_block_stride: T.int64,
@@ -202,6 +234,8 @@ def build_sparse_decode(
         extra_block_size: T.int32,
         extra_block_stride: T.int64,
         extra_num_blocks: T.int32,
+        tiles_per_split: T.int32,
+        num_ctas: T.int32,
     ):
         with T.Kernel(b * s_q, head_groups, S, threads=threads) as (row, hg, split):
             Q_shared = T.alloc_shared([HB, D], T.bfloat16)
@@ -223,6 +257,8 @@ def build_sparse_decode(
             per_split = T.ceildiv(total_tiles, S)
             t_begin = T.min(split * per_split, total_tiles)
             t_end = T.min(t_begin + per_split, total_tiles)
+            if S > 1:
+                store_row_splits(RowSplits, row, hg, split, S)
 
             for i, d in T.Parallel(HB, D):
                 Q_shared[i, d] = T.if_then_else(
@@ -281,13 +317,37 @@ def build_sparse_decode(
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
+def row_lengths(MainLength, ExtraLength, topk, ew, r_b, has_extra: bool) -> tuple:
+    """Request ``r_b``'s scope lengths clamped into ``[0, width]`` (expressions)."""
+    main_len = T.min(T.max(MainLength[r_b], 0), topk)
+    extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
+    return main_len, extra_len
+
+
+def row_tiles(main_len, extra_len, BI: int, has_extra: bool):
+    """KV tiles of a row with these lengths, both scopes (an expression)."""
+    if has_extra:
+        return T.ceildiv(main_len, BI) + T.ceildiv(extra_len, BI)
+    return T.ceildiv(main_len, BI)
+
+
+@T.macro
+def store_row_splits(RowSplits, row, hg, split, S: int):
+    """The fixed-split grids' entry of ``row`` in the split table the combine reads: slots
+    ``row * S ..`` of ``[b * s_q * S]``, ``S`` splits (one thread of one CTA per row)."""
+    if hg == 0 and split == 0 and T.get_thread_binding() == 0:
+        RowSplits[row, 0] = row * S
+        RowSplits[row, 1] = S
+
+
 def _unrolled(n: int) -> tuple:
     """``0 .. n-1`` as a tuple: a loop over it is unrolled when the kernel is traced (a
     ``range`` loop becomes a TIR loop), so register arrays are indexed by constants."""
     return tuple(range(n))
 
 
-def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int):
+def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
+                            persistent: bool = False, item_cost: int = 3):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup (4 warps): four lanes per token, 32 tokens per round, ``BI / 32``
@@ -314,7 +374,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     R = BI // TOKENS_PER_ROUND  # producer rounds per tile
     head_groups = (num_heads + HB - 1) // HB
     restore_exp = FP8_RESTORE_EXP[fp8_format]
-    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps = _shape_vars()
+    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = _shape_vars()
 
     class CacheScope(NamedTuple):
         """One scope's cache bytes, indices and geometry, as the producer reads them."""
@@ -433,6 +493,117 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                     else:
                         OPartial[r_b, r_s, split, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
 
+    @T.macro
+    def produce_tiles(st, raw, ok, nxt, deq, p, main, extra, r_b, r_s, t_begin, t_end,
+                      main_tiles, pairs, pair0):
+        """The producer's ``2 * pairs`` tiles ``t_begin ..`` of row ``(r_b, r_s)`` (tiles
+        past ``t_end`` all-invalid) into the K buffers; ``pair0``: the pairs this CTA
+        produced before (barrier phases)."""
+        for r in _unrolled(R):
+            nxt[r] = token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles, 0,
+                                 lane_token(r, p)[0])
+        sc = (main, extra, r_b, r_s, t_begin, t_end, main_tiles)
+        if R == 1:
+            # One round per tile, one register slot per tile parity: tile k+1's
+            # bytes are requested before the wait for tile k's buffer, so they
+            # arrive during that wait and tile k's dequantisation.
+            load_round(raw, ok, nxt, 0, 0, 0, p, *sc)
+            for pair in T.serial(pairs):
+                for buf in (0, 1):  # K buffer == register slot == tile parity
+                    k = pair * 2 + buf
+                    load_round(raw, ok, nxt, buf ^ 1, 0, k + 1, p, *sc)
+                    T.barrier_wait(st.k_free[buf], ((pair0 + pair) & 1) ^ 1)
+                    dequant_round(st, buf, raw, ok, deq, buf, 0, p)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(st.k_ready[buf])
+        else:
+            # Two rounds per tile, register slot == round: round r + 1's bytes are
+            # requested before round r is dequantised.
+            load_round(raw, ok, nxt, 0, 0, 0, p, *sc)
+            for pair in T.serial(pairs):
+                for buf in (0, 1):  # K buffer == tile parity
+                    k = pair * 2 + buf
+                    load_round(raw, ok, nxt, 1, 1, k, p, *sc)  # in flight in the wait
+                    T.barrier_wait(st.k_free[buf], ((pair0 + pair) & 1) ^ 1)
+                    dequant_round(st, buf, raw, ok, deq, 0, 0, p)
+                    # tile k+1's first round loads under this tile's second
+                    load_round(raw, ok, nxt, 0, 0, k + 1, p, *sc)
+                    dequant_round(st, buf, raw, ok, deq, 1, 1, p)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(st.k_ready[buf])
+
+    @T.macro
+    def write_half_item(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, h0, direct,
+                        slot):
+        """``write_half`` of the persistent grid (whole head groups): a row of one split
+        finished in place by TMA, a split of a split row as an fp32 partial at ``slot``."""
+        if direct:
+            ws_store_rows(acc_o, inv, stage, bar_id, Out[r_b, r_s, h0:h0 + HB, d0:d0 + DH])
+        else:
+            for i, d in T.Parallel(HB, DH):
+                OPartial[slot, 0, 0, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
+
+
+    @T.macro
+    def softmax_item(st, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
+                     sm_scale, scale_log2, rs):
+        """Warpgroup 0's part of one persistent-grid item: this item's Q (once both consumers
+        are done with the last item's Q buffers, which its QKᵀ read and its output was staged
+        through), QKᵀ / softmax / left P·V, the row statistics and the left output half."""
+        r_b, r_s, h0 = item.r_b, item.r_s, item.hg * HB
+        slot = item.slot
+        direct = item.splits == 1
+        T.sync_threads(10, 256)
+        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, 0:DH], st.Q_l, barrier=st.bar_q,
+                   leader_scope_threads=128)
+        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, DH:D], st.Q_r, barrier=st.bar_q,
+                   leader_scope_threads=128)
+        T.barrier_arrive(st.bar_q)
+        ws_consumer_softmax(st, item.pairs, scale_log2, item.pairs_before, item.index & 1)
+        for i in T.Parallel(HB):
+            has = st.l_i[i] > 0
+            if direct:
+                Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                    has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale, T.infinity(T.float32))
+            else:
+                LsePartial[slot, 0, 0, h0 + i] = T.if_then_else(
+                    has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2, -T.infinity(T.float32))
+            # 1 / denominator; the sink joins it when this item finishes its row
+            inv[i] = T.if_then_else(
+                has,
+                1.0 / (st.l_i[i] + T.if_then_else(
+                    direct, T.exp2(Sink[h0 + i] * LOG2E - st.m_i[i] * scale_log2), 0.0)),
+                1.0)
+        if tx == 0 and item.hg == 0 and item.k == 0 and rs > 0:
+            RowSplits[item.row, 0] = item.slot
+            RowSplits[item.row, 1] = item.splits
+        T.copy(inv, st.inv_denom_shared)
+        T.barrier_arrive(st.bar_done)
+        write_half_item(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, h0, direct,
+                        slot)
+
+    @T.macro
+    def pv_item(st, item, inv, Out, OPartial):
+        """Warpgroup 1's part of one persistent-grid item: right P·V and output half."""
+        slot = item.slot
+        T.sync_threads(10, 256)
+        ws_consumer_pv(st, item.pairs, item.pairs_before, item.index & 1)
+        T.copy(st.inv_denom_shared, inv)
+        write_half_item(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, item.r_b, item.r_s,
+                        item.hg * HB, item.splits == 1, slot)
+
+    @T.macro
+    def produce_item(st, item, lv, raw, ok, nxt, deq, p, main_args, extra_args):
+        """The producer's tiles of one persistent-grid item (``*_args``: a scope's cache
+        bytes, indices, lengths, width, block size, block stride, block count)."""
+        # (indexed, not unpacked: a buffer bound to a new name is renamed in the kernel)
+        lv[0], lv[1] = row_lengths(main_args[2], extra_args[2], main_args[3], extra_args[3],
+                                   item.r_b, has_extra)
+        main = CacheScope(main_args[0], main_args[1], main_args[3], lv[0], *main_args[4:])
+        extra = CacheScope(extra_args[0], extra_args[1], extra_args[3], lv[1], *extra_args[4:])
+        produce_tiles(st, raw, ok, nxt, deq, p, main, extra, item.r_b, item.r_s, item.t_begin,
+                      item.t_end, T.ceildiv(lv[0], BI), item.pairs, item.pairs_before)
+
     @T.prim_func
     def sparse_decode(
         Q: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
@@ -451,6 +622,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         Lse: T.Tensor([ob, num_heads, os_], T.float32),
         OPartial: T.Tensor([pb, ps, S, num_heads, D], T.float32),
         LsePartial: T.Tensor([pb, ps, S, num_heads], T.float32),
+        RowSplits: T.Tensor([rs, 2], T.int32),
         sm_scale: T.float32,
         main_block_size: T.int32,
         main_block_stride: T.int64,
@@ -458,106 +630,125 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         extra_block_size: T.int32,
         extra_block_stride: T.int64,
         extra_num_blocks: T.int32,
+        tiles_per_split: T.int32,
+        num_ctas: T.int32,
     ):
-        with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
-                      prelude=FP8_BF16_PRELUDE) as (row, hg, split):
-            st = WarpSpecializedState(HB, BI, D)
-            tx = T.get_thread_binding()
-            # Once, as variables: as expressions every output address recomputed them
-            # (64-bit division by s_q).
-            r_b = T.alloc_var(T.int32, init=row // s_q)
-            r_s = T.alloc_var(T.int32, init=row % s_q)
-            h0 = hg * HB
-            scale_log2 = sm_scale * LOG2E
-            main_len = T.min(T.max(MainLength[r_b], 0), topk)
-            main_tiles = T.ceildiv(main_len, BI)
-            extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
-            total_tiles = main_tiles + T.ceildiv(extra_len, BI)
-            per_split = T.ceildiv(total_tiles, S)
-            t_begin = T.min(split * per_split, total_tiles)
-            t_end = T.min(t_begin + per_split, total_tiles)
-            pairs = T.ceildiv(t_end - t_begin, 2)
+        if persistent:
+            with T.Kernel(num_ctas, threads=WS_THREADS, prelude=FP8_BF16_PRELUDE) as cta:
+                # Q comes per work item, loaded and awaited by warpgroup 0 alone.
+                st = WarpSpecializedState(HB, BI, D, q_arrivals=128)
+                bounds = T.alloc_shared([6], T.int32, scope="shared")
+                scratch = T.alloc_shared([WS_THREADS // 32, 3], T.int32, scope="shared")
+                tx = T.get_thread_binding()
+                scale_log2 = sm_scale * LOG2E
+                units = b * s_q * head_groups
+                lens = (MainLength, ExtraLength, topk, ew)
+                tiles = lambda r_b: row_tiles(*row_lengths(*lens, r_b, has_extra),  # noqa: E731
+                                              BI, has_extra)
+                cta_work_range(bounds, scratch, lambda u: tiles((u // head_groups) // s_q),
+                               units, head_groups, tiles_per_split, item_cost, num_ctas, cta,
+                               WS_THREADS)
+                span = T.alloc_local([6], T.int32)  # u_begin, k_begin, slot base, u_end, k_end, T
+                for i in _unrolled(6):
+                    span[i] = bounds[i]
 
-            ws_load_q(st, lambda hh, d: Q[r_b, r_s, hh, d],
-                      lambda h, d0, d1: Q[r_b, r_s, h:h + HB, d0:d1], h0, num_heads)
-
-            if tx < 128:
-                ws_set_regs(DECODE_WS_REGS[0])
-                ws_consumer_softmax(st, pairs, scale_log2)
-                inv = T.alloc_fragment([HB], T.float32)
-                for i in T.Parallel(HB):
-                    has = st.l_i[i] > 0
-                    if h0 + i < num_heads:
-                        if S == 1:
-                            Lse[r_b, h0 + i, r_s] = T.if_then_else(
-                                has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale,
-                                T.infinity(T.float32))
-                        else:
-                            LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
-                                has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2,
-                                -T.infinity(T.float32))
-                    # 1 / denominator, once per row: the sink joins it here when the CTA
-                    # finishes the row, else in the combine.
-                    if S == 1:
-                        inv[i] = T.if_then_else(
-                            has,
-                            1.0 / (st.l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
-                                                      - st.m_i[i] * scale_log2)),
-                            1.0)
-                    else:
-                        inv[i] = T.if_then_else(has, 1.0 / st.l_i[i], 1.0)
-                T.copy(inv, st.inv_denom_shared)
-                T.barrier_arrive(st.bar_done)
-                write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, split, h0)
-            elif tx < 256:
-                ws_set_regs(DECODE_WS_REGS[1])
-                ws_consumer_pv(st, pairs)
-                inv = T.alloc_fragment([HB], T.float32)
-                T.copy(st.inv_denom_shared, inv)
-                write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, r_b, r_s, split, h0)
-            else:
-                ws_set_regs(DECODE_WS_REGS[2])
-                p = tx - 256
-                main = CacheScope(MainU8, MainIndices, topk, main_len, main_block_size,
-                                  main_block_stride, main_num_blocks)
-                extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
-                                   extra_block_stride, extra_num_blocks)
-                raw = T.alloc_local([2 * RAW_WORDS], T.uint32)  # two rounds in flight
-                ok = T.alloc_local([2], T.int32)
-                nxt = T.alloc_local([R], T.int32)
-                deq = T.alloc_local([16], T.bfloat16)
-                for r in _unrolled(R):
-                    nxt[r] = token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles, 0,
-                                         lane_token(r, p)[0])
-                sc = (main, extra, r_b, r_s, t_begin, t_end, main_tiles)
-                if R == 1:
-                    # One round per tile, one register slot per tile parity: tile k+1's
-                    # bytes are requested before the wait for tile k's buffer, so they
-                    # arrive during that wait and tile k's dequantisation.
-                    load_round(raw, ok, nxt, 0, 0, 0, p, *sc)
-                    for pair in T.serial(pairs):
-                        for buf in (0, 1):  # K buffer == register slot == tile parity
-                            k = pair * 2 + buf
-                            load_round(raw, ok, nxt, buf ^ 1, 0, k + 1, p, *sc)
-                            T.barrier_wait(st.k_free[buf], (pair & 1) ^ 1)
-                            dequant_round(st, buf, raw, ok, deq, buf, 0, p)
-                            T.fence_proxy_async()
-                            T.barrier_arrive(st.k_ready[buf])
+                if tx < 128:
+                    ws_set_regs(DECODE_WS_REGS[0])
+                    inv = T.alloc_fragment([HB], T.float32)
+                    walk_items(span, units, head_groups, s_q, tiles, lambda item: softmax_item(
+                        st, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
+                        sm_scale, scale_log2, rs))
+                elif tx < 256:
+                    ws_set_regs(DECODE_WS_REGS[1])
+                    inv = T.alloc_fragment([HB], T.float32)
+                    walk_items(span, units, head_groups, s_q, tiles,
+                               lambda item: pv_item(st, item, inv, Out, OPartial))
                 else:
-                    # Two rounds per tile, register slot == round: round r + 1's bytes are
-                    # requested before round r is dequantised.
-                    load_round(raw, ok, nxt, 0, 0, 0, p, *sc)
-                    for pair in T.serial(pairs):
-                        for buf in (0, 1):  # K buffer == tile parity
-                            k = pair * 2 + buf
-                            load_round(raw, ok, nxt, 1, 1, k, p, *sc)  # in flight in the wait
-                            T.barrier_wait(st.k_free[buf], (pair & 1) ^ 1)
-                            dequant_round(st, buf, raw, ok, deq, 0, 0, p)
-                            # tile k+1's first round loads under this tile's second
-                            load_round(raw, ok, nxt, 0, 0, k + 1, p, *sc)
-                            dequant_round(st, buf, raw, ok, deq, 1, 1, p)
-                            T.fence_proxy_async()
-                            T.barrier_arrive(st.k_ready[buf])
+                    ws_set_regs(DECODE_WS_REGS[2])
+                    p = tx - 256
+                    raw = T.alloc_local([2 * RAW_WORDS], T.uint32)  # two rounds in flight
+                    ok = T.alloc_local([2], T.int32)
+                    nxt = T.alloc_local([R], T.int32)
+                    deq = T.alloc_local([16], T.bfloat16)
+                    lv = T.alloc_local([2], T.int32)  # the row's lengths
+                    walk_items(span, units, head_groups, s_q, tiles, lambda item: produce_item(
+                        st, item, lv, raw, ok, nxt, deq, p,
+                        (MainU8, MainIndices, MainLength, topk, main_block_size, main_block_stride,
+                         main_num_blocks),
+                        (ExtraU8, ExtraIndices, ExtraLength, ew, extra_block_size,
+                         extra_block_stride, extra_num_blocks)))
+        else:
+            with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
+                          prelude=FP8_BF16_PRELUDE) as (row, hg, split):
+                st = WarpSpecializedState(HB, BI, D)
+                tx = T.get_thread_binding()
+                # Once, as variables: as expressions every output address recomputed them
+                # (64-bit division by s_q).
+                r_b = T.alloc_var(T.int32, init=row // s_q)
+                r_s = T.alloc_var(T.int32, init=row % s_q)
+                h0 = hg * HB
+                scale_log2 = sm_scale * LOG2E
+                main_len = T.min(T.max(MainLength[r_b], 0), topk)
+                main_tiles = T.ceildiv(main_len, BI)
+                extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
+                total_tiles = main_tiles + T.ceildiv(extra_len, BI)
+                per_split = T.ceildiv(total_tiles, S)
+                t_begin = T.min(split * per_split, total_tiles)
+                t_end = T.min(t_begin + per_split, total_tiles)
+                pairs = T.ceildiv(t_end - t_begin, 2)
+                if S > 1:
+                    store_row_splits(RowSplits, row, hg, split, S)
+
+                ws_load_q(st, lambda hh, d: Q[r_b, r_s, hh, d],
+                          lambda h, d0, d1: Q[r_b, r_s, h:h + HB, d0:d1], h0, num_heads)
+
+                if tx < 128:
+                    ws_set_regs(DECODE_WS_REGS[0])
+                    ws_consumer_softmax(st, pairs, scale_log2)
+                    inv = T.alloc_fragment([HB], T.float32)
+                    for i in T.Parallel(HB):
+                        has = st.l_i[i] > 0
+                        if h0 + i < num_heads:
+                            if S == 1:
+                                Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                                    has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale,
+                                    T.infinity(T.float32))
+                            else:
+                                LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
+                                    has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2,
+                                    -T.infinity(T.float32))
+                        # 1 / denominator, once per row: the sink joins it here when the CTA
+                        # finishes the row, else in the combine.
+                        if S == 1:
+                            inv[i] = T.if_then_else(
+                                has,
+                                1.0 / (st.l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                                          - st.m_i[i] * scale_log2)),
+                                1.0)
+                        else:
+                            inv[i] = T.if_then_else(has, 1.0 / st.l_i[i], 1.0)
+                    T.copy(inv, st.inv_denom_shared)
+                    T.barrier_arrive(st.bar_done)
+                    write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, split, h0)
+                elif tx < 256:
+                    ws_set_regs(DECODE_WS_REGS[1])
+                    ws_consumer_pv(st, pairs)
+                    inv = T.alloc_fragment([HB], T.float32)
+                    T.copy(st.inv_denom_shared, inv)
+                    write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, r_b, r_s, split, h0)
+                else:
+                    ws_set_regs(DECODE_WS_REGS[2])
+                    p = tx - 256
+                    main = CacheScope(MainU8, MainIndices, topk, main_len, main_block_size,
+                                      main_block_stride, main_num_blocks)
+                    extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
+                                       extra_block_stride, extra_num_blocks)
+                    raw = T.alloc_local([2 * RAW_WORDS], T.uint32)  # two rounds in flight
+                    ok = T.alloc_local([2], T.int32)
+                    nxt = T.alloc_local([R], T.int32)
+                    deq = T.alloc_local([16], T.bfloat16)
+                    produce_tiles(st, raw, ok, nxt, deq, p, main, extra, r_b, r_s, t_begin, t_end,
+                                  main_tiles, pairs, 0)
 
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
@@ -566,9 +757,14 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
                                 threads: int = 128):
     """Merge split-KV partials of ``build_sparse_decode`` and apply the attention sink.
 
-    ``lse = log2(Σ_s 2^lse_s)`` over the splits; ``out = Σ_s 2^(lse_s - lse) o_s`` scaled by
-    ``1 / (1 + e^(sink - lse_nat))``; rows where every split is empty give out 0, lse +inf.
-    Grid: ``(b * s_q, ceil(h / heads_per_block))``.
+    Row ``r`` (``b * s_q`` rows) has ``n = row_splits[r, 1]`` partials at slots
+    ``row_splits[r, 0] ..``; rows with ``n <= 1`` were finished by the decode kernel and are
+    left alone. ``num_splits``: the most splits a row may have (larger counts are clamped).
+    ``lse = log2(Σ_s 2^lse_s)`` over the splits, in split order; ``out = Σ_s 2^(lse_s - lse)
+    o_s`` scaled by ``1 / (1 + e^(sink - lse_nat))``; rows where every split is empty give
+    out 0, lse +inf. Arguments: ``o_partial [slots, h, 512] fp32``, ``lse_partial [slots, h]
+    fp32``, ``row_splits [b * s_q, 2] int32``, ``attn_sink [h] fp32``, ``out [b, s_q, h, 512]
+    bf16``, ``lse [b, h, s_q] fp32``. Grid: ``(b * s_q, ceil(h / heads_per_block))``.
     """
     D = HEAD_DIM
     S = num_splits
@@ -576,11 +772,14 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
     head_groups = (num_heads + HB - 1) // HB
     b = T.dynamic("b")
     s_q = T.dynamic("s_q")
+    slots = T.dynamic("slots")
+    rows = T.dynamic("rows")  # b * s_q
 
     @T.prim_func
     def sparse_decode_combine(
-        OPartial: T.Tensor([b, s_q, S, num_heads, D], T.float32),
-        LsePartial: T.Tensor([b, s_q, S, num_heads], T.float32),
+        OPartial: T.Tensor([slots, num_heads, D], T.float32),
+        LsePartial: T.Tensor([slots, num_heads], T.float32),
+        RowSplits: T.Tensor([rows, 2], T.int32),
         Sink: T.Tensor([num_heads], T.float32),
         Out: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
         Lse: T.Tensor([b, num_heads, s_q], T.float32),
@@ -592,47 +791,59 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
             r_b = row // s_q
             r_s = row % s_q
             h0 = hg * HB
-            for i in T.Parallel(HB):
-                h = T.min(h0 + i, num_heads - 1)
-                m = T.alloc_var(T.float32, init=-T.infinity(T.float32))
-                for s in T.serial(S):
-                    m = T.max(m, LsePartial[r_b, r_s, s, h])
-                acc = T.alloc_var(T.float32, init=0.0)
-                for s in T.serial(S):
-                    w = T.if_then_else(m == -T.infinity(T.float32), 0.0,
-                                       T.exp2(LsePartial[r_b, r_s, s, h] - m))
-                    weight[i, s] = w
-                    acc = acc + w
-                lse_max[i] = m
-                lse_sum[i] = acc
-            for i in T.Parallel(HB):
-                if h0 + i < num_heads:
-                    has = lse_sum[i] > 0
-                    lse2 = T.log2(T.max(lse_sum[i], 1e-30)) + lse_max[i]
-                    Lse[r_b, h0 + i, r_s] = T.if_then_else(has, lse2 * LN2, T.infinity(T.float32))
-                    # Final scale: 1/Σw for the merge times the sink factor 1/(1 + 2^(sink·log2e - lse2)).
-                    lse_sum[i] = T.if_then_else(
-                        has,
-                        1.0 / (lse_sum[i] * (1.0 + T.exp2(Sink[h0 + i] * LOG2E - lse2))),
-                        0.0,
-                    )
-            for i, d in T.Parallel(HB, D):
-                if h0 + i < num_heads:
-                    acc_d = T.alloc_var(T.float32, init=0.0)
-                    for s in T.serial(S):
-                        acc_d = acc_d + weight[i, s] * OPartial[r_b, r_s, s, h0 + i, d]
-                    Out[r_b, r_s, h0 + i, d] = T.cast(acc_d * lse_sum[i], T.bfloat16)
+            base = RowSplits[row, 0]
+            n = T.min(RowSplits[row, 1], S)
+            if n > 1:
+                for i in T.Parallel(HB):
+                    h = T.min(h0 + i, num_heads - 1)
+                    m = T.alloc_var(T.float32, init=-T.infinity(T.float32))
+                    for s in T.serial(n):
+                        m = T.max(m, LsePartial[base + s, h])
+                    acc = T.alloc_var(T.float32, init=0.0)
+                    for s in T.serial(n):
+                        w = T.if_then_else(m == -T.infinity(T.float32), 0.0,
+                                           T.exp2(LsePartial[base + s, h] - m))
+                        weight[i, s] = w
+                        acc = acc + w
+                    lse_max[i] = m
+                    lse_sum[i] = acc
+                for i in T.Parallel(HB):
+                    if h0 + i < num_heads:
+                        has = lse_sum[i] > 0
+                        lse2 = T.log2(T.max(lse_sum[i], 1e-30)) + lse_max[i]
+                        Lse[r_b, h0 + i, r_s] = T.if_then_else(has, lse2 * LN2,
+                                                               T.infinity(T.float32))
+                        # Final scale: 1/Σw for the merge times the sink factor
+                        # 1/(1 + 2^(sink·log2e - lse2)).
+                        lse_sum[i] = T.if_then_else(
+                            has,
+                            1.0 / (lse_sum[i] * (1.0 + T.exp2(Sink[h0 + i] * LOG2E - lse2))),
+                            0.0,
+                        )
+                for i, d in T.Parallel(HB, D):
+                    if h0 + i < num_heads:
+                        acc_d = T.alloc_var(T.float32, init=0.0)
+                        for s in T.serial(n):
+                            acc_d = acc_d + weight[i, s] * OPartial[base + s, h0 + i, d]
+                        Out[r_b, r_s, h0 + i, d] = T.cast(acc_d * lse_sum[i], T.bfloat16)
 
     return sparse_decode_combine.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
 # Representative builds for the lowering smoke test (tests/builds/test_lowering.py): the sm_90a
-# warp-specialised schedule, C4A (h128) on the plain schedule,
+# warp-specialised schedule on the fixed grid (one split; SWA-only with split-KV partials) and
+# on the persistent grid, C4A (h128) on the plain schedule,
 # SWA-only split-KV (h64), an unpadded head count with a C128A-width extra scope, and a combine.
 LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "persistent": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 64, "has_extra": False, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "num_splits": 8}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 128, "has_extra": True}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 64, "has_extra": False, "num_splits": 4}},
     {"builder": "build_sparse_decode",

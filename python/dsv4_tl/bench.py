@@ -136,6 +136,10 @@ class DecodeShape:
         return f"decode h{self.h} b{self.b}{rows} window {self.window}{extra}{lens}{mode}"
 
 
+# the decode rows' second dsv4_tl line: the same call with batch_invariant=True
+INVARIANT = "dsv4_tl.inv"
+
+
 def decode_shapes(quick: bool) -> list:
     """The decode suite: the DSv4 layer types at h 64 / 128 over the batch sizes, then the
     tensor-parallel head counts (V4-Flash TP8/4/2 = 8/16/32 heads; V4-Pro TP8 = 16), MTP
@@ -147,11 +151,13 @@ def decode_shapes(quick: bool) -> list:
         return shapes
     shapes += [DecodeShape(h, 128, "c4a", extra_width=512) for h in (8, 16, 32)]
     shapes += [DecodeShape(128, b, "c4a", s_q=2) for b in (74, 148)]
-    shapes += [DecodeShape(h, 32, "c128a", extra_width=8192, varying=True) for h in (64, 128)]
-    # what batch invariance costs (ops.sparse_decode(batch_invariant=True)), vs FlashMLA's
-    # default (not batch-invariant) mode
-    shapes += [DecodeShape(h, b, "c4a", batch_invariant=True) for h, b in ((64, 8), (64, 128),
-                                                                          (128, 128))]
+    # MTP and speculative verify: s_q 2-6 at both head counts
+    shapes += [DecodeShape(h, b, "c4a", s_q=s) for h in (64, 128)
+               for b, s in ((64, 2), (32, 4), (32, 6))]
+    # C128A at long context: widths 4096 / 8192 with per-request lengths in 0..width, small,
+    # odd and large batches
+    shapes += [DecodeShape(h, b, "c128a", extra_width=w, varying=True) for h in (64, 128)
+               for w in (4096, 8192) for b in (2, 32, 77, 128)]
     return shapes
 
 
@@ -375,6 +381,11 @@ def ours_decode(x: dict):
                                  batch_invariant=x.get("batch_invariant", False))
 
 
+def ours_decode_invariant(x: dict):
+    """``ours_decode`` with ``batch_invariant=True`` (every decode row prints its cost)."""
+    return ours_decode({**x, "batch_invariant": True})
+
+
 def ours_prefill(x: dict):
     from .ops import sparse_prefill
     if "ragged" in x:
@@ -468,11 +479,13 @@ def _peer_impls(peers: list, suite: str) -> dict:
 
 def _suite_row(suite: str, shape: str, attended: int, ours: Callable, inputs: list,
                check: Callable, flops: float, nbytes: float, ceilings: dict, peers: list,
-               failed: dict, poison: Optional[Callable[[dict], None]] = None) -> dict:
-    """One table row of ``suite``: dsv4_tl and every loaded peer of the suite checked and
-    timed on ``inputs``, plus the peers that failed to load."""
+               failed: dict, poison: Optional[Callable[[dict], None]] = None,
+               modes: Optional[dict] = None) -> dict:
+    """One table row of ``suite``: dsv4_tl (and its other ``modes``, {impl name: make-call})
+    and every loaded peer of the suite checked and timed on ``inputs``, plus the peers that
+    failed to load."""
     row = {"suite": suite, "shape": shape, "attended": attended, "results": []}
-    impls = {"dsv4_tl": ours, **_peer_impls(peers, suite)}
+    impls = {"dsv4_tl": ours, **(modes or {}), **_peer_impls(peers, suite)}
     _measure(row, impls, inputs, check, flops, nbytes, ceilings, poison)
     row["results"] += _failed_peer_entries(failed, suite)
     return row
@@ -511,9 +524,10 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
             att = _attended(inputs[0]) * shape.s_q  # lengths are per request, for each row
             flops = 2 * shape.h * att * 1024
             nbytes = att * TOKEN_BYTES + 2 * shape.b * shape.s_q * shape.h * 512 * 2 + 4 * att
+            modes = {} if shape.batch_invariant else {INVARIANT: ours_decode_invariant}
             report["rows"].append(_suite_row("decode", shape.name, att, ours_decode, inputs,
                                              _check_decode, flops, nbytes, ceilings, peers,
-                                             failed))
+                                             failed, modes=modes))
             del inputs
             torch.cuda.empty_cache()
     if "prefill" in suites:
@@ -878,9 +892,14 @@ def format_table(report: dict) -> str:
                 continue
             fm = by.get("flashmla", {})
             ratio = f"{fm['us'] / e['us']:.2f}x" if "us" in fm and e["impl"] != "flashmla" else ""
+            cost = ""
+            if e["impl"] == INVARIANT and "us" in by.get("dsv4_tl", {}):
+                cost = f", invariance costs {e['us'] / by['dsv4_tl']['us']:.3f}x"
             lines.append(f"{row['shape'][:68]:68s} {e['impl']:15s} {e['us']:9.1f} {e['tflops']:8.1f} "
-                         f"{e['pct_gemm']:6.1f} {e['gbps']:7.0f} {e['pct_copy']:6.1f} {ratio:>11s}  {e['check']}")
-    lines.append("vs flashmla = FlashMLA time / this row's time (> 1: faster than FlashMLA)")
+                         f"{e['pct_gemm']:6.1f} {e['gbps']:7.0f} {e['pct_copy']:6.1f} {ratio:>11s}  "
+                         f"{e['check']}{cost}")
+    lines.append("vs flashmla = FlashMLA time / this row's time (> 1: faster than FlashMLA); "
+                 f"{INVARIANT} = dsv4_tl with batch_invariant=True (its cost: time / dsv4_tl's)")
     return "\n".join(lines)
 
 

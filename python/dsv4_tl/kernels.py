@@ -104,6 +104,9 @@ class KernelSpec:
     # static parameter -> its kind: int (a positive integer), bool, or a tuple of the
     # accepted strings; :meth:`check_static` holds every variant to it
     static_kinds: Dict[str, Any] = None
+    # schedule knobs that only the front end's launch plan reads (not the builder): left out
+    # of the variant, so that changing them compiles nothing
+    plan_knobs: Tuple[str, ...] = ()
 
     def check_static(self, static: dict) -> None:
         """ValueError/TypeError naming the parameter unless ``static`` has exactly this op's
@@ -215,9 +218,10 @@ SPARSE_DECODE = KernelSpec(
     build=_build_sparse_decode,
     params=("Q", "MainFp8", "MainBf16", "MainU8", "MainIndices", "MainLength",
             "ExtraFp8", "ExtraBf16", "ExtraU8", "ExtraIndices", "ExtraLength", "Sink",
-            "Out", "Lse", "OPartial", "LsePartial", "sm_scale",
+            "Out", "Lse", "OPartial", "LsePartial", "RowSplits", "sm_scale",
             "main_block_size", "main_block_stride", "main_num_blocks",
-            "extra_block_size", "extra_block_stride", "extra_num_blocks"),
+            "extra_block_size", "extra_block_stride", "extra_num_blocks",
+            "tiles_per_split", "num_ctas"),
     static=_decode_static,
     aot_statics=_decode_aot_statics,
     features=_decode_features,
@@ -225,9 +229,16 @@ SPARSE_DECODE = KernelSpec(
     front_ends=("sparse_decode",),
     references=("sparse_decode_ref",),
     static_kinds=dict(num_heads=int, has_extra=bool, fp8_format=FP8_FORMATS),
+    # the persistent grid's split sizes (run-time arguments of the kernel)
+    plan_knobs=("tiles_per_split_min", "invariant_tiles_per_split"),
 )
 """call: ``h``, ``b``, ``s_q`` (1), ``scope`` (:func:`decode_scope`), ``batch_invariant``
 (False), ``fp8_format`` ("e4m3fn")."""
+
+
+# The combine's largest bound on a row's split count (its powers of two up to this) on the
+# persistent grid; the front end raises the split size of longer rows to stay within it.
+MAX_COMBINE_SPLITS = 128
 
 
 def _build_sparse_decode_combine(**params):
@@ -242,8 +253,14 @@ def _combine_static(*, h: int, num_splits: int, **_call) -> dict:
 
 def _combine_aot_statics(target_dir: str, heads: Tuple[int, ...],
                          fp8_formats: Tuple[str, ...]) -> List[dict]:
-    """Each head count with each split count > 1 of the target's decode schedules."""
-    splits = sorted({c["num_splits"] for c in SPARSE_DECODE.schedules(target_dir)} - {1})
+    """Each head count with each split count > 1 of the target's decode schedules, and the
+    powers of two up to ``MAX_COMBINE_SPLITS`` when a schedule is persistent (its bound on a
+    row's splits follows the index widths)."""
+    configs = SPARSE_DECODE.schedules(target_dir)
+    splits = {c["num_splits"] for c in configs} - {1}
+    if any(c.get("persistent") for c in configs):
+        splits |= {1 << i for i in range(1, MAX_COMBINE_SPLITS.bit_length())}
+    splits = sorted(splits)
     return [dict(num_heads=h, num_splits=s) for h in heads for s in splits]
 
 
@@ -251,7 +268,7 @@ SPARSE_DECODE_COMBINE = KernelSpec(
     op="sparse_decode_combine",
     entry="sparse_decode_combine",
     build=_build_sparse_decode_combine,
-    params=("OPartial", "LsePartial", "Sink", "Out", "Lse"),
+    params=("OPartial", "LsePartial", "RowSplits", "Sink", "Out", "Lse"),
     static=_combine_static,
     aot_statics=_combine_aot_statics,
     front_ends=("sparse_decode",),  # the second launch of split-KV decode
@@ -451,6 +468,8 @@ class Variant:
         if op not in KERNELS:
             raise ValueError(f"op: unknown kernel {op!r}; known: {', '.join(sorted(KERNELS))}")
         KERNELS[op].check_static(static)
+        plan_knobs = KERNELS[op].plan_knobs
+        schedule = {k: v for k, v in schedule.items() if k not in plan_knobs}
         return cls(op, _canonical(static), _canonical(schedule))
 
     @property

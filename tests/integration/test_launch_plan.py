@@ -385,9 +385,9 @@ def test_launch_fills_arguments_by_name():
     spec = KERNELS["sparse_decode_combine"]
     got = []
     launch = _dispatch.Launch(lambda *a: got.append(a), spec, ("Lse", "OPartial"), Out="o",
-                              LsePartial="lp", Sink="s")
+                              LsePartial="lp", RowSplits="rs", Sink="s")
     launch("l", "op")
-    assert got == [("op", "lp", "s", "o", "l")]
+    assert got == [("op", "lp", "rs", "s", "o", "l")]
     with pytest.raises(TypeError, match="do not match the kernel's parameters"):
         _dispatch.Launch(lambda *a: None, spec, ("Lse",), Out="o", LsePartial="lp", Sink="s")
     with pytest.raises(TypeError, match="do not match the kernel's parameters"):

@@ -276,3 +276,110 @@ def test_decode_batch_invariant(h, extra_kind, seed):
         for got, pos in ((alone, 0), (batch8, 5)):
             assert torch.equal(bits(got[0][pos]), bits(full_out[r])), f"row {r}: out differs"
             assert torch.equal(bits(got[1][pos]), bits(full_lse[r])), f"row {r}: lse differs"
+
+
+# ----------------------------------------------------------------------------- persistent grid
+# The warp-specialised schedule on the persistent grid (tile_kernels/work.py), forced for every
+# shape; ``over`` changes knobs of it (split sizes small enough to split the test's rows).
+PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 1,
+              "warp_specialized": True, "persistent": True, "item_cost": 3,
+              "tiles_per_split_min": 4, "invariant_tiles_per_split": 16}
+
+
+def _persistent(**over):
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    return forcing(parse_target("cuda:sm_90a"), "sparse_decode", {**PERSISTENT, **over})
+
+
+@pytest.mark.parametrize(
+    "h,b,s_q,extra_kind,over",
+    [
+        (64, 1, 1, "c4a512", {}),
+        (128, 1, 1, "c4a1024", {}),
+        (128, 7, 1, "c128a256", {}),
+        (64, 64, 1, "c128a128", {}),
+        (128, 128, 1, "c4a1024", {}),
+        (64, 128, 1, "c4a512", {}),
+        (128, 64, 1, "swa", {}),
+        (64, 7, 1, "swa", {}),
+        (128, 37, 3, "c4a1024", {}),
+        (64, 150, 2, "c128a1024", {}),
+        (128, 16, 1, "c128a8192", {}),
+        (96, 7, 1, "c4a512", {}),
+        (16, 7, 1, "c4a512", {}),
+        (64, 7, 1, "c4a512", {"block_tokens": 64}),
+        (128, 9, 2, "c128a1024", {"block_tokens": 64, "tiles_per_split_min": 3}),
+    ],
+    ids=lambda v: str(v),
+)
+def test_decode_persistent_matches_reference(h, b, s_q, extra_kind, over, seed):
+    """Rows of one split stored directly, split rows merged by the combine, CTAs walking
+    several items (barrier phases carried across them), holes, garbage past the lengths and
+    a lonely last request; padded head counts (96, 16) keep the fixed grid."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    with _persistent(**over):
+        check_decode(*decode_case(b, s_q, h, extra_kind, gen))
+
+
+@pytest.mark.parametrize("block_tokens", [32, 64])
+@pytest.mark.parametrize("tiles_per_split", [1, 3])
+def test_decode_persistent_split_edges(block_tokens, tiles_per_split, seed):
+    """Splits of 1 and 3 tiles (odd: a padding tile per split) over the split-boundary
+    lengths of the fixed grid's test (empty scopes, window-to-compressed crossings)."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
+    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
+    with _persistent(block_tokens=block_tokens, tiles_per_split_min=tiles_per_split):
+        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
+            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
+            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
+            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
+
+
+def _rows_of(q, main, extra, sink, rows, batch_invariant):
+    """(out, lse) of ``rows`` of the batch run as a batch of their own, outputs poisoned."""
+    (k_cache, idx, lens), (e_cache, e_idx, e_lens) = main, extra
+    rows = torch.tensor(rows, device=DEV)
+    b, s_q, h = len(rows), q.shape[1], q.shape[2]
+    out = torch.full((b, s_q, h, 512), math.nan, dtype=torch.bfloat16, device=DEV)
+    lse = torch.full((b, h, s_q), math.nan, dtype=torch.float32, device=DEV)
+    sparse_decode(q[rows], k_cache, idx[rows], lens[rows], SCALE, sink, e_cache,
+                  None if e_idx is None else e_idx[rows], None if e_lens is None else e_lens[rows],
+                  batch_invariant=batch_invariant, out=out, lse=lse)
+    return out, lse
+
+
+@pytest.mark.parametrize("h,b,s_q,extra_kind", [(64, 256, 1, "c4a512"), (128, 256, 1, "c128a1024"),
+                                                (64, 96, 2, "c128a4096"), (128, 256, 1, "swa")])
+def test_decode_persistent_batch_invariant(h, b, s_q, extra_kind, seed):
+    """batch_invariant=True on the persistent grid: a row's out and lse are bitwise identical
+    alone, at other positions of batches of 8 and 37 and in the whole batch (per-row lengths
+    anywhere in 0..width, empty rows, -1 holes; the default mode would split rows by the
+    batch's work)."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen)
+    main[2][5] = 0  # an empty window (request 255 is empty in both scopes)
+    if extra[2] is not None:
+        extra[2][6] = 0
+    with _persistent():
+        full_out, full_lse = _rows_of(q, main, extra, sink, list(range(b)), True)
+        torch.cuda.synchronize()
+        ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+        check_attention(max(cache_kmax(c) for c in (main[0], extra[0]) if c is not None),
+                        full_out, ref_out, lse=(full_lse, ref_lse))
+
+        def bits(x):
+            return x.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
+
+        others = torch.randperm(b, generator=gen, device=DEV).tolist()
+        for r in (0, 5, 6, b // 2 + 2, b - 1):
+            mates = [o for o in others if o != r]
+            alone = _rows_of(q, main, extra, sink, [r], True)
+            batch8 = _rows_of(q, main, extra, sink, mates[:5] + [r] + mates[5:7], True)
+            batch37 = _rows_of(q, main, extra, sink, mates[:30] + [r] + mates[30:36], True)
+            for got, pos in ((alone, 0), (batch8, 5), (batch37, 30)):
+                assert torch.equal(bits(got[0][pos]), bits(full_out[r])), f"row {r}: out differs"
+                assert torch.equal(bits(got[1][pos]), bits(full_lse[r])), f"row {r}: lse differs"

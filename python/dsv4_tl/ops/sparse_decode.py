@@ -14,7 +14,8 @@ from ..validation import (
     check_same_device,
     check_tensor,
 )
-from ..kernels import SPARSE_DECODE, SPARSE_DECODE_COMBINE, decode_scope
+from ..kernels import (MAX_COMBINE_SPLITS, SPARSE_DECODE, SPARSE_DECODE_COMBINE, decode_scope,
+                       pow2_ceil)
 from ._dispatch import (Launch, PlanCache, StreamScratch, _target, aligned16, cache_views,
                         check_aligned_output, check_output, full_lengths, meta, meta_contiguous,
                         meta_last, meta_strides, placeholder, recheck_device, resolve,
@@ -119,7 +120,10 @@ def sparse_decode(
             picks the split-KV count from the batch's CTA count, so a row's rounding can
             change with the batch; this mode always uses the schedule of the smallest-batch
             bucket, whose splits divide each row by its own lengths only. Costs time at
-            large batches (every row goes through split-KV partials and the combine).
+            large batches (every row goes through split-KV partials and the combine). On
+            the persistent grid (schedule knob ``persistent``) this mode cuts every row into
+            splits of a fixed ``invariant_tiles_per_split`` KV tiles (the default mode sizes
+            them from the batch's work); rows of one split are stored directly.
         out, lse: optional preallocated contiguous outputs of the shapes below.
 
     Returns:
@@ -152,7 +156,7 @@ _VIEWS = (torch.float8_e4m3fn, torch.bfloat16, torch.uint8)  # a cache's views (
 # Kernel arguments passed per call, in this order; the rest are fixed by the plan.
 _DYNAMIC = ("Q", "MainFp8", "MainBf16", "MainU8", "MainIndices", "MainLength", "ExtraFp8",
             "ExtraBf16", "ExtraU8", "ExtraIndices", "ExtraLength", "Sink", "Out", "Lse",
-            "OPartial", "LsePartial")
+            "OPartial", "LsePartial", "RowSplits")
 
 
 class _Plan:
@@ -203,12 +207,45 @@ class _Plan:
         scope = decode_scope(None if e_geom is None else e_geom.block_size)
         kernel, schedule = resolve(SPARSE_DECODE, target, h=h, b=b, s_q=s_q, scope=scope,
                                    batch_invariant=batch_invariant, fp8_format=fp8_format)
-        self.splits = splits = schedule["num_splits"]
+        rows = b * s_q
+        # (whole head groups only, as the builder decides: padded ones keep the fixed grid)
+        self.persistent = bool(schedule.get("persistent") and schedule["warp_specialized"]
+                               and h % schedule["heads_per_block"] == 0)
+        grid = {"tiles_per_split": 0, "num_ctas": 0}
+        if self.persistent:
+            # The persistent grid (tile_kernels/work.py): rows cut into splits of T tiles;
+            # T fixed in batch-invariant mode, else derived in the kernel from the call's
+            # tiles (at least the floor passed as -T). Partial slots: a row of n > 1 splits
+            # takes n < 2 * tiles / T, so fewer than 2 * num_ctas with a derived T.
+            bt = schedule["block_tokens"]
+            max_tiles = -(-indices.shape[-1] // bt)
+            if self.has_extra:
+                max_tiles += -(-extra_indices.shape[-1] // bt)
+            floor = -(-max_tiles // MAX_COMBINE_SPLITS)
+            knob = "invariant_tiles_per_split" if batch_invariant else "tiles_per_split_min"
+            if not (isinstance(schedule[knob], int) and schedule[knob] >= 1):
+                raise ValueError(f"schedule: {knob} must be a positive int, got {schedule[knob]!r}")
+            tps = max(schedule[knob], floor)
+            max_splits = -(-max_tiles // tps)
+            units = rows * -(-h // schedule["heads_per_block"])
+            ctas = min(_sm_count(dev), units * max_splits)
+            grid = {"tiles_per_split": tps if batch_invariant else -tps, "num_ctas": ctas}
+            splits = 1 if max_splits == 1 else pow2_ceil(max_splits)
+            slots = rows * max_splits if batch_invariant else min(rows * max_splits, 2 * ctas)
+            partial_shapes = ((slots, 1, 1, h, HEAD_DIM), (slots, 1, 1, h))
+        else:
+            splits = schedule["num_splits"]
+            slots = rows * splits
+            partial_shapes = ((b, s_q, splits, h, HEAD_DIM), (b, s_q, splits, h))
+        self.splits = splits
         if splits == 1:
             self.partials = (placeholder(dev, torch.float32, (0, 0, 1, h, HEAD_DIM)),
-                             placeholder(dev, torch.float32, (0, 0, 1, h)))
+                             placeholder(dev, torch.float32, (0, 0, 1, h)),
+                             placeholder(dev, torch.int32, (0, 2)))
         else:
-            self.partial_shapes = ((b, s_q, splits, h, HEAD_DIM), (b, s_q, splits, h))
+            # (the row split table the combine reads rides in the float32 scratch as int32)
+            self.partial_shapes = (*partial_shapes, (rows, 2))
+            self.flat_shapes = ((slots, h, HEAD_DIM), (slots, h))
             self.pooled = dev.type == "cuda"
             self.no_out = (placeholder(dev, torch.bfloat16, (0, 0, h, HEAD_DIM)),
                            placeholder(dev, torch.float32, (0, h, 0)))
@@ -218,7 +255,7 @@ class _Plan:
             kernel, SPARSE_DECODE, _DYNAMIC, sm_scale=scale, main_block_size=m_geom.block_size,
             main_block_stride=m_geom.stride0, main_num_blocks=m_geom.num_blocks,
             extra_block_size=e_scalars[0], extra_block_stride=e_scalars[1],
-            extra_num_blocks=e_scalars[2])
+            extra_num_blocks=e_scalars[2], **grid)
 
     def __call__(self, q, k_cache, indices, topk_length, attn_sink, extra_k_cache,
                  extra_indices, extra_topk_length, out, lse):
@@ -248,13 +285,27 @@ class _Plan:
                         out, lse, *self.partials)
             return out, lse
         if self.pooled:
-            partials = stream_scratch.views(self.device, self.partial_shapes)
+            o_part, lse_part, row_splits = stream_scratch.views(self.device, self.partial_shapes)
         else:
-            partials = StreamScratch.fresh(self.device, self.partial_shapes)
-        self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
-                    *self.no_out, *partials)
-        self.combine(*partials, sink, out, lse)
+            o_part, lse_part, row_splits = StreamScratch.fresh(self.device, self.partial_shapes)
+        row_splits = row_splits.view(torch.int32)
+        if self.persistent:  # rows of one split are finished by the decode kernel
+            self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
+                        out, lse, o_part, lse_part, row_splits)
+        else:
+            self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
+                        *self.no_out, o_part, lse_part, row_splits)
+        self.combine(o_part.view(self.flat_shapes[0]), lse_part.view(self.flat_shapes[1]),
+                     row_splits, sink, out, lse)
         return out, lse
+
+
+def _sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device``: the persistent grid's CTA count (one CTA per SM: a CTA
+    of the warp-specialised schedule takes most of an SM's shared memory)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class _Lengths:

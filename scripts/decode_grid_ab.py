@@ -1,0 +1,255 @@
+"""Sparse decode (issue 23): the fixed grid against the persistent grid against FlashMLA, and
+the consumer ceiling, in one process on the lent GPU.
+
+    python scripts/decode_grid_ab.py --out $OUT [--rows quick|goal] [--rounds 3] [--ceilings]
+        [--precompile 16]
+
+Per row (``--rows``): the same input sets run through ``ops.sparse_decode`` with the resolved
+schedule (fixed grid: the buckets' split counts), with the persistent grid forced
+(``PERSISTENT``) in the default mode and in batch-invariant mode, and through FlashMLA's
+decode; every output checked against the float32 reference; times (µs, graph replay, median
+of ``--rounds`` interleaved rounds) to ``decode_grid_ab.json`` and a table. ``--ceilings``:
+our BF16 prefill kernel (no dequantisation) at the decode shapes h128 / 1152 tokens and
+h64 / 640 tokens, 128 rows, against FlashMLA's FP8 decode of the same rows. ``--precompile N``
+first compiles every variant the rows need in N processes (the JIT of the process
+would compile them one at a time).
+"""
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from dsv4_tl import bench
+from dsv4_tl.bench import DecodeShape, decode_inputs, graph_time_us
+from dsv4_tl.kernels import SPARSE_DECODE, SPARSE_DECODE_COMBINE, Variant, decode_scope
+from dsv4_tl.schedules import forced_schedule, schedule_for
+from dsv4_tl.targets import parse_target
+
+TARGET = parse_target("cuda:sm_90a")
+PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 1,
+              "warp_specialized": True, "persistent": True, "item_cost": 3,
+              "tiles_per_split_min": 4, "invariant_tiles_per_split": 16}
+
+
+def goal_rows(which: str) -> list:
+    """Issue 23's goal rows (``goal``) or a subset (``quick``)."""
+    if which == "quick":
+        rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (32, 128) for k in ("c4a", "c128a")]
+        rows += [DecodeShape(128, 64, "swa"), DecodeShape(128, 64, "c4a", s_q=2),
+                 DecodeShape(64, 32, "c4a", s_q=4), DecodeShape(128, 1, "c4a"),
+                 DecodeShape(128, 8, "c4a"), DecodeShape(64, 8, "c4a")]
+        rows += [DecodeShape(h, 32, "c128a", extra_width=8192, varying=True) for h in (64, 128)]
+        rows += [DecodeShape(128, 2, "c128a", extra_width=4096, varying=True)]
+        return rows
+    rows = [DecodeShape(h, b, k) for k in ("swa", "c4a", "c128a") for h in (64, 128)
+            for b in (32, 64, 128, 256)]
+    rows += [DecodeShape(h, b, "c4a", s_q=s) for h in (64, 128) for b, s in ((64, 2), (32, 4),
+                                                                            (32, 6))]
+    rows += [DecodeShape(h, b, "c128a", extra_width=w, varying=True) for h in (64, 128)
+             for w in (4096, 8192) for b in (2, 32, 128)]
+    rows += [DecodeShape(h, b, "c4a") for h in (64, 128) for b in (1, 8)]
+    return rows
+
+
+def _call(shape: DecodeShape, batch_invariant: bool = False) -> dict:
+    scope = "swa" if shape.kind == "swa" else ("c4a" if shape.kind == "c4a" else "c128a")
+    return dict(h=shape.h, b=shape.b, s_q=shape.s_q, scope=scope, batch_invariant=batch_invariant)
+
+
+def _variants(rows: list) -> list:
+    """Every decode and combine variant the rows run (fixed grid as resolved, persistent)."""
+    out = set()
+    tdir = TARGET.dirname
+    for shape in rows:
+        call = _call(shape)
+        fixed = SPARSE_DECODE.variant(tdir, **call)
+        out.add(fixed)
+        splits = dict(fixed.schedule)["num_splits"]
+        if splits > 1:
+            out.add(Variant.make("sparse_decode_combine", dict(num_heads=shape.h, num_splits=splits),
+                                 schedule_for(tdir, "sparse_decode_combine")))
+        out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call), PERSISTENT))
+    for h in sorted({s.h for s in rows}):
+        for n in (2, 4, 8, 16, 32, 64, 128):
+            out.add(Variant.make("sparse_decode_combine", dict(num_heads=h, num_splits=n),
+                                 schedule_for(tdir, "sparse_decode_combine")))
+    return sorted(out, key=lambda v: v.key)
+
+
+def _compile(args):
+    from dsv4_tl.loader import compile_jit
+    op, static, schedule, kdir = args
+    variant = Variant.make(op, static, schedule)
+    t = time.time()
+    compile_jit(variant, TARGET, kdir)
+    return variant.key, time.time() - t
+
+
+def precompile(rows: list, jobs: int, extra: list = ()) -> None:
+    from pathlib import Path
+    from dsv4_tl.loader import default_kernel_dir
+    kdir = Path(default_kernel_dir())
+    todo = [(v.op, dict(v.static), dict(v.schedule), kdir) for v in _variants(rows)] + list(extra)
+    t = time.time()
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        for key, dt in pool.map(_compile, todo):
+            print(f"compiled {key} in {dt:.0f} s", flush=True)
+    print(f"precompile: {len(todo)} variants in {time.time() - t:.0f} s", flush=True)
+
+
+def _ours(x: dict, batch_invariant: bool):
+    from dsv4_tl.ops import sparse_decode
+    return lambda: sparse_decode(x["q"], x["k_cache"], x["indices"], x["topk_length"],
+                                 bench.SCALE, x["attn_sink"], x["extra_k_cache"],
+                                 x["extra_indices"], x["extra_topk_length"],
+                                 batch_invariant=batch_invariant)
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
+
+
+def measure_rows(rows: list, rounds: int, flashmla) -> list:
+    gen = torch.Generator("cuda").manual_seed(0)
+    impls = {
+        "fixed": (_nothing, False),
+        "persistent": (lambda: forced_schedule(TARGET.dirname, "sparse_decode", PERSISTENT), False),
+        "persistent_inv": (lambda: forced_schedule(TARGET.dirname, "sparse_decode", PERSISTENT), True),
+        "fixed_inv": (_nothing, True),
+    }
+    results = []
+    for shape in rows:
+        entry = {"shape": shape.name, "h": shape.h, "b": shape.b, "s_q": shape.s_q,
+                 "times": {}, "check": {}}
+        try:
+            inputs = decode_inputs(shape, gen, 3, "cuda")
+            makers = {}
+            for name, (ctx, inv) in impls.items():
+                makers[name] = (ctx, [_ours(x, inv) for x in inputs])
+            if flashmla is not None:
+                makers["flashmla"] = (_nothing, [flashmla.decode(x) for x in inputs])
+            for name, (ctx, calls) in makers.items():  # check once (first input set)
+                with ctx():
+                    try:
+                        res = calls[0]()
+                        torch.cuda.synchronize()
+                        entry["check"][name] = bench._check_decode(inputs[0], res)
+                    except Exception as exc:
+                        entry["check"][name] = f"{type(exc).__name__}: {exc}"[:300]
+            times = {name: [] for name in makers}
+            for _ in range(rounds):
+                for name, (ctx, calls) in makers.items():
+                    if not str(entry["check"][name]).startswith("ok"):
+                        continue
+                    with ctx():
+                        times[name].append(graph_time_us(calls))
+            entry["times"] = {k: statistics.median(v) for k, v in times.items() if v}
+        except Exception as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        print(json.dumps(entry), flush=True)
+        results.append(entry)
+        del inputs
+        torch.cuda.empty_cache()
+    return results
+
+
+def ceilings(flashmla, rounds: int) -> list:
+    """Our BF16 prefill kernel (free dequantisation) on the decode rows' attended tokens."""
+    from dsv4_tl.ops import sparse_prefill
+    gen = torch.Generator("cuda").manual_seed(1)
+    out = []
+    for h, shape in ((128, DecodeShape(128, 128, "c4a")), (64, DecodeShape(64, 128, "c4a"))):
+        x = decode_inputs(shape, gen, 1, "cuda")[0]
+        tokens = x["indices"].shape[-1] + x["extra_indices"].shape[-1]
+        rows = shape.b
+        kv = torch.randn((rows * tokens, 1, 512), generator=gen, device="cuda").to(torch.bfloat16)
+        idx = torch.stack([r * tokens + torch.randperm(tokens, generator=gen, device="cuda")
+                           for r in range(rows)]).int().view(rows, 1, tokens)
+        q = x["q"].view(rows, h, 512)
+        sink = x["attn_sink"]
+        pre = [lambda: sparse_prefill(q, kv, idx, bench.SCALE, sink)]
+        dec = [_ours(x, False)]
+        fm = [flashmla.decode(x)] if flashmla is not None else []
+        t = {"prefill_bf16": [], "decode_fixed": [], "flashmla_decode": []}
+        for _ in range(rounds):
+            t["prefill_bf16"].append(graph_time_us(pre))
+            t["decode_fixed"].append(graph_time_us(dec))
+            if fm:
+                t["flashmla_decode"].append(graph_time_us(fm))
+        entry = {"shape": f"h{h} {rows} rows x {tokens} tokens",
+                 **{k: statistics.median(v) for k, v in t.items() if v}}
+        print(json.dumps(entry), flush=True)
+        out.append(entry)
+    return out
+
+
+def table(results: list) -> str:
+    lines = [f"{'shape':70s} {'fixed':>8s} {'persist':>8s} {'pers.inv':>8s} {'fix.inv':>8s} "
+             f"{'FlashMLA':>8s} {'FM/fixed':>8s} {'FM/pers':>8s} {'inv cost':>8s}"]
+    for e in results:
+        t = e["times"]
+
+        def f(k):
+            return f"{t[k]:8.1f}" if k in t else f"{'-':>8s}"
+
+        def r(a, b_):
+            return f"{t[a] / t[b_]:7.2f}x" if a in t and b_ in t else f"{'-':>8s}"
+        bad = [k for k, v in e["check"].items() if not str(v).startswith("ok")]
+        lines.append(f"{e['shape'][:70]:70s} {f('fixed')} {f('persistent')} {f('persistent_inv')} "
+                     f"{f('fixed_inv')} {f('flashmla')} {r('flashmla', 'fixed')} "
+                     f"{r('flashmla', 'persistent')} {r('persistent_inv', 'persistent')}"
+                     + (f"  FAILED {bad}" if bad else "") + (f"  ERROR {e['error']}" if "error" in e else ""))
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--rows", choices=("quick", "goal"), default="quick")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ceilings", action="store_true")
+    ap.add_argument("--precompile", type=int, default=0)
+    ap.add_argument("--precompile-only", action="store_true")
+    args = ap.parse_args()
+    rows = goal_rows(args.rows)
+    if args.precompile:
+        extra = []
+        if args.ceilings:
+            from dsv4_tl.kernels import SPARSE_PREFILL
+            from pathlib import Path
+            from dsv4_tl.loader import default_kernel_dir
+            for h, topk in ((128, 1152), (64, 640)):
+                v = SPARSE_PREFILL.variant(TARGET.dirname, h=h, topk=topk)
+                extra.append((v.op, dict(v.static), dict(v.schedule), Path(default_kernel_dir())))
+        precompile(rows, args.precompile, extra)
+        if args.precompile_only:
+            return
+    from dsv4_tl.bench_peers import load_peers
+    peers, errors = load_peers(["flashmla"], os.environ.get("PEERS_DIR"))
+    flashmla = peers[0] if peers else None
+    if errors:
+        print("peer errors:", errors, flush=True)
+    report = {"device": torch.cuda.get_device_name(), "rows": [], "ceilings": []}
+    if args.ceilings:
+        report["ceilings"] = ceilings(flashmla, args.rounds)
+    report["rows"] = measure_rows(rows, args.rounds, flashmla)
+    with open(os.path.join(args.out, "decode_grid_ab.json"), "w") as fh:
+        json.dump(report, fh, indent=1)
+    text = f"{report['device']}\n" + table(report["rows"])
+    if report["ceilings"]:
+        text += "\n\nceilings (us):\n" + "\n".join(json.dumps(c) for c in report["ceilings"])
+    with open(os.path.join(args.out, "decode_grid_ab.txt"), "w") as fh:
+        fh.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Work items of a persistent attention grid: which (row, head group, split) each CTA runs.
+
+A *unit* is one query row and one head group: unit ``u`` is row ``u // head_groups`` and head
+group ``u % head_groups``, rows in batch order (row ``r`` reads the lengths of request
+``r // s_q``). A unit of ``tiles`` KV tiles is cut into ``splits = max(1, ceil(tiles / T))``
+*items* of ``T`` tiles (the last one shorter), where ``T`` (tiles per split) is either a
+fixed number or derived from this call's work as ``max(T_min, ceil(total tiles / CTAs))``
+(about one item per CTA; asked for as ``-T_min``). With a fixed ``T`` a
+row's split boundaries depend on its own lengths only: a row gives the same bits alone or in
+any batch. A row of one split is finished by its CTA (direct store); the items of a split
+row write partials to ``splits`` consecutive slots starting at the row's slot base (the
+split rows' slot counts summed in row order), merged by the combine in split order.
+
+Each item costs ``tiles + item_cost`` (a fixed cost for the Q load and the epilogue, in
+tiles). The items, in unit order then split order, are laid end to end; CTA ``c`` of ``G``
+takes the items whose cost span starts nearest to the positions ``[c·W / G, (c+1)·W / G)``
+of the total cost ``W``: a contiguous range, balanced to about one item. Every CTA computes
+its own range at its start from the lengths (``cta_work_range``: one pass over the units
+spread over the CTA's threads, a block scan, no global memory written), so the plan needs
+no launch and no host synchronisation and follows the lengths of each call (CUDA graphs).
+
+:func:`plan_reference` is the same arithmetic in Python, for tests.
+"""
+
+from typing import NamedTuple
+
+import tilelang.language as T
+
+
+def plan_reference(tiles, s_q: int, head_groups: int, tiles_per_split: int, item_cost: int,
+                   num_ctas: int) -> dict:
+    """What ``cta_work_range`` computes, in Python: ``tiles`` per request (a list), the grid
+    of ``num_ctas``, ``tiles_per_split`` as the kernel's argument. Returns ``{"tps": T, "bounds": [(u, k)] * (num_ctas + 1), "items":
+    [[(u, k, t_begin, t_end)] per CTA], "row_splits": [(slot base, splits)] per row}``."""
+    units = len(tiles) * s_q * head_groups
+
+    def unit_tiles(u):
+        return tiles[(u // head_groups) // s_q]
+
+    tps = tiles_per_split
+    if tps <= 0:
+        total_tiles = sum(unit_tiles(u) for u in range(units))
+        tps = max(-tiles_per_split, 1, -(-total_tiles // num_ctas))
+
+    def splits(u):
+        return max(1, -(-unit_tiles(u) // tps))
+
+    costs = [unit_tiles(u) + item_cost * splits(u) for u in range(units)]
+    total = sum(costs)
+    starts, acc = [], 0
+    for c in costs:
+        starts.append(acc)
+        acc += c
+
+    def boundary(x):
+        if x >= total:
+            return (units, 0)
+        for u in range(units):
+            if starts[u] <= x < starts[u] + costs[u]:
+                o = x - starts[u]
+                k = min((o + (tps + item_cost) // 2) // (tps + item_cost), splits(u))
+                return (u, k)
+        raise AssertionError("unreachable")
+
+    bounds = [boundary(c * total // num_ctas) for c in range(num_ctas + 1)]
+    items = []
+    for c in range(num_ctas):
+        (u0, k0), (u1, k1) = bounds[c], bounds[c + 1]
+        mine = []
+        for u in range(u0, min(u1 + 1, units)):
+            lo = k0 if u == u0 else 0
+            hi = k1 if u == u1 else splits(u)
+            for k in range(lo, hi):
+                t0 = k * tps
+                mine.append((u, k, t0, min(t0 + tps, unit_tiles(u))))
+        items.append(mine)
+    row_splits, base = [], 0
+    for r in range(len(tiles) * s_q):
+        n = splits(r * head_groups)
+        row_splits.append((base, n))
+        base += n if n > 1 else 0
+    return {"tps": tps, "bounds": bounds, "items": items, "row_splits": row_splits}
+
+
+class WorkItem(NamedTuple):
+    """One work item as a role sees it (int32 expressions): query row ``row`` (request
+    ``r_b``, query ``r_s``) of ``tiles`` KV tiles, head group ``hg``, split ``k`` of
+    ``splits`` covering tiles ``[t_begin, t_end)`` in ``pairs`` tile pairs (odd ranges padded
+    to whole pairs); ``pairs_before`` / ``index``: the tile pairs and items this CTA ran
+    before it (barrier phases run on across items); ``slot``: the split's partial slot (used
+    when ``splits > 1``)."""
+    row: object
+    hg: object
+    r_b: object
+    r_s: object
+    tiles: object
+    splits: object
+    k: object
+    t_begin: object
+    t_end: object
+    pairs: object
+    pairs_before: object
+    index: object
+    slot: object
+
+
+def unit_splits(tiles, tps):
+    """A unit's split count: ``max(1, ceil(tiles / tps))`` (an expression)."""
+    return T.max(1, T.ceildiv(tiles, tps))
+
+
+@T.macro
+def cta_work_range(bounds, scratch, unit_tiles, units, head_groups: int, tiles_per_split,
+                   item_cost: int, num_ctas, cta, threads: int):
+    """This CTA's item range into ``bounds`` (shared int32 [6]): ``u_begin, k_begin,
+    slot_base, u_end, k_end, tps`` (items from unit ``u_begin`` split ``k_begin`` up to, not
+    including, unit ``u_end`` split ``k_end``; ``slot_base`` is the partial slot base of
+    ``u_begin``'s row; ``tps`` the tiles per split in force). Every thread of the CTA calls
+    it; ``scratch``: shared int32 [threads // 32, 3]. ``unit_tiles(u)``: the KV tiles of
+    unit ``u`` (an int32 expression); ``tiles_per_split``: T when > 0, else T is derived from
+    the work, at least ``-tiles_per_split`` (and 1)."""
+    warps = threads // 32
+    tx = T.get_thread_binding()
+    lane = tx % 32
+    warp = tx // 32
+    chunk = T.ceildiv(units, threads)
+    lo = T.min(tx * chunk, units)
+    hi = T.min(lo + chunk, units)
+    tps = T.alloc_var(T.int32)
+    own_t = T.alloc_var(T.int32, init=0)
+    if tiles_per_split > 0:
+        tps = tiles_per_split
+    else:
+        for u in T.serial(lo, hi):
+            own_t += unit_tiles(u)
+        warp_t = T.alloc_var(T.int32)
+        warp_t = T.warp_reduce_sum(own_t)
+        if lane == 0:
+            scratch[warp, 2] = warp_t
+        T.sync_threads()
+        all_t = T.alloc_var(T.int32, init=0)
+        for w in T.serial(warps):
+            all_t += scratch[w, 2]
+        tps = T.max(T.max(-tiles_per_split, 1), T.ceildiv(all_t, num_ctas))
+    # This thread's units: cost and partial slots (counted on a row's last unit).
+    own_c = T.alloc_var(T.int32, init=0)
+    own_s = T.alloc_var(T.int32, init=0)
+    for u in T.serial(lo, hi):
+        ns = unit_splits(unit_tiles(u), tps)
+        own_c += unit_tiles(u) + item_cost * ns
+        if u % head_groups == head_groups - 1 and ns > 1:
+            own_s += ns
+    # Inclusive scan over the warp (every lane shuffles), then over the warps.
+    inc_c = T.alloc_var(T.int32, init=own_c)
+    inc_s = T.alloc_var(T.int32, init=own_s)
+    up_c = T.alloc_var(T.int32)
+    up_s = T.alloc_var(T.int32)
+    for d in (1, 2, 4, 8, 16):
+        up_c = T.shfl_up(inc_c, d)
+        up_s = T.shfl_up(inc_s, d)
+        if lane >= d:
+            inc_c += up_c
+            inc_s += up_s
+    if lane == 31:
+        scratch[warp, 0] = inc_c
+        scratch[warp, 1] = inc_s
+    T.sync_threads()
+    pre_c = T.alloc_var(T.int32, init=inc_c - own_c)
+    pre_s = T.alloc_var(T.int32, init=inc_s - own_s)
+    total = T.alloc_var(T.int32, init=0)
+    for w in T.serial(warps):
+        total += scratch[w, 0]
+        if w < warp:
+            pre_c += scratch[w, 0]
+            pre_s += scratch[w, 1]
+    step = tps + item_cost
+    for side in (0, 1):
+        x = T.cast(T.cast(cta + side, T.int64) * T.cast(total, T.int64)
+                   // T.cast(num_ctas, T.int64), T.int32)
+        if pre_c <= x and x < pre_c + own_c:
+            p = T.alloc_var(T.int32, init=pre_c)
+            sb = T.alloc_var(T.int32, init=pre_s)
+            for u in T.serial(lo, hi):
+                ns = unit_splits(unit_tiles(u), tps)
+                c = unit_tiles(u) + item_cost * ns
+                if p <= x and x < p + c:
+                    bounds[3 * side] = u
+                    bounds[3 * side + 1] = T.min((x - p + step // 2) // step, ns)
+                    if side == 0:
+                        bounds[2] = sb
+                p += c
+                if u % head_groups == head_groups - 1 and ns > 1:
+                    sb += ns
+    if tx == 0:
+        bounds[5] = tps
+        if cta + 1 == num_ctas:
+            bounds[3] = units
+            bounds[4] = 0
+    T.sync_threads()
+
+
+@T.macro
+def walk_items(span, units, head_groups: int, s_q, row_tiles, body):
+    """Run ``body(item)`` (a :class:`WorkItem`) for each item of this CTA, in order. ``span``:
+    a local int32 [6] copy of ``cta_work_range``'s bounds; ``row_tiles(r_b)``: the KV tiles
+    of request ``r_b``'s rows (an int32 expression). Every role of the CTA walks the same
+    items, so each keeps its own counts."""
+    unit = T.alloc_local([3], T.int32)  # r_b, r_s, tiles (variables: no repeated divisions)
+    runs = T.alloc_local([3], T.int32)  # pairs before, items before, slot base of the row
+    runs[0] = 0
+    runs[1] = 0
+    runs[2] = span[2]
+    for u in T.serial(span[0], T.min(span[3] + 1, units)):
+        row = u // head_groups
+        unit[0] = row // s_q
+        unit[1] = row % s_q
+        unit[2] = row_tiles(unit[0])
+        ns = unit_splits(unit[2], span[5])
+        for k in T.serial(T.if_then_else(u == span[0], span[1], 0),
+                          T.if_then_else(u == span[3], span[4], ns)):
+            t_begin = k * span[5]
+            t_end = T.min(t_begin + span[5], unit[2])
+            pairs = T.ceildiv(t_end - t_begin, 2)
+            body(WorkItem(row, u % head_groups, unit[0], unit[1], unit[2], ns, k, t_begin,
+                          t_end, pairs, runs[0], runs[1], runs[2] + k))
+            runs[0] += pairs
+            runs[1] += 1
+        if u % head_groups == head_groups - 1 and ns > 1:
+            runs[2] += ns
