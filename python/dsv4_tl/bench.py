@@ -95,7 +95,10 @@ class DecodeShape:
     """One decode row: ``h`` heads, ``b`` requests of ``s_q`` query tokens (s_q 2: MTP),
     the 128-token window plus, for C4A / C128A, the compressed scope of ``extra_width``
     entries (default: 512 at h64 and 1024 at h128 for C4A, 1024 for C128A); ``varying``:
-    per-request compressed lengths drawn from 0..width instead of the full width."""
+    per-request compressed lengths drawn from 0..width instead of the full width;
+    ``window_width`` / ``window_len``: a speculative draft's window scope instead (the
+    128-token window plus the drafts, padded to an index width of 192 or 256, lengths
+    133)."""
     h: int
     b: int
     kind: str  # "swa", "c4a", "c128a"
@@ -103,6 +106,8 @@ class DecodeShape:
     extra_width: Optional[int] = None
     varying: bool = False
     batch_invariant: bool = False
+    window_width: int = WINDOW
+    window_len: Optional[int] = None
 
     @property
     def extra_topk(self) -> int:
@@ -119,7 +124,9 @@ class DecodeShape:
         rows = f" s_q {self.s_q}" if self.s_q > 1 else ""
         lens = ", lengths 0..width" if self.varying else ""
         mode = ", batch-invariant" if self.batch_invariant else ""
-        return f"decode h{self.h} b{self.b}{rows} window {WINDOW}{extra}{lens}{mode}"
+        window = (f"window {WINDOW}" if self.window_width == WINDOW and self.window_len is None
+                  else f"draft width {self.window_width} length {self.window_len}")
+        return f"decode h{self.h} b{self.b}{rows} {window}{extra}{lens}{mode}"
 
 
 def decode_shapes(quick: bool) -> list:
@@ -131,13 +138,26 @@ def decode_shapes(quick: bool) -> list:
     shapes = [DecodeShape(h, b, kind) for kind in kinds for h in (64, 128) for b in batches]
     if quick:
         return shapes
-    shapes += [DecodeShape(h, 128, "c4a", extra_width=512) for h in (8, 16, 32)]
+    shapes += tp_decode_shapes()
     shapes += [DecodeShape(128, b, "c4a", s_q=2) for b in (74, 148)]
     shapes += [DecodeShape(h, 32, "c128a", extra_width=8192, varying=True) for h in (64, 128)]
     # what batch invariance costs (ops.sparse_decode(batch_invariant=True)), vs FlashMLA's
     # default (not batch-invariant) mode
     shapes += [DecodeShape(h, b, "c4a", batch_invariant=True) for h, b in ((64, 8), (64, 128),
                                                                           (128, 128))]
+    return shapes
+
+
+def tp_decode_shapes() -> list:
+    """Tensor-parallel head counts (8, 16, 32; FlashMLA padded to 64 heads as vLLM pads)
+    over the batch sizes and the three layer types (C128A: width 1024, per-request lengths),
+    then speculative-draft rows (the window plus 5 drafts, 133 tokens at index width 192 or
+    256) at h32 and h64 with 1 and 6 query tokens per request."""
+    shapes = [DecodeShape(h, b, kind, extra_width={"swa": None, "c4a": 512, "c128a": 1024}[kind],
+                          varying=kind == "c128a")
+              for h in (8, 16, 32) for kind in ("swa", "c4a", "c128a") for b in (1, 8, 64, 128, 256)]
+    shapes += [DecodeShape(h, 32, "swa", s_q=s_q, window_width=width, window_len=133)
+               for h in (32, 64) for width in (192, 256) for s_q in (1, 6)]
     return shapes
 
 
@@ -180,7 +200,8 @@ def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -
     (C128A; enough entries for the width) context with random block tables. Full lengths
     (the steady state) unless ``shape.varying``."""
     b, h, s_q = shape.b, shape.h, shape.s_q
-    swa_blocks = 3
+    width = shape.window_width
+    swa_blocks = 1 + -(-width // 64)  # positions start + s + [0, width), start + s < 64
     swa = random_paged_cache(b * swa_blocks * 2, 64, gen, device)
     swa_table = torch.randperm(swa.shape[0], generator=gen, device=device).view(-1, swa_blocks)
     extra = None
@@ -190,14 +211,14 @@ def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -
         per_req = entries // bs
         extra = random_paged_cache(b * per_req, bs, gen, device)
         extra_table = torch.randperm(extra.shape[0], generator=gen, device=device).view(b, per_req)
-    window = torch.arange(WINDOW, device=device)
+    window = torch.arange(width, device=device)
     out = []
     for _ in range(sets):
         q = torch.randn((b, s_q, h, 512), generator=gen, device=device).to(torch.bfloat16)
         start = torch.randint(0, 64 - s_q + 1, (b,), generator=gen, device=device)
         idx = torch.stack([torch.stack([scatter_slots(swa_table[r], start[r] + s + window, 64)
                                         for s in range(s_q)]) for r in range(b)])
-        lens = torch.full((b,), WINDOW, dtype=torch.int32, device=device)
+        lens = torch.full((b,), shape.window_len or width, dtype=torch.int32, device=device)
         item = {"q": q, "k_cache": swa, "indices": idx, "topk_length": lens,
                 "attn_sink": torch.rand(h, generator=gen, device=device) * 4 - 2,
                 "extra_k_cache": None, "extra_indices": None, "extra_topk_length": None,
