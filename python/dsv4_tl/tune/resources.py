@@ -56,11 +56,12 @@ def smem_bytes(op: str, config: dict) -> int:
         hb, bi = c["heads_per_block"], c["block_tokens"]
         if c.get("warp_specialized"):
             return _ws_smem(hb, bi)  # decode's producer stages raw bytes in registers
-        if c.get("tokens_in_m"):  # Q, num_stages K buffers, P (one per K buffer with two
-            nb = c["num_stages"]  # math warpgroups)
-            p_tiles = nb if c["threads"] == 384 else 1
-            return (_buffers(hb * HEAD_DIM * 2, *(bi * HEAD_DIM * 2,) * nb,
-                             *(hb * bi * 2,) * p_tiles) + _REDUCE_SCRATCH)
+        if c.get("tokens_in_m"):  # Q, num_stages K buffers and their validity flags, P
+            nb = c["num_stages"]  # (one per K buffer with two math warpgroups, with its
+            two = c["threads"] == 384  # rescale row, and the denominators' row)
+            return (_buffers(hb * HEAD_DIM * 2, *(bi * HEAD_DIM * 2,) * nb, *(bi,) * nb,
+                             *(hb * bi * 2,) * (nb if two else 1), *(hb * 4,) * (nb if two else 0),
+                             hb * 4 if two else 0) + _REDUCE_SCRATCH)
         common = (hb * HEAD_DIM * 2, bi * HEAD_DIM * 2, hb * bi * 2)  # Q, K, P (bf16)
         if op == "sparse_decode":  # row offsets (int64), 7 scales (fp32), flags
             return _buffers(*common, bi * 8, bi * 7 * 4, bi) + _REDUCE_SCRATCH
