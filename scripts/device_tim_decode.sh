@@ -21,4 +21,5 @@ grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
 left=$((budget - SECONDS))
 timeout $((left - 5)) python3 scripts/tim_decode_sweep.py --out "$OUT" --configs A,C,D --jobs 16 \
   --deadline $((left - 25)) > "$OUT/sweep.log" 2>&1
-tail -70 "$OUT/sweep.log"
+python3 scripts/tim_decode_sweep.py --summarize "$OUT/sweep.json" > "$OUT/summary.md" 2>&1
+tail -8 "$OUT/sweep.log"; cat "$OUT/summary.md"

@@ -105,7 +105,8 @@ def extra_variants(spec: str) -> list:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="folder for sweep.json (required unless --summarize)")
+    ap.add_argument("--summarize", default="", help="print the table of a sweep.json and stop")
     ap.add_argument("--rows", default="", help="substring filter on the row names (comma list)")
     ap.add_argument("--configs", default="A,C,D")
     ap.add_argument("--splits", default="auto", help="auto or a list like 1/2")
@@ -120,6 +121,11 @@ def main():
     ap.add_argument("--also-compile", default="", help="file of extra variants to compile")
     ap.add_argument("--deadline", type=float, default=1e9, help="stop timing after this many s")
     args = ap.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+        return
+    if not args.out:
+        ap.error("--out is required")
     t0 = time.time()
     os.makedirs(args.out, exist_ok=True)
     filters = [f for f in args.rows.split(",") if f]
@@ -234,6 +240,58 @@ def main():
         del inputs
         torch.cuda.empty_cache()
     print(f"done in {time.time() - t0:.0f} s", flush=True)
+
+
+def ctas_range(row_name: str) -> str:
+    """The decode buckets' ``ctas`` range (b * s_q at h <= 64) a row falls in."""
+    import re
+    b = int(re.search(r" b(\d+)", row_name).group(1))
+    m = re.search(r" s_q (\d+)", row_name)
+    ctas = b * (int(m.group(1)) if m else 1)
+    return next(n for lo, hi, n in ((1, 17, "ctas1_16"), (17, 34, "ctas17_33"),
+                                    (34, 67, "ctas34_66"), (67, 10**9, "ctas67_up"))
+                if lo <= ctas < hi)
+
+
+def summarize(path: str) -> None:
+    """A markdown table of a sweep.json (µs, and FlashMLA's time / ours per implementation),
+    then per (heads, scope, ctas range) the candidate with the best geometric-mean ratio over
+    its rows: what the h8 / h16 / h32 buckets of the schedule file would take."""
+    import math
+    import re
+    report = json.load(open(path))
+    impls = sorted({k for r in report["rows"] for k in r["impls"]} - {"flashmla"})
+    print(f"device: {report['device']}\n")
+    print("| row | flashmla µs | " + " | ".join(impls) + " | best |")
+    print("|---|---|" + "---|" * (len(impls) + 1))
+    groups = {}
+    for r in report["rows"]:
+        fm = r["impls"].get("flashmla", {}).get("us")
+        cells, best = [], None
+        for k in impls:
+            v = r["impls"].get(k, {})
+            if "us" in v and fm:
+                bad = "" if v.get("check", "").startswith("ok") else " (check!)"
+                cells.append(f"{v['us']:.1f} ({fm / v['us']:.2f}x){bad}")
+                if k != "ours" and (best is None or v["us"] < best[1]):
+                    best = (k, v["us"])
+            else:
+                cells.append(v.get("error", "-")[:40] if v else "-")
+        print(f"| {r['shape']} | {fm or 0:.1f} | " + " | ".join(cells)
+              + (f" | {best[0]} {fm / best[1]:.2f}x |" if best and fm else " | - |"))
+        h = re.search(r" h(\d+) ", r["shape"]).group(1)
+        scope = ("c128a" if "C128A" in r["shape"] else "c4a" if "C4A" in r["shape"] else "swa")
+        key = (int(h), scope, ctas_range(r["shape"]))
+        for k in impls:
+            v = r["impls"].get(k, {})
+            if k != "ours" and "us" in v and fm and v.get("check", "").startswith("ok"):
+                groups.setdefault(key, {}).setdefault(k.split("/")[0], []).append(fm / v["us"])
+    print("\nbest candidate per bucket range (geometric mean of FlashMLA time / ours; split "
+          "counts per row as in the table):")
+    for key in sorted(groups):
+        scores = {k: math.exp(sum(map(math.log, v)) / len(v)) for k, v in groups[key].items()}
+        k = max(scores, key=scores.get)
+        print(f"  h{key[0]} {key[1]} {key[2]}: {k} {CONFIGS[k]} {scores[k]:.2f}x")
 
 
 class _null:
