@@ -15,8 +15,6 @@ total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i
 workers=${GPU_TEST_WORKERS:-$(( total_mib / 9216 ))}
 [ "$workers" -gt 8 ] && workers=8
 [ "$workers" -lt 1 ] && workers=1
-# JAX takes 75 % of the card at first use unless told not to (tests/conftest.py sets it too)
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
 mem_log=$(mktemp -d)
 export DSV4_TL_GPU_MEM_LOG=$mem_log
 echo "card memory ${total_mib} MiB: ${workers} workers, then gpu_heavy tests alone" | tee "$OUT/pytest.log"

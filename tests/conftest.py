@@ -25,7 +25,7 @@ SEED_ENV = "DSV4_TL_SEED"
 
 # JAX (the DLPack test imports it) takes 75 % of the card at its first GPU use unless told
 # not to: on an 80 GB H100 that worker held 60 GiB and starved the other workers' tests
-# (run of 2026-11-25, bench/results/2026-11-25_h100_final_suite/). Set before any import.
+# (bench/results/2026-11-25_h100_run50_final_suite/). Set here, before any test imports JAX.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
