@@ -71,7 +71,7 @@ def attend_tile(
 
 # --- Warp-specialised Hopper schedule (384 threads) --------------------------------------
 # The state below is shared by both kernels; the consumer macros are decode's "split"
-# consumers (prefill's seesaw consumers are in sparse_prefill.py):
+# consumers (the seesaw consumers of prefill and decode are in seesaw.py):
 # Warpgroup 0 (threads 0-127): QKᵀ over all 512 dims, online softmax, P·V for dims [0, 256).
 # Warpgroup 1 (128-255): P·V for dims [256, 512) with warpgroup 0's P tile and rescales.
 # Warpgroup 2 (256-383): the kernel's own producer fills K buffer (tile % 2) and its

@@ -66,6 +66,8 @@ DECODE_WS_REGS = check_ws_regs((216, 160, 128))
 # (28 NoPE, 8 RoPE, 2 scale).
 TOKENS_PER_ROUND = 32
 RAW_WORDS = 4 * NUM_TILES + 8 + 2
+# The warp-specialised schedule's consumer pairs (``consumers`` of build_sparse_decode).
+DECODE_CONSUMERS = ("split", "seesaw")
 
 
 def _shape_vars() -> tuple:
@@ -97,6 +99,7 @@ def build_sparse_decode(
     tile_math: str = "tensor_core",
     persistent: bool = False,
     item_cost: int = 3,
+    consumers: str = "split",
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -121,6 +124,11 @@ def build_sparse_decode(
             ``-m``: ``max(m, ceil(tiles of the call / num_ctas))``), a row of one split is
             stored directly and the splits of a split row write partials at the row's slots
             (``RowSplits``). ``item_cost``: an item's fixed cost in tiles, for the balance.
+        consumers: the warp-specialised schedule's consumer pair on the fixed grid: "split"
+            (warpgroup 0 scores every tile, warpgroup 1 only accumulates; 32- or 64-token
+            tiles) or "seesaw" (prefill's pair, ``seesaw.py``: each consumer scores
+            alternate tiles; K buffers dequantised and released by halves;
+            ``sparse_decode_seesaw.py``; 32- or 64-token tiles, no persistent grid).
 
     Kernel arguments: ``q [b, s_q, h, 512] bf16``; per scope the cache as three flat views of
     the same bytes (``fp8 [n_bytes]``, ``bf16 [n_bytes / 2]``, ``uint8 [n_bytes]``), ``indices
@@ -146,6 +154,11 @@ def build_sparse_decode(
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = _shape_vars()
 
     check_tile_math(tile_math)
+    if consumers not in DECODE_CONSUMERS:
+        raise ValueError(f"consumers: expected one of {DECODE_CONSUMERS}, got {consumers!r}")
+    if consumers == "seesaw" and (not warp_specialized or persistent):
+        raise ValueError("consumers 'seesaw': needs warp_specialized True and persistent False, "
+                         f"got {warp_specialized} and {persistent}")
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -161,6 +174,10 @@ def build_sparse_decode(
         # of the producer fails (a sync it wants inside a divergent region); those head
         # counts keep the fixed grid (the front end's _Plan applies the same rule).
         persistent = persistent and num_heads % HB == 0
+        if consumers == "seesaw":
+            from .sparse_decode_seesaw import build_seesaw_decode
+            return build_seesaw_decode(num_heads, has_extra, fp8_format, S, BI, _shape_vars(),
+                                       store_row_splits)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost)
     if persistent:
@@ -844,6 +861,14 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": False, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "num_splits": 8}},
+    # the seesaw consumers: 64-token tiles, h128 C4A, one split; 32-token tiles, padded heads
+    # (h96), SWA-only, split-KV partials
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 64, "consumers": "seesaw"}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "num_splits": 4, "consumers": "seesaw"}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 128, "has_extra": True}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 64, "has_extra": False, "num_splits": 4}},
     {"builder": "build_sparse_decode",

@@ -383,3 +383,94 @@ def test_decode_persistent_batch_invariant(h, b, s_q, extra_kind, seed):
             for got, pos in ((alone, 0), (batch8, 5), (batch37, 30)):
                 assert torch.equal(bits(got[0][pos]), bits(full_out[r])), f"row {r}: out differs"
                 assert torch.equal(bits(got[1][pos]), bits(full_lse[r])), f"row {r}: lse differs"
+
+
+# ----------------------------------------------------------------------------- seesaw consumers
+# The warp-specialised schedule with prefill's seesaw consumers (tile_kernels/seesaw.py) and
+# the FP8 producer by K halves (tile_kernels/sparse_decode_seesaw.py), forced for every shape;
+# ``over`` changes knobs of it (split counts, 32-token tiles).
+SEESAW = {"block_tokens": 64, "heads_per_block": 64, "threads": 384, "num_splits": 1,
+          "warp_specialized": True, "persistent": False, "consumers": "seesaw"}
+
+
+def _seesaw(**over):
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    return forcing(parse_target("cuda:sm_90a"), "sparse_decode", {**SEESAW, **over})
+
+
+@pytest.mark.parametrize(
+    "h,b,s_q,extra_kind,over",
+    [
+        (64, 1, 1, "c4a512", {"num_splits": 8}),
+        (128, 1, 1, "c4a1024", {"num_splits": 8}),
+        (128, 7, 1, "c128a256", {}),
+        (64, 64, 1, "c128a128", {}),
+        (128, 128, 1, "c4a1024", {}),
+        (64, 128, 1, "c4a512", {}),
+        (128, 64, 1, "swa", {}),
+        (64, 7, 1, "swa", {"num_splits": 4}),
+        (128, 37, 3, "c4a1024", {}),
+        (128, 16, 1, "c128a8192", {"num_splits": 2}),
+        (96, 7, 1, "c4a512", {}),
+        (64, 7, 1, "c4a512", {"block_tokens": 32}),
+        (128, 9, 2, "c128a1024", {"block_tokens": 32}),
+    ],
+    ids=lambda v: str(v),
+)
+def test_decode_seesaw_matches_reference(h, b, s_q, extra_kind, over, seed):
+    """Both scopes, SWA-only, MTP rows, split-KV partials through the combine, a padded head
+    count (96), 32- and 64-token tiles; holes, garbage past the lengths and a lonely last
+    request come with every case."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    with _seesaw(**over):
+        check_decode(*decode_case(b, s_q, h, extra_kind, gen))
+
+
+@pytest.mark.parametrize("block_tokens", [32, 64])
+@pytest.mark.parametrize("num_splits", [4, 8])
+def test_decode_seesaw_split_edges(block_tokens, num_splits, seed):
+    """The split-boundary lengths of the split consumers' test (padding tiles of an odd tile
+    count, window-to-compressed crossings, empty splits) with block 0's slot 0 poisoned."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
+    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
+    with _seesaw(block_tokens=block_tokens, num_splits=num_splits):
+        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
+            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
+            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
+            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
+
+
+@pytest.mark.parametrize("case", ["lonely", "holes", "out_of_range", "sinks", "fnuz"])
+def test_decode_seesaw_edge_inputs(case, seed):
+    """Every length 0 (out 0, lse +inf), every entry -1, slots past the cache and other
+    negatives, the four sink kinds, FNUZ bytes: the seesaw schedule's results match the
+    reference."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    b, h = 4, 128
+    with _seesaw():
+        if case == "sinks":
+            for sink in ("none", "-inf", "+inf", "finite"):
+                _case(7, 1, 64, "c4a512", gen, sink=sink)
+            return
+        if case == "fnuz":
+            _case(7, 1, 64, "c4a512", gen, fp8_format="e4m3fnuz")
+            return
+        q, k_cache, idx = _window_step(b, h, gen)
+        lens = torch.full((b,), WINDOW, dtype=torch.int32, device=DEV)
+        if case == "lonely":
+            lens.zero_()
+            poison_past_length(idx, lens, gen)
+        elif case == "holes":
+            idx.fill_(-1)
+        else:
+            num_slots = k_cache.shape[0] * k_cache.shape[1]
+            bad = torch.rand(idx.shape, generator=gen, device=DEV) < 0.2
+            garbage = torch.tensor([num_slots, num_slots + 63, 2**31 - 1, -2, -(2**31)],
+                                   dtype=torch.int32, device=DEV)
+            pick = torch.randint(0, len(garbage), idx.shape, generator=gen, device=DEV)
+            idx[bad] = garbage[pick][bad]
+        check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
