@@ -1,8 +1,12 @@
-"""Sparse decode (issue 23): the fixed grid against the persistent grid against FlashMLA, and
-the consumer ceiling, in one process on the lent GPU.
+"""Sparse decode (issue 23): the fixed grid against the persistent grid and the seesaw consumers
+against FlashMLA, and the consumer ceiling, in one process on the lent GPU.
 
     python scripts/decode_grid_ab.py --out $OUT [--rows quick|goal] [--rounds 3] [--ceilings]
-        [--precompile 16]
+        [--precompile 16] [--impls fixed,seesaw,flashmla]
+
+``--impls`` picks the implementations (``IMPLS``; default: all but the seesaw ones): ``seesaw``
+/ ``seesaw32`` are the row's resolved schedule (the bucket's split count) with the seesaw
+consumers and 64- / 32-token tiles (``consumers="seesaw"``).
 
 Per row (``--rows``): the same input sets run through ``ops.sparse_decode`` with the resolved
 schedule (fixed grid: the buckets' split counts), with the persistent grid forced
@@ -38,6 +42,21 @@ PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_sp
               "tiles_per_split_min": 4, "invariant_tiles_per_split": 16}
 
 
+# Implementations a row can run (--impls); the seesaw ones replace the consumers and tile
+# size of the row's resolved schedule.
+IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "seesaw", "seesaw32", "flashmla")
+DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
+SEESAW_TILES = {"seesaw": 64, "seesaw32": 32}
+
+
+def seesaw_schedule(shape, block_tokens: int) -> dict:
+    """The row's resolved schedule (fixed grid, the bucket's split count) with the seesaw
+    consumers and ``block_tokens``-token tiles."""
+    fixed = SPARSE_DECODE.variant(TARGET.dirname, **_call(shape))
+    return {**schedule_for(TARGET.dirname, "sparse_decode"), **dict(fixed.schedule),
+            "consumers": "seesaw", "block_tokens": block_tokens, "persistent": False}
+
+
 def goal_rows(which: str) -> list:
     """Issue 23's goal rows (``goal``) or a subset (``quick``)."""
     if which == "quick":
@@ -63,23 +82,30 @@ def _call(shape: DecodeShape, batch_invariant: bool = False) -> dict:
     return dict(h=shape.h, b=shape.b, s_q=shape.s_q, scope=scope, batch_invariant=batch_invariant)
 
 
-def _variants(rows: list) -> list:
-    """Every decode and combine variant the rows run (fixed grid as resolved, persistent)."""
+def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
+    """Every decode and combine variant the rows run with ``impls``."""
     out = set()
     tdir = TARGET.dirname
     for shape in rows:
         call = _call(shape)
         fixed = SPARSE_DECODE.variant(tdir, **call)
-        out.add(fixed)
+        if "fixed" in impls or "seesaw" in impls or "seesaw32" in impls:
+            out.add(fixed)  # (the seesaw rows' check loads the resolved schedule's combine)
         splits = dict(fixed.schedule)["num_splits"]
         if splits > 1:
             out.add(Variant.make("sparse_decode_combine", dict(num_heads=shape.h, num_splits=splits),
                                  schedule_for(tdir, "sparse_decode_combine")))
-        out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call), PERSISTENT))
-    for h in sorted({s.h for s in rows}):
-        for n in (2, 4, 8, 16, 32, 64, 128):
-            out.add(Variant.make("sparse_decode_combine", dict(num_heads=h, num_splits=n),
-                                 schedule_for(tdir, "sparse_decode_combine")))
+        if "persistent" in impls or "persistent_inv" in impls:
+            out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call), PERSISTENT))
+        for name, bt in SEESAW_TILES.items():
+            if name in impls:
+                out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
+                                     seesaw_schedule(shape, bt)))
+    if "persistent" in impls or "persistent_inv" in impls:
+        for h in sorted({s.h for s in rows}):
+            for n in (2, 4, 8, 16, 32, 64, 128):
+                out.add(Variant.make("sparse_decode_combine", dict(num_heads=h, num_splits=n),
+                                     schedule_for(tdir, "sparse_decode_combine")))
     return sorted(out, key=lambda v: v.key)
 
 
@@ -92,11 +118,12 @@ def _compile(args):
     return variant.key, time.time() - t
 
 
-def precompile(rows: list, jobs: int, extra: list = ()) -> None:
+def precompile(rows: list, jobs: int, extra: list = (), impls=DEFAULT_IMPLS) -> None:
     from pathlib import Path
     from dsv4_tl.loader import default_kernel_dir
     kdir = Path(default_kernel_dir())
-    todo = [(v.op, dict(v.static), dict(v.schedule), kdir) for v in _variants(rows)] + list(extra)
+    todo = list(extra) + [(v.op, dict(v.static), dict(v.schedule), kdir)
+                          for v in _variants(rows, impls)]
     t = time.time()
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
         for key, dt in pool.map(_compile, todo):
@@ -117,16 +144,23 @@ def _nothing():
     yield
 
 
-def measure_rows(rows: list, rounds: int, flashmla) -> list:
+def _forced(config: dict):
+    return lambda: forced_schedule(TARGET.dirname, "sparse_decode", config)
+
+
+def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS) -> list:
     gen = torch.Generator("cuda").manual_seed(0)
-    impls = {
-        "fixed": (_nothing, False),
-        "persistent": (lambda: forced_schedule(TARGET.dirname, "sparse_decode", PERSISTENT), False),
-        "persistent_inv": (lambda: forced_schedule(TARGET.dirname, "sparse_decode", PERSISTENT), True),
-        "fixed_inv": (_nothing, True),
-    }
     results = []
     for shape in rows:
+        impls = {
+            "fixed": (_nothing, False),
+            "persistent": (_forced(PERSISTENT), False),
+            "persistent_inv": (_forced(PERSISTENT), True),
+            "fixed_inv": (_nothing, True),
+            **{name: (_forced(seesaw_schedule(shape, bt)), False)
+               for name, bt in SEESAW_TILES.items()},
+        }
+        impls = {k: v for k, v in impls.items() if k in chosen}
         entry = {"shape": shape.name, "h": shape.h, "b": shape.b, "s_q": shape.s_q,
                  "times": {}, "check": {}}
         try:
@@ -134,7 +168,7 @@ def measure_rows(rows: list, rounds: int, flashmla) -> list:
             makers = {}
             for name, (ctx, inv) in impls.items():
                 makers[name] = (ctx, [_ours(x, inv) for x in inputs])
-            if flashmla is not None:
+            if flashmla is not None and "flashmla" in chosen:
                 makers["flashmla"] = (_nothing, [flashmla.decode(x) for x in inputs])
             for name, (ctx, calls) in makers.items():  # check once (first input set)
                 with ctx():
@@ -191,6 +225,32 @@ def ceilings(flashmla, rounds: int) -> list:
     return out
 
 
+def impl_table(results: list, chosen) -> str:
+    """µs per implementation, FlashMLA's time over each of ours, and each seesaw's speed-up
+    over the fixed grid's split consumers."""
+    ours = [k for k in chosen if k != "flashmla"]
+    head = f"{'shape':66s} " + " ".join(f"{k[:9]:>9s}" for k in chosen)
+    head += " " + " ".join(f"{'FM/' + k[:6]:>9s}" for k in ours)
+    seesaws = [k for k in ours if k.startswith("seesaw") and "fixed" in ours]
+    head += " " + " ".join(f"{k[:6] + '/fix':>9s}" for k in seesaws)
+    lines = [head]
+    for e in results:
+        t = e["times"]
+
+        def f(k):
+            return f"{t[k]:9.1f}" if k in t else f"{'-':>9s}"
+
+        def r(a, b_):
+            return f"{t[a] / t[b_]:8.2f}x" if a in t and b_ in t else f"{'-':>9s}"
+        bad = [k for k, v in e["check"].items() if not str(v).startswith("ok")]
+        lines.append(f"{e['shape'][:66]:66s} " + " ".join(f(k) for k in chosen) + " "
+                     + " ".join(r("flashmla", k) for k in ours) + " "
+                     + " ".join(r("fixed", k) for k in seesaws)
+                     + (f"  FAILED {bad}" if bad else "")
+                     + (f"  ERROR {e['error']}" if "error" in e else ""))
+    return "\n".join(lines)
+
+
 def table(results: list) -> str:
     lines = [f"{'shape':70s} {'fixed':>8s} {'persist':>8s} {'pers.inv':>8s} {'fix.inv':>8s} "
              f"{'FlashMLA':>8s} {'FM/fixed':>8s} {'FM/pers':>8s} {'inv cost':>8s}"]
@@ -218,7 +278,13 @@ def main():
     ap.add_argument("--ceilings", action="store_true")
     ap.add_argument("--precompile", type=int, default=0)
     ap.add_argument("--precompile-only", action="store_true")
+    ap.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
+                    help=f"comma-separated, of {IMPLS}")
     args = ap.parse_args()
+    chosen = tuple(args.impls.split(","))
+    unknown = [k for k in chosen if k not in IMPLS]
+    if unknown or not chosen:
+        ap.error(f"--impls: unknown {unknown}, expected names of {IMPLS}")
     rows = goal_rows(args.rows)
     if args.precompile:
         extra = []
@@ -229,7 +295,7 @@ def main():
             for h, topk in ((128, 1152), (64, 640)):
                 v = SPARSE_PREFILL.variant(TARGET.dirname, h=h, topk=topk)
                 extra.append((v.op, dict(v.static), dict(v.schedule), Path(default_kernel_dir())))
-        precompile(rows, args.precompile, extra)
+        precompile(rows, args.precompile, extra, chosen)
         if args.precompile_only:
             return
     from dsv4_tl.bench_peers import load_peers
@@ -240,10 +306,12 @@ def main():
     report = {"device": torch.cuda.get_device_name(), "rows": [], "ceilings": []}
     if args.ceilings:
         report["ceilings"] = ceilings(flashmla, args.rounds)
-    report["rows"] = measure_rows(rows, args.rounds, flashmla)
+    report["impls"] = list(chosen)
+    report["rows"] = measure_rows(rows, args.rounds, flashmla, chosen)
     with open(os.path.join(args.out, "decode_grid_ab.json"), "w") as fh:
         json.dump(report, fh, indent=1)
-    text = f"{report['device']}\n" + table(report["rows"])
+    text = f"{report['device']}\n" + (table(report["rows"]) if chosen == DEFAULT_IMPLS
+                                       else impl_table(report["rows"], chosen))
     if report["ceilings"]:
         text += "\n\nceilings (us):\n" + "\n".join(json.dumps(c) for c in report["ceilings"])
     with open(os.path.join(args.out, "decode_grid_ab.txt"), "w") as fh:
