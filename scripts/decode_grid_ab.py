@@ -122,8 +122,13 @@ def precompile(rows: list, jobs: int, extra: list = (), impls=DEFAULT_IMPLS) -> 
     from pathlib import Path
     from dsv4_tl.loader import default_kernel_dir
     kdir = Path(default_kernel_dir())
-    todo = list(extra) + [(v.op, dict(v.static), dict(v.schedule), kdir)
-                          for v in _variants(rows, impls)]
+    todo, seen = [], set()
+    for job in list(extra) + [(v.op, dict(v.static), dict(v.schedule), kdir)
+                              for v in _variants(rows, impls)]:
+        key = Variant.make(*job[:3]).key
+        if key not in seen:  # (a variant named twice would be compiled twice)
+            seen.add(key)
+            todo.append(job)
     t = time.time()
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
         for key, dt in pool.map(_compile, todo):

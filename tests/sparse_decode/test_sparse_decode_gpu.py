@@ -390,7 +390,8 @@ def test_decode_persistent_batch_invariant(h, b, s_q, extra_kind, seed):
 # the FP8 producer by K halves (tile_kernels/sparse_decode_seesaw.py), forced for every shape;
 # ``over`` changes knobs of it (split counts, 32-token tiles).
 SEESAW = {"block_tokens": 64, "heads_per_block": 64, "threads": 384, "num_splits": 1,
-          "warp_specialized": True, "persistent": False, "consumers": "seesaw"}
+          "warp_specialized": True, "persistent": False, "item_cost": 3,
+          "tiles_per_split_min": 4, "invariant_tiles_per_split": 16, "consumers": "seesaw"}
 
 
 def _seesaw(**over):
