@@ -5,8 +5,9 @@ against FlashMLA, and the consumer ceiling, in one process on the lent GPU.
         [--precompile 16] [--impls fixed,seesaw,flashmla]
 
 ``--impls`` picks the implementations (``IMPLS``; default: all but the seesaw ones): ``seesaw``
-/ ``seesaw32`` are the row's resolved schedule (the bucket's split count) with the seesaw
-consumers and 64- / 32-token tiles (``consumers="seesaw"``).
+/ ``seesaw32`` / ``seesaw32s4`` are the row's resolved schedule (the bucket's split count) with
+the seesaw consumers (``consumers="seesaw"``), 64- / 32- / 32-token tiles and 2 / 2 / 4
+producer slots (``SEESAW_IMPLS``).
 
 Per row (``--rows``): the same input sets run through ``ops.sparse_decode`` with the resolved
 schedule (fixed grid: the buckets' split counts), with the persistent grid forced
@@ -44,17 +45,19 @@ PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_sp
 
 # Implementations a row can run (--impls); the seesaw ones replace the consumers and tile
 # size of the row's resolved schedule.
-IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "seesaw", "seesaw32", "flashmla")
+# seesaw implementation -> (block_tokens, producer_slots)
+SEESAW_IMPLS = {"seesaw": (64, 2), "seesaw32": (32, 2), "seesaw32s4": (32, 4)}
+IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", *SEESAW_IMPLS, "flashmla")
 DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
-SEESAW_TILES = {"seesaw": 64, "seesaw32": 32}
 
 
-def seesaw_schedule(shape, block_tokens: int) -> dict:
+def seesaw_schedule(shape, block_tokens: int, producer_slots: int = 2) -> dict:
     """The row's resolved schedule (fixed grid, the bucket's split count) with the seesaw
-    consumers and ``block_tokens``-token tiles."""
+    consumers, ``block_tokens``-token tiles and ``producer_slots``."""
     fixed = SPARSE_DECODE.variant(TARGET.dirname, **_call(shape))
     return {**schedule_for(TARGET.dirname, "sparse_decode"), **dict(fixed.schedule),
-            "consumers": "seesaw", "block_tokens": block_tokens, "persistent": False}
+            "consumers": "seesaw", "block_tokens": block_tokens, "persistent": False,
+            "producer_slots": producer_slots}
 
 
 def goal_rows(which: str) -> list:
@@ -89,7 +92,7 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
     for shape in rows:
         call = _call(shape)
         fixed = SPARSE_DECODE.variant(tdir, **call)
-        if "fixed" in impls or "seesaw" in impls or "seesaw32" in impls:
+        if "fixed" in impls or any(k in impls for k in SEESAW_IMPLS):
             out.add(fixed)  # (the seesaw rows' check loads the resolved schedule's combine)
         splits = dict(fixed.schedule)["num_splits"]
         if splits > 1:
@@ -97,10 +100,10 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
                                  schedule_for(tdir, "sparse_decode_combine")))
         if "persistent" in impls or "persistent_inv" in impls:
             out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call), PERSISTENT))
-        for name, bt in SEESAW_TILES.items():
+        for name, (bt, slots) in SEESAW_IMPLS.items():
             if name in impls:
                 out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
-                                     seesaw_schedule(shape, bt)))
+                                     seesaw_schedule(shape, bt, slots)))
     if "persistent" in impls or "persistent_inv" in impls:
         for h in sorted({s.h for s in rows}):
             for n in (2, 4, 8, 16, 32, 64, 128):
@@ -162,8 +165,8 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS) -> lis
             "persistent": (_forced(PERSISTENT), False),
             "persistent_inv": (_forced(PERSISTENT), True),
             "fixed_inv": (_nothing, True),
-            **{name: (_forced(seesaw_schedule(shape, bt)), False)
-               for name, bt in SEESAW_TILES.items()},
+            **{name: (_forced(seesaw_schedule(shape, bt, slots)), False)
+               for name, (bt, slots) in SEESAW_IMPLS.items() if name in chosen},
         }
         impls = {k: v for k, v in impls.items() if k in chosen}
         entry = {"shape": shape.name, "h": shape.h, "b": shape.b, "s_q": shape.s_q,
@@ -237,7 +240,7 @@ def impl_table(results: list, chosen) -> str:
     head = f"{'shape':66s} " + " ".join(f"{k[:9]:>9s}" for k in chosen)
     head += " " + " ".join(f"{'FM/' + k[:6]:>9s}" for k in ours)
     seesaws = [k for k in ours if k.startswith("seesaw") and "fixed" in ours]
-    head += " " + " ".join(f"{k[:6] + '/fix':>9s}" for k in seesaws)
+    head += " " + " ".join(f"{'fx/' + k.replace('seesaw', 'ss'):>9s}" for k in seesaws)
     lines = [head]
     for e in results:
         t = e["times"]

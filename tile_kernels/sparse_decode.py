@@ -100,6 +100,7 @@ def build_sparse_decode(
     persistent: bool = False,
     item_cost: int = 3,
     consumers: str = "split",
+    producer_slots: int = 2,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -129,6 +130,9 @@ def build_sparse_decode(
             tiles) or "seesaw" (prefill's pair, ``seesaw.py``: each consumer scores
             alternate tiles; K buffers dequantised and released by halves;
             ``sparse_decode_seesaw.py``; 32- or 64-token tiles, no persistent grid).
+            ``producer_slots``: the seesaw producer's register slots of raw FP8 bytes (2:
+            one step of 32 tokens x one K half in flight while it dequantises another; 4:
+            three, 32-token tiles only).
 
     Kernel arguments: ``q [b, s_q, h, 512] bf16``; per scope the cache as three flat views of
     the same bytes (``fp8 [n_bytes]``, ``bf16 [n_bytes / 2]``, ``uint8 [n_bytes]``), ``indices
@@ -177,7 +181,7 @@ def build_sparse_decode(
         if consumers == "seesaw":
             from .sparse_decode_seesaw import build_seesaw_decode
             return build_seesaw_decode(num_heads, has_extra, fp8_format, S, BI, _shape_vars(),
-                                       store_row_splits)
+                                       store_row_splits, producer_slots)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost)
     if persistent:
@@ -869,6 +873,9 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "num_splits": 4, "consumers": "seesaw"}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "consumers": "seesaw", "producer_slots": 4}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 128, "has_extra": True}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 64, "has_extra": False, "num_splits": 4}},
     {"builder": "build_sparse_decode",

@@ -45,10 +45,15 @@ HALF_TILES = ((0, 1, 2, 3), (4, 5, 6))
 SCALE_WORD = 4 * len(HALF_TILES[1]) + 8
 HALF_WORDS = SCALE_WORD + 2
 # Registers of the roles (consumer 0, consumer 1, producer; rules in
-# attention_tile.WS_LAUNCH_REGS), per tile size: each consumer holds its score tile, its
-# bf16 P and half of the output (128 + 1.5 x block_tokens / 4 words); the producer stages
-# two half-rounds (44 words) besides its addresses.
-SEESAW_DECODE_REGS = {32: check_ws_regs((184, 184, 136)), 64: check_ws_regs((200, 200, 104))}
+# attention_tile.WS_LAUNCH_REGS), per (tile size, producer slots): each consumer holds its
+# score tile, its bf16 P and half of the output (128 + 1.5 x block_tokens / 4 words); the
+# producer stages ``slots`` half-rounds (22 words each) besides its addresses. The lowest
+# consumer counts without spills (ptxas, nvcc 13.0): 184 with 32-token tiles, 200 with 64
+# (192 spills); 64-token tiles leave the producer no room for four slots (~670 bytes of
+# spills at 200/200/104, ~420 at 192/192/120).
+SEESAW_DECODE_REGS = {(32, 2): check_ws_regs((184, 184, 136)),
+                      (32, 4): check_ws_regs((184, 184, 136)),
+                      (64, 2): check_ws_regs((200, 200, 104))}
 # The halves in the order the producer fills them within a tile pair: (buffer, half).
 HALF_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))
 
@@ -69,24 +74,28 @@ def _unrolled(n: int) -> tuple:
 
 
 def build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
-                        shape_vars: tuple, store_row_splits):
+                        shape_vars: tuple, store_row_splits, slots: int = 2):
     """The prim_func (``sparse_decode``'s arguments); ``shape_vars``: its symbolic sizes
     (``sparse_decode._shape_vars()``), ``store_row_splits``: the fixed grids' split-table
-    macro."""
-    if BI not in SEESAW_DECODE_REGS:
-        raise ValueError(f"consumers 'seesaw': needs block_tokens in {sorted(SEESAW_DECODE_REGS)}, "
-                         f"got {BI}")
+    macro; ``slots``: the producer's register slots of raw bytes (``slots - 1`` steps of
+    32 tokens x one K half in flight while it dequantises one)."""
+    if (BI, slots) not in SEESAW_DECODE_REGS:
+        raise ValueError("consumers 'seesaw': (block_tokens, producer_slots) must be one of "
+                         f"{sorted(SEESAW_DECODE_REGS)}, got {(BI, slots)}")
     D = HEAD_DIM
     DH = D // 2
     HB = 64
     R = BI // TOKENS_PER_ROUND  # producer rounds per tile (and per K half)
     head_groups = (num_heads + HB - 1) // HB
     restore_exp = FP8_RESTORE_EXP[fp8_format]
-    regs = SEESAW_DECODE_REGS[BI]
+    regs = SEESAW_DECODE_REGS[(BI, slots)]
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shape_vars
     # The producer's steps of one tile pair, (buffer, half, round), in order; register slot =
-    # step parity (4·R steps per pair: the parity repeats from pair to pair).
+    # step number % slots (4·R steps per pair, a multiple of ``slots``: the slot of a step is
+    # the same in every pair).
     steps = tuple((buf, half, r) for buf, half in HALF_ORDER for r in range(R))
+    NS = slots
+    assert len(steps) % NS == 0
 
     def lane_token(r, p):
         """(token row ``j`` in the tile, quarter ``q``) of producer lane ``p`` in round ``r``."""
@@ -135,9 +144,11 @@ def build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int
     def load_step(raw, ok, nxt, slot, step, pair, p, main, extra, r_b, r_s, t_begin, t_end,
                   main_tiles):
         """Step ``step`` (buffer, half, round) of tile pair ``pair`` into register slot
-        ``slot`` (its scope picked at run time; past the split's range all-invalid). After
-        the tile's second half, the index entry of the next pair's tile of this buffer is
-        fetched into ``nxt`` (a pair ahead of its use)."""
+        ``slot`` (its scope picked at run time; past the split's range all-invalid). The
+        index entries of a buffer's tiles wait in a queue two pairs deep (``nxt[0]``: this
+        pair's, ``nxt[1]``: the next one's): after the tile's second half the queue moves
+        on and the entry of the pair after next is fetched, a whole pair before the move
+        waits for it."""
         buf, half, r = step
         k = pair * 2 + buf
         t = t_begin + k
@@ -153,8 +164,9 @@ def build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int
             else:
                 load_half(raw, ok, slot, q, idx, main, 0, 0, half)
         if half != buf:
-            nxt[buf * R + r] = token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles,
-                                           k + 2, j)
+            nxt[buf * R + r] = nxt[2 * R + buf * R + r]
+            nxt[2 * R + buf * R + r] = token_index(main, extra, r_b, r_s, t_begin, t_end,
+                                                   main_tiles, k + 4, j)
 
     @T.macro
     def dequant_step(st, raw, ok, deq, slot, step, p):
@@ -193,24 +205,26 @@ def build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int
     def produce(st, ss, raw, ok, nxt, deq, p, main, extra, r_b, r_s, t_begin, t_end,
                 main_tiles, pairs):
         """The producer's ``2 * pairs`` tiles from ``t_begin`` (tiles past ``t_end``
-        all-invalid), half by half. Step n + 1's bytes are requested before step n's wait
-        and dequantisation, so they land meanwhile."""
-        for buf in (0, 1):
-            for r in _unrolled(R):
-                nxt[buf * R + r] = token_index(main, extra, r_b, r_s, t_begin, t_end,
-                                               main_tiles, buf, lane_token(r, p)[0])
+        all-invalid), half by half. Steps n + 1 .. n + slots - 1 have their bytes requested
+        before step n's wait and dequantisation, so they land meanwhile."""
+        for ahead in (0, 1):
+            for buf in (0, 1):
+                for r in _unrolled(R):
+                    nxt[ahead * 2 * R + buf * R + r] = token_index(
+                        main, extra, r_b, r_s, t_begin, t_end, main_tiles, 2 * ahead + buf,
+                        lane_token(r, p)[0])
         sc = (p, main, extra, r_b, r_s, t_begin, t_end, main_tiles)
-        load_step(raw, ok, nxt, 0, steps[0], 0, *sc)
+        L = len(steps)
+        for m in _unrolled(NS - 1):
+            load_step(raw, ok, nxt, m, steps[m], 0, *sc)
         for pair in T.serial(pairs):
             for n, step in enumerate(steps):
                 buf, half, r = step
-                if n + 1 < len(steps):
-                    load_step(raw, ok, nxt, (n + 1) % 2, steps[n + 1], pair, *sc)
-                else:
-                    load_step(raw, ok, nxt, 0, steps[0], pair + 1, *sc)
+                m = n + NS - 1  # the step whose bytes are requested now (maybe next pair's)
+                load_step(raw, ok, nxt, m % NS, steps[m % L], pair + m // L, *sc)
                 if r == 0:
                     T.barrier_wait(ss.k_free[buf][half], (pair & 1) ^ 1)
-                dequant_step(st, raw, ok, deq, n % 2, step, p)
+                dequant_step(st, raw, ok, deq, n % NS, step, p)
                 if r == R - 1:
                     T.fence_proxy_async()  # the consumers' wgmma read the half (async proxy)
                     T.barrier_arrive(ss.k_ready[buf][half])
@@ -323,9 +337,10 @@ def build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int
                                   main_block_stride, main_num_blocks)
                 extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
                                    extra_block_stride, extra_num_blocks)
-                raw = T.alloc_local([2 * HALF_WORDS], T.uint32)  # two steps in flight
-                ok = T.alloc_local([2], T.int32)
-                nxt = T.alloc_local([2 * R], T.int32)  # index entries, per buffer and round
+                raw = T.alloc_local([NS * HALF_WORDS], T.uint32)  # steps in flight
+                ok = T.alloc_local([NS], T.int32)
+                # index entries: [pair ahead (0, 1)][buffer][round]
+                nxt = T.alloc_local([4 * R], T.int32)
                 deq = T.alloc_local([16], T.bfloat16)
                 produce(st, ss, raw, ok, nxt, deq, p, main, extra, r_b, r_s, t_begin, t_end,
                         main_tiles, pairs)

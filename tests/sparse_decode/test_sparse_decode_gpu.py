@@ -391,7 +391,17 @@ def test_decode_persistent_batch_invariant(h, b, s_q, extra_kind, seed):
 # ``over`` changes knobs of it (split counts, 32-token tiles).
 SEESAW = {"block_tokens": 64, "heads_per_block": 64, "threads": 384, "num_splits": 1,
           "warp_specialized": True, "persistent": False, "item_cost": 3,
-          "tiles_per_split_min": 4, "invariant_tiles_per_split": 16, "consumers": "seesaw"}
+          "tiles_per_split_min": 4, "invariant_tiles_per_split": 16, "consumers": "seesaw",
+          "producer_slots": 2}
+# 32-token tiles with four producer slots (three steps of raw bytes in flight)
+SLOTS4 = {"block_tokens": 32, "producer_slots": 4}
+
+
+def _seesaw_id(v):
+    """Test ids with the knobs spelled out (``-k slots4`` selects the four-slot producer)."""
+    if isinstance(v, dict):
+        return "-".join(f"{k.split('_')[-1]}{x}" for k, x in v.items()) or "as_is"
+    return str(v)
 
 
 def _seesaw(**over):
@@ -417,8 +427,13 @@ def _seesaw(**over):
         (96, 7, 1, "c4a512", {}),
         (64, 7, 1, "c4a512", {"block_tokens": 32}),
         (128, 9, 2, "c128a1024", {"block_tokens": 32}),
+        (128, 37, 3, "c4a1024", SLOTS4),
+        (64, 64, 1, "c128a128", SLOTS4),
+        (128, 64, 1, "swa", SLOTS4),
+        (128, 1, 1, "c4a1024", {**SLOTS4, "num_splits": 8}),
+        (96, 7, 1, "c4a512", SLOTS4),
     ],
-    ids=lambda v: str(v),
+    ids=_seesaw_id,
 )
 def test_decode_seesaw_matches_reference(h, b, s_q, extra_kind, over, seed):
     """Both scopes, SWA-only, MTP rows, split-KV partials through the combine, a padded head
@@ -429,30 +444,32 @@ def test_decode_seesaw_matches_reference(h, b, s_q, extra_kind, over, seed):
         check_decode(*decode_case(b, s_q, h, extra_kind, gen))
 
 
-@pytest.mark.parametrize("block_tokens", [32, 64])
+@pytest.mark.parametrize("block_tokens,producer_slots", [(32, 2), (64, 2), (32, 4)],
+                         ids=["tokens32-slots2", "tokens64-slots2", "tokens32-slots4"])
 @pytest.mark.parametrize("num_splits", [4, 8])
-def test_decode_seesaw_split_edges(block_tokens, num_splits, seed):
+def test_decode_seesaw_split_edges(block_tokens, producer_slots, num_splits, seed):
     """The split-boundary lengths of the split consumers' test (padding tiles of an odd tile
     count, window-to-compressed crossings, empty splits) with block 0's slot 0 poisoned."""
     gen = torch.Generator(DEV).manual_seed(seed)
     q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
     k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
     e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
-    with _seesaw(block_tokens=block_tokens, num_splits=num_splits):
+    with _seesaw(block_tokens=block_tokens, producer_slots=producer_slots, num_splits=num_splits):
         for main_len, extra_len in SPLIT_EDGE_LENGTHS:
             lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
             e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
             check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
 
 
+@pytest.mark.parametrize("slots4", [False, True], ids=["slots2", "slots4"])
 @pytest.mark.parametrize("case", ["lonely", "holes", "out_of_range", "sinks", "fnuz"])
-def test_decode_seesaw_edge_inputs(case, seed):
+def test_decode_seesaw_edge_inputs(case, slots4, seed):
     """Every length 0 (out 0, lse +inf), every entry -1, slots past the cache and other
     negatives, the four sink kinds, FNUZ bytes: the seesaw schedule's results match the
     reference."""
     gen = torch.Generator(DEV).manual_seed(seed)
     b, h = 4, 128
-    with _seesaw():
+    with _seesaw(**(SLOTS4 if slots4 else {})):
         if case == "sinks":
             for sink in ("none", "-inf", "+inf", "finite"):
                 _case(7, 1, 64, "c4a512", gen, sink=sink)
