@@ -56,6 +56,19 @@ SEESAW_DECODE_REGS = {(32, 2): check_ws_regs((184, 184, 136)),
                       (64, 2): check_ws_regs((200, 200, 104))}
 # The halves in the order the producer fills them within a tile pair: (buffer, half).
 HALF_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))
+# The producer's 16-byte stores into the K halves, as a call: written as TileLang buffer
+# stores, TileLang's thread-sync pass put a 128-thread barrier between the stores of
+# consecutive quantisation tiles (a write-after-write hazard it cannot rule out on the
+# swizzled rows; each thread writes its own chunks, and only the consumers read them, after
+# the ready barrier): five barriers per 64 tokens that lock the producer's four warps
+# together. ``T.access_ptr`` of an 8-element chunk is its swizzled address (a chunk of 16
+# bytes stays whole under the 128-byte swizzle), as for prefill's cp.async copies.
+SEESAW_PRELUDE = r"""
+// dsv4-tl: 16 bytes from registers to shared memory (tile_kernels/sparse_decode_seesaw.py).
+__device__ __forceinline__ void dsv4_st16(void* dst, const void* src) {
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+}
+"""
 
 
 class CacheScope(NamedTuple):
@@ -169,6 +182,16 @@ def build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int
                                                    main_tiles, k + 4, j)
 
     @T.macro
+    def store16(st, buf: int, half: int, j, col, deq, d0: int):
+        """``deq[d0 : d0 + 8]`` -> row ``j``, columns ``col ..`` of K half ``(buf, half)``.
+        The destination is declared read-only ("r") to the thread-sync pass on purpose: as a
+        write it still put a barrier between a thread's two chunks of a tile (SEESAW_PRELUDE);
+        the K halves' real ordering is the ready / free barriers'."""
+        dst = st.K_l[buf] if half == 0 else st.K_r[buf]
+        T.call_extern("handle", "dsv4_st16", T.access_ptr(dst[j, col], "r", 8),
+                      T.access_ptr(deq[d0], "r", 8))
+
+    @T.macro
     def dequant_step(st, raw, ok, deq, slot, step, p):
         """Register slot ``slot`` -> its rows of K half ``(buffer, half)``; with a buffer's
         first half, the validity flags its scoring consumer reads."""
@@ -183,23 +206,14 @@ def build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int
             T.call_extern("handle", "dsv4_dequant<4>", T.access_ptr(raw[base + 4 * i], "r", 4),
                           scale_byte, T.uint32(restore_exp), ok[slot],
                           T.access_ptr(deq[0], "w", 16))
-            # Each half holds its own store loop: a store under a branch inside a vectorised
-            # loop gets hoisted out of the branch by TileLang's vectoriser.
-            if half == 0:
-                for h in _unrolled(2):
-                    for v in T.vectorized(8):
-                        st.K_l[buf][j, g * QUANT_TILE + 16 * q + 8 * h + v] = deq[8 * h + v]
-            else:
-                for h in _unrolled(2):
-                    for v in T.vectorized(8):
-                        st.K_r[buf][j, g * QUANT_TILE - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
+            for h in _unrolled(2):
+                store16(st, buf, half, j, g * QUANT_TILE - half * DH + 16 * q + 8 * h, deq, 8 * h)
         if half == 1:
             T.call_extern("handle", "dsv4_copy<8>",
                           T.access_ptr(raw[base + 4 * len(HALF_TILES[1])], "r", 8), ok[slot],
                           T.access_ptr(deq[0], "w", 16))
             for h in _unrolled(2):
-                for v in T.vectorized(8):
-                    st.K_r[buf][j, NOPE_DIM - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
+                store16(st, buf, 1, j, NOPE_DIM - DH + 16 * q + 8 * h, deq, 8 * h)
 
     @T.macro
     def produce(st, ss, raw, ok, nxt, deq, p, main, extra, r_b, r_s, t_begin, t_end,
@@ -296,7 +310,7 @@ def build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int
         num_ctas: T.int32,
     ):
         with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
-                      prelude=FP8_BF16_PRELUDE) as (row, hg, split):
+                      prelude=FP8_BF16_PRELUDE + SEESAW_PRELUDE) as (row, hg, split):
             st = WarpSpecializedState(HB, BI, D, split=False)
             # A K half is filled by one plain arrival per producer thread after its stores.
             ss = SeesawState(HB, BI, ready_arrivals=128)
