@@ -142,9 +142,11 @@ def build_sparse_prefill(
             raise ValueError("warp_specialized: needs heads_per_block 64 and threads 384, got "
                              f"{HB} and {threads}")
         if not (isinstance(num_ctas, int) and num_ctas >= 1
-                and isinstance(item_cost, int) and item_cost >= 0):
-            raise ValueError(f"persistent: num_ctas must be an int >= 1 and item_cost an int "
-                             f">= 0, got {num_ctas!r} and {item_cost!r}")
+                and isinstance(item_cost, int) and item_cost >= 1):
+            # (item_cost >= 1: every item costs something, so the planner's cost positions
+            # fall inside the units even when every row is empty)
+            raise ValueError(f"persistent: num_ctas and item_cost must be ints >= 1, got "
+                             f"{num_ctas!r} and {item_cost!r}")
         return _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape,
                                        len_shape, s_q, s_kv,
                                        persistent and num_heads % HB == 0, num_ctas,
