@@ -10,7 +10,7 @@ with per-row lengths on a 256 MiB workspace, short chunks s_q 64-512, two ragged
 the TP head counts against FlashMLA padded to 64) the same input sets run through
 ``ops.sparse_prefill`` (``_ragged``) with the resolved schedule (``fixed``), with the
 persistent grid forced on top of it (``persistent``: ``q_ahead`` false; ``persistent_qa``:
-true; the TP rows take the tokens-in-M schedule, which has no persistent form) and through
+true; ``strided``: the strided walk, ``q_ahead`` false; the TP rows take the tokens-in-M schedule, which has no persistent form) and through
 FlashMLA's prefill; every implementation's output is checked against the float32 reference
 first (on the first set); times (µs, graph replay, median over ``--rounds`` interleaved rounds of the median of
 20 replays) go to ``prefill_grid_ab.json`` (rewritten after each row) and a table.
@@ -37,7 +37,8 @@ from dsv4_tl.targets import parse_target
 
 TARGET = parse_target("cuda:sm_90a")
 MODES = {"persistent": {"persistent": True, "q_ahead": False},
-         "persistent_qa": {"persistent": True, "q_ahead": True}}
+         "persistent_qa": {"persistent": True, "q_ahead": True},
+         "strided": {"persistent": True, "q_ahead": False, "walk": "strided"}}
 
 
 def goal_rows() -> list:
@@ -75,14 +76,15 @@ def _variants(rows: list) -> list:
             if sched is not None:
                 out.add(Variant.make("sparse_prefill", dict(fixed.static), sched))
     # the GPU tests' few-CTA walks (test_prefill_persistent_grid_matches_reference)
-    for h, q_ahead in ((64, False), (128, True)):
+    for h, q_ahead, walk in ((64, False, "balanced"), (128, True, "balanced"),
+                             (128, False, "strided")):
         base = dict(_fixed(PrefillShape(h, 45, 1152, 6000)).schedule)
         for ragged in (False, True):
             out.add(Variant.make("sparse_prefill", dict(num_heads=h, ragged=ragged),
                                  {**base, "warp_specialized": True, "tokens_in_m": False,
                                   "threads": 384, "heads_per_block": 64, "block_tokens": 64,
                                   "num_stages": 0, "persistent": True, "q_ahead": q_ahead,
-                                  "num_ctas": 7}))
+                                  "num_ctas": 7, "walk": walk}))
     return sorted(out, key=lambda v: v.key)
 
 
@@ -164,8 +166,8 @@ def measure_rows(rows: list, rounds: int, flashmla, out_path: str) -> list:
 
 
 def table(results: list) -> str:
-    lines = [f"{'shape':72s} {'fixed':>8s} {'persist':>8s} {'pers.qa':>8s} {'FlashMLA':>8s} "
-             f"{'FM/fixed':>8s} {'FM/pers':>8s} {'FM/p.qa':>8s}"]
+    lines = [f"{'shape':72s} {'fixed':>8s} {'persist':>8s} {'pers.qa':>8s} {'strided':>8s} "
+             f"{'FlashMLA':>8s} {'FM/fixed':>8s} {'FM/pers':>8s} {'FM/p.qa':>8s} {'FM/strd':>8s}"]
     for e in results:
         t = e["times"]
 
@@ -176,8 +178,9 @@ def table(results: list) -> str:
             return f"{t[a] / t[b_]:7.2f}x" if a in t and b_ in t else f"{'-':>8s}"
         bad = [k for k, v in e["check"].items() if not str(v).startswith("ok")]
         lines.append(f"{e['shape'][:72]:72s} {f('fixed')} {f('persistent')} {f('persistent_qa')} "
-                     f"{f('flashmla')} {r('flashmla', 'fixed')} {r('flashmla', 'persistent')} "
-                     f"{r('flashmla', 'persistent_qa')}"
+                     f"{f('strided')} {f('flashmla')} {r('flashmla', 'fixed')} "
+                     f"{r('flashmla', 'persistent')} {r('flashmla', 'persistent_qa')} "
+                     f"{r('flashmla', 'strided')}"
                      + (f"  FAILED {bad}" if bad else "")
                      + (f"  ERROR {e['error']}" if "error" in e else ""))
     return "\n".join(lines)

@@ -34,7 +34,7 @@ from .attention_tile import (
     ws_store_rows,
 )
 from .layout import HEAD_DIM
-from .work import cta_work_range, walk_items
+from .work import cta_work_range, walk_items, walk_strided
 
 # Registers of the warp-specialised roles (rules in attention_tile.WS_LAUNCH_REGS): both
 # consumers hold a score tile and half of the output, so they share the registers evenly.
@@ -42,6 +42,7 @@ PREFILL_WS_REGS = check_ws_regs((216, 216, 72))
 # The persistent grid's tiles per split (tile_kernels/work.py): more than any row has, so
 # every (row, head group) is one work item (prefill has no combine).
 ONE_SPLIT = 1 << 30
+PERSISTENT_WALKS = ("balanced", "strided")
 
 
 def build_sparse_prefill(
@@ -59,6 +60,7 @@ def build_sparse_prefill(
     num_ctas: int = 132,
     item_cost: int = 2,
     q_ahead: bool = False,
+    walk: str = "balanced",
 ):
     """Return the prim_func of sparse prefill.
 
@@ -90,6 +92,9 @@ def build_sparse_prefill(
             both consumers' last QKᵀ of this item is done (under its last tile pair), and
             the output goes out by per-thread stores; without it, Q is loaded after both
             output halves left by TMA through the Q buffers (as on the fixed grid).
+        walk: the persistent grid's partition: "balanced" (contiguous cost-balanced ranges,
+            ``work.cta_work_range``) or "strided" (CTA ``c`` takes units ``c, c + G, ...``:
+            the CTAs running together stay on neighbouring rows, as on the fixed grid).
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
     ``indices``, ``lengths`` (dense: ``topk_length [s_q] int32``; ragged: ``indptr [s_q+1]
@@ -141,6 +146,8 @@ def build_sparse_prefill(
         if HB != 64 or threads != 384:
             raise ValueError("warp_specialized: needs heads_per_block 64 and threads 384, got "
                              f"{HB} and {threads}")
+        if walk not in PERSISTENT_WALKS:
+            raise ValueError(f"walk: must be one of {PERSISTENT_WALKS}, got {walk!r}")
         if not (isinstance(num_ctas, int) and num_ctas >= 1
                 and isinstance(item_cost, int) and item_cost >= 1):
             # (item_cost >= 1: every item costs something, so the planner's cost positions
@@ -150,7 +157,7 @@ def build_sparse_prefill(
         return _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape,
                                        len_shape, s_q, s_kv,
                                        persistent and num_heads % HB == 0, num_ctas,
-                                       item_cost, q_ahead)
+                                       item_cost, q_ahead, walk)
 
     @T.prim_func
     def sparse_prefill(
@@ -451,7 +458,8 @@ def row_epilogue(m_i, l_i, inv, write_stats: bool, Sink, MaxLogits, Lse, row, h0
 
 
 def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv,
-                            persistent=False, num_ctas=132, item_cost=2, q_ahead=False):
+                            persistent=False, num_ctas=132, item_cost=2, q_ahead=False,
+                            walk="balanced"):
     """The warp-specialised Hopper schedule of the same kernel (attention_tile's
     WarpSpecializedState, the seesaw macros above). The producer warpgroup resolves the tile's
     indices (clamped reads, validity flags) and gathers the rows with per-thread cp.async
@@ -616,6 +624,14 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
             ws_store_rows(acc_o, inv, st.Q_l if me == 0 else st.Q_r, 8 + me,
                           Out[row, h0:h0 + HB, me * DH:(me + 1) * DH])
 
+    def walk_all(span, cta, tiles, body):
+        """Every role's walk over the CTA's items: ``walk_items`` over the planned ``span``
+        (with s_q 1: its "request" is the query row, whose ``tiles`` it reads) or
+        ``walk_strided``."""
+        if walk == "balanced":
+            return walk_items(span, units, head_groups, 1, tiles, body)
+        return walk_strided(cta, grid, units, head_groups, tiles, body)
+
     @T.macro
     def producer_item(st, ss, p, item, ahead, rows, Q, KV, Indices, Lengths):
         """The producer's part of one work item: with ``q_ahead`` its Q (as soon as both
@@ -649,34 +665,36 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
             # Q comes per work item, by 128 threads (a consumer's or the producer's).
             st = WarpSpecializedState(HB, BI, D, split=False, q_arrivals=128)
             ss = SeesawState(HB, BI, q_read_ahead=q_ahead)
-            bounds = T.alloc_shared([6], T.int32, scope="shared")
-            scratch = T.alloc_shared([WS_THREADS // 32, 3], T.int32, scope="shared")
             tx = T.get_thread_binding()
             scale_log2 = sm_scale * LOG2E
             tiles = lambda r: T.ceildiv(row_length(Lengths, r), BI)  # noqa: E731
-            cta_work_range(bounds, scratch, lambda u: tiles(u // head_groups), units,
-                           head_groups, ONE_SPLIT, item_cost, grid, cta, WS_THREADS)
-            span = T.alloc_local([6], T.int32)  # u_begin, k_begin, -, u_end, k_end, T
-            for i in (0, 1, 2, 3, 4, 5):
-                span[i] = bounds[i]
-            # (walk_items with s_q 1: its "request" is the query row, whose tiles it reads)
+            span = None
+            if walk == "balanced":
+                bounds = T.alloc_shared([6], T.int32, scope="shared")
+                scratch = T.alloc_shared([WS_THREADS // 32, 3], T.int32, scope="shared")
+                cta_work_range(bounds, scratch, lambda u: tiles(u // head_groups), units,
+                               head_groups, ONE_SPLIT, item_cost, grid, cta, WS_THREADS)
+                span = T.alloc_local([6], T.int32)  # u_begin, k_begin, -, u_end, k_end, T
+                for i in (0, 1, 2, 3, 4, 5):
+                    span[i] = bounds[i]
+
             if tx < 128:
                 ws_set_regs(PREFILL_WS_REGS[0])
                 inv = T.alloc_fragment([HB], T.float32)
-                walk_items(span, units, head_groups, 1, tiles, lambda item: consumer_item(
+                walk_all(span, cta, tiles, lambda item: consumer_item(
                     st, ss, 0, item, st.acc_o_l, inv, Q, Sink, Out, MaxLogits, Lse, sm_scale,
                     scale_log2))
             elif tx < 256:
                 ws_set_regs(PREFILL_WS_REGS[1])
                 inv = T.alloc_fragment([HB], T.float32)
-                walk_items(span, units, head_groups, 1, tiles, lambda item: consumer_item(
+                walk_all(span, cta, tiles, lambda item: consumer_item(
                     st, ss, 1, item, st.acc_o_r, inv, Q, Sink, Out, MaxLogits, Lse, sm_scale,
                     scale_log2))
             else:
                 ws_set_regs(PREFILL_WS_REGS[2])
                 ahead = T.alloc_local([2 * R], T.int32)
                 rows = T.alloc_local([2 * R], T.int32)
-                walk_items(span, units, head_groups, 1, tiles, lambda item: producer_item(
+                walk_all(span, cta, tiles, lambda item: producer_item(
                     st, ss, tx - 256, item, ahead, rows, Q, KV, Indices, Lengths))
 
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
@@ -978,13 +996,17 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
 LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 128, "ragged": False, "warp_specialized": True, "threads": 384}},
-    # the persistent grid: Q reloaded after the TMA output (dense), Q read ahead (ragged)
+    # the persistent grid: Q reloaded after the TMA output (dense), Q read ahead (ragged),
+    # the strided walk
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 128, "ragged": False, "warp_specialized": True, "threads": 384,
                 "persistent": True}},
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 64, "ragged": True, "warp_specialized": True, "threads": 384,
                 "persistent": True, "q_ahead": True}},
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 128, "ragged": True, "warp_specialized": True, "threads": 384,
+                "persistent": True, "walk": "strided"}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 128, "ragged": False}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 64, "ragged": False}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 16, "ragged": True}},

@@ -162,10 +162,10 @@ def test_prefill_tokens_in_m_each_layout_dense_and_ragged(h, num_stages, threads
 
 
 # --- persistent grid (issue 26 lever 1): CTAs walk (row, head group) items -----------------
-def _persistent_config(h, *, persistent=True, q_ahead=False, num_ctas=132):
+def _persistent_config(h, *, persistent=True, q_ahead=False, num_ctas=132, walk="balanced"):
     return {**_prefill_schedule(h, 1152), "warp_specialized": True, "tokens_in_m": False,
             "threads": 384, "heads_per_block": 64, "block_tokens": 64, "num_stages": 0,
-            "persistent": persistent, "q_ahead": q_ahead, "num_ctas": num_ctas}
+            "persistent": persistent, "q_ahead": q_ahead, "num_ctas": num_ctas, "walk": walk}
 
 
 def _run_both_forms(config, q, kv, idx, lens, flat, indptr, sink):
@@ -193,9 +193,11 @@ def _walk_inputs(s_q, h, topk, gen):
     return q, kv, idx, lens, sink
 
 
-@pytest.mark.parametrize("h,q_ahead,num_ctas",
-                         [(64, False, 7), (128, True, 7), (128, False, 132), (64, True, 132)])
-def test_prefill_persistent_grid_matches_reference(h, q_ahead, num_ctas, seed):
+@pytest.mark.parametrize("h,q_ahead,num_ctas,walk",
+                         [(64, False, 7, "balanced"), (128, True, 7, "balanced"),
+                          (128, False, 132, "balanced"), (64, True, 132, "balanced"),
+                          (128, False, 7, "strided"), (64, False, 132, "strided")])
+def test_prefill_persistent_grid_matches_reference(h, q_ahead, num_ctas, walk, seed):
     """The persistent grid forced (few CTAs: each walks many items of different lengths,
     so every barrier's phase runs on across items, through lonely and one-tile rows),
     dense and ragged into poisoned outputs: both match the reference and give the same
@@ -206,8 +208,8 @@ def test_prefill_persistent_grid_matches_reference(h, q_ahead, num_ctas, seed):
     s_q, topk = 45, 1152
     q, kv, idx, lens, sink = _walk_inputs(s_q, h, topk, gen)
     flat, indptr = to_csr(idx, lens)
-    dense, ragged = _run_both_forms(_persistent_config(h, q_ahead=q_ahead, num_ctas=num_ctas),
-                                    q, kv, idx, lens, flat, indptr, sink)
+    config = _persistent_config(h, q_ahead=q_ahead, num_ctas=num_ctas, walk=walk)
+    dense, ragged = _run_both_forms(config, q, kv, idx, lens, flat, indptr, sink)
     check_prefill(dense, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
     for name, a, b in zip(("out", "max_logits", "lse"), ragged, dense):
         assert torch.equal(a, b), f"{name}: ragged and dense kernels differ"
