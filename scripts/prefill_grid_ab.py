@@ -10,9 +10,10 @@ with per-row lengths on a 256 MiB workspace, short chunks s_q 64-512, two ragged
 the TP head counts against FlashMLA padded to 64) the same input sets run through
 ``ops.sparse_prefill`` (``_ragged``) with the resolved schedule (``fixed``), with the
 persistent grid forced on top of it (``persistent``: ``q_ahead`` false; ``persistent_qa``:
-true; ``strided``: the strided walk, ``q_ahead`` false; the TP rows take the tokens-in-M schedule, which has no persistent form) and through
-FlashMLA's prefill; every implementation's output is checked against the float32 reference
-first (on the first set); times (µs, graph replay, median over ``--rounds`` interleaved rounds of the median of
+true; ``strided``: the strided walk, ``q_ahead`` false; the TP rows take the tokens-in-M
+schedule, which has no persistent form) and through FlashMLA's prefill; every
+implementation's output is checked against the float32 reference first (on the first
+set); times (µs, graph replay, median over ``--rounds`` interleaved rounds of the median of
 20 replays) go to ``prefill_grid_ab.json`` (rewritten after each row) and a table.
 ``--precompile N`` first compiles every variant the rows (and the persistent GPU tests of
 tests/sparse_prefill/test_sparse_prefill_gpu.py) need, in N processes.
