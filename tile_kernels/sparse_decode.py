@@ -29,12 +29,12 @@ a split row merged by the combine.
 Definition of the math: ``dsv4_tl/reference/sparse_decode.py``.
 """
 
-from typing import NamedTuple
-
 import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
-from .fp8 import FP8_BF16_PRELUDE, FP8_FORMATS, FP8_RESTORE_EXP, fp8_byte_to_float
+from .fp8 import FP8_BF16_PRELUDE, FP8_FORMATS, fp8_byte_to_float
+from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers,
+                           make_fp8_producer, unrolled)
 from .tile_math import check_tile_math
 from .work import cta_work_range, walk_items
 
@@ -61,11 +61,6 @@ from .layout import (HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, ROPE_DIM, TOKEN_
 # tiles warpgroup 0 spills a little and still measured fastest (240/160/104 spills the
 # producer's staged bytes instead; bench/PERF_NOTES.md item 15).
 DECODE_WS_REGS = check_ws_regs((216, 160, 128))
-# The warp-specialised producer: 4 lanes per token (16 bytes of each FP8 quantisation tile,
-# 32 bytes of RoPE), 32 tokens per round; per round a lane stages 38 words in registers
-# (28 NoPE, 8 RoPE, 2 scale).
-TOKENS_PER_ROUND = 32
-RAW_WORDS = 4 * NUM_TILES + 8 + 2
 # The warp-specialised schedule's consumer pairs (``consumers`` of build_sparse_decode).
 DECODE_CONSUMERS = ("split", "seesaw")
 
@@ -361,143 +356,21 @@ def store_row_splits(RowSplits, row, hg, split, S: int):
         RowSplits[row, 1] = S
 
 
-def _unrolled(n: int) -> tuple:
-    """``0 .. n-1`` as a tuple: a loop over it is unrolled when the kernel is traced (a
-    ``range`` loop becomes a TIR loop), so register arrays are indexed by constants."""
-    return tuple(range(n))
-
-
 def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                             persistent: bool = False, item_cost: int = 3):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
-    Producer warpgroup (4 warps): four lanes per token, 32 tokens per round, ``BI / 32``
-    rounds per tile. Lane ``l`` of warp ``w`` owns token ``32·r + 8·w + l % 8`` of round
-    ``r`` and quarter ``q = l // 8`` of it: bytes ``[16q, 16q + 16)`` of each of the 7 FP8
-    quantisation tiles and the RoPE dims ``[16q, 16q + 16)``. So a warp's 16-byte loads
-    read 8 whole 64-byte spans and its 16-byte shared stores of one column chunk hit 8
-    consecutive rows (distinct banks under the 128-byte swizzle). Per round it resolves the
-    token's index (fetched one tile earlier), loads its quarter straight into registers
-    (``ld.global.nc``; an invalid token's address is clamped to a valid one and its bytes
-    are zeroed at dequantisation, so no instruction waits on a load before its data is
-    used) and dequantises it by bit placement (``fp8.FP8_BF16_PRELUDE``) into the K buffer.
-    With 32-token tiles (one round) tile k + 1's loads go into the other register slot
-    before the wait for tile k's buffer, so they land during that wait and tile k's
-    dequantisation (bench/PERF_NOTES.md item 19); with 64-token tiles round r + 1's loads
-    are issued before round r is dequantised and tile k + 1's first round before tile k's
-    last. Tiles past the split's range are produced all-invalid so the consumers always
-    take buffers in pairs. The consumers write their output halves with one reciprocal
+    Producer warpgroup: ``fp8_producer`` (raw FP8 token quarters into registers, dequantised
+    by bit placement into two BF16 K buffers of 32 or 64 tokens). Tiles past the split's
+    range are produced all-invalid so the consumers always take buffers in pairs. The consumers write their output halves with one reciprocal
     per row, a full bf16 head group by TMA from their free Q half (``ws_store_rows``).
     """
     D = HEAD_DIM
     DH = D // 2
     HB = 64
-    R = BI // TOKENS_PER_ROUND  # producer rounds per tile
     head_groups = (num_heads + HB - 1) // HB
-    restore_exp = FP8_RESTORE_EXP[fp8_format]
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = _shape_vars()
-
-    class CacheScope(NamedTuple):
-        """One scope's cache bytes, indices and geometry, as the producer reads them."""
-        u8: object
-        indices: object
-        width: object
-        length: object
-        block_size: object
-        block_stride: object
-        num_blocks: object
-
-    def lane_token(r, p):
-        """(token row ``j`` in the tile, quarter ``q``) of producer lane ``p`` in round ``r``."""
-        return TOKENS_PER_ROUND * r + 8 * (p // 32) + p % 8, (p % 32) // 8
-
-    def token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles, k, j):
-        """Index entry of token ``j`` of tile ``t_begin + k`` (an expression; reads clamped
-        into the row, so any ``k`` is safe; past the split's range the value is unused)."""
-        t = t_begin + k
-        in_main = main.indices[r_b, r_s, T.max(T.min(t * BI + j, main.width - 1), 0)]
-        if not has_extra:
-            return in_main
-        in_extra = extra.indices[r_b, r_s,
-                                 T.max(T.min((t - main_tiles) * BI + j, extra.width - 1), 0)]
-        return T.if_then_else(t < T.min(main_tiles, t_end), in_main, in_extra)
-
-    @T.macro
-    def load_quarter(raw, ok, slot, q, idx, scope, length, col):
-        """Registers ``raw[slot]`` <- this lane's quarter of token ``idx`` at column ``col``
-        of ``scope``; ``ok[slot]`` <- its validity."""
-        # Block and slot by int32 truncating division of the clamped index (int64 division
-        # by a run-time block size is a long instruction sequence).
-        blk = T.truncdiv(T.max(idx, 0), scope.block_size)
-        # col >= 0 matters: a padding tile past the split's end (length 0) inside the window
-        # range has a negative extra-scope column (PERF_NOTES item 14).
-        ok[slot] = T.if_then_else((col >= 0) and (col < length) and (idx >= 0)
-                                  and (blk < scope.num_blocks), 1, 0)
-        blk64 = T.cast(T.if_then_else(ok[slot] == 1, blk, 0), T.int64)
-        pos = T.cast(T.if_then_else(ok[slot] == 1, T.truncmod(T.max(idx, 0), scope.block_size), 0),
-                     T.int64)
-        rec = blk64 * scope.block_stride + pos * TOKEN_DATA_BYTES
-        scl = (blk64 * scope.block_stride + T.cast(scope.block_size, T.int64) * TOKEN_DATA_BYTES
-               + pos * TOKEN_SCALE_BYTES)
-        base = RAW_WORDS * slot
-        for g in _unrolled(NUM_TILES):
-            T.call_extern("handle", "dsv4_ldg16",
-                          T.access_ptr(scope.u8[rec + g * QUANT_TILE + 16 * q], "r", 16),
-                          T.access_ptr(raw[base + 4 * g], "w", 4))
-        for u in _unrolled(2):
-            T.call_extern("handle", "dsv4_ldg16",
-                          T.access_ptr(scope.u8[rec + NOPE_DIM + 32 * q + 16 * u], "r", 16),
-                          T.access_ptr(raw[base + 4 * NUM_TILES + 4 * u], "w", 4))
-        T.call_extern("handle", "dsv4_ldg8", T.access_ptr(scope.u8[scl], "r", 8),
-                      T.access_ptr(raw[base + 4 * NUM_TILES + 8], "w", 2))
-
-    @T.macro
-    def load_round(raw, ok, nxt, slot, r, k, p, main, extra, r_b, r_s, t_begin, t_end,
-                   main_tiles):
-        """Round ``r`` of tile ``t_begin + k`` into register slot ``slot`` (its scope picked
-        at run time; past the split's range all-invalid), then the fetch of tile k+1's
-        index for this round into ``nxt[r]``."""
-        t = t_begin + k
-        j, q = lane_token(r, p)
-        if t < T.min(main_tiles, t_end):
-            load_quarter(raw, ok, slot, q, nxt[r], main, main.length, t * BI + j)
-        else:
-            if has_extra:
-                load_quarter(raw, ok, slot, q, nxt[r], extra,
-                             T.if_then_else(t < t_end, extra.length, 0), (t - main_tiles) * BI + j)
-            else:
-                load_quarter(raw, ok, slot, q, nxt[r], main, 0, 0)
-        nxt[r] = token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles, k + 1, j)
-
-    @T.macro
-    def dequant_round(st, buf, raw, ok, deq, slot, r, p):
-        """Round ``r``'s registers (slot ``slot``) -> rows of K buffer ``buf`` and the
-        validity flags."""
-        j, q = lane_token(r, p)
-        base = RAW_WORDS * slot
-        if q == 0:
-            st.valid[buf][j] = ok[slot] == 1
-        for g in _unrolled(NUM_TILES):
-            scale_byte = ((raw[base + 4 * NUM_TILES + 8 + g // 4] >> T.uint32(8 * (g % 4)))
-                          & T.uint32(0xFF))
-            T.call_extern("handle", "dsv4_dequant<4>", T.access_ptr(raw[base + 4 * g], "r", 4),
-                          scale_byte, T.uint32(restore_exp), ok[slot],
-                          T.access_ptr(deq[0], "w", 16))
-            # Each branch holds its own store loop: a store under a branch inside a
-            # vectorised loop gets hoisted out of the branch by TileLang's vectoriser.
-            if g < 4:
-                for h in _unrolled(2):
-                    for v in T.vectorized(8):
-                        st.K_l[buf][j, g * QUANT_TILE + 16 * q + 8 * h + v] = deq[8 * h + v]
-            else:
-                for h in _unrolled(2):
-                    for v in T.vectorized(8):
-                        st.K_r[buf][j, g * QUANT_TILE - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
-        T.call_extern("handle", "dsv4_copy<8>", T.access_ptr(raw[base + 4 * NUM_TILES], "r", 8),
-                      ok[slot], T.access_ptr(deq[0], "w", 16))
-        for h in _unrolled(2):
-            for v in T.vectorized(8):
-                st.K_r[buf][j, NOPE_DIM - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
+    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format)
 
     @T.macro
     def write_half(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, split, h0):
@@ -513,45 +386,6 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                         Out[r_b, r_s, h0 + i, d0 + d] = T.cast(acc_o[i, d] * inv[i], T.bfloat16)
                     else:
                         OPartial[r_b, r_s, split, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
-
-    @T.macro
-    def produce_tiles(st, raw, ok, nxt, deq, p, main, extra, r_b, r_s, t_begin, t_end,
-                      main_tiles, pairs, pair0):
-        """The producer's ``2 * pairs`` tiles ``t_begin ..`` of row ``(r_b, r_s)`` (tiles
-        past ``t_end`` all-invalid) into the K buffers; ``pair0``: the pairs this CTA
-        produced before (barrier phases)."""
-        for r in _unrolled(R):
-            nxt[r] = token_index(main, extra, r_b, r_s, t_begin, t_end, main_tiles, 0,
-                                 lane_token(r, p)[0])
-        sc = (main, extra, r_b, r_s, t_begin, t_end, main_tiles)
-        if R == 1:
-            # One round per tile, one register slot per tile parity: tile k+1's
-            # bytes are requested before the wait for tile k's buffer, so they
-            # arrive during that wait and tile k's dequantisation.
-            load_round(raw, ok, nxt, 0, 0, 0, p, *sc)
-            for pair in T.serial(pairs):
-                for buf in (0, 1):  # K buffer == register slot == tile parity
-                    k = pair * 2 + buf
-                    load_round(raw, ok, nxt, buf ^ 1, 0, k + 1, p, *sc)
-                    T.barrier_wait(st.k_free[buf], ((pair0 + pair) & 1) ^ 1)
-                    dequant_round(st, buf, raw, ok, deq, buf, 0, p)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(st.k_ready[buf])
-        else:
-            # Two rounds per tile, register slot == round: round r + 1's bytes are
-            # requested before round r is dequantised.
-            load_round(raw, ok, nxt, 0, 0, 0, p, *sc)
-            for pair in T.serial(pairs):
-                for buf in (0, 1):  # K buffer == tile parity
-                    k = pair * 2 + buf
-                    load_round(raw, ok, nxt, 1, 1, k, p, *sc)  # in flight in the wait
-                    T.barrier_wait(st.k_free[buf], ((pair0 + pair) & 1) ^ 1)
-                    dequant_round(st, buf, raw, ok, deq, 0, 0, p)
-                    # tile k+1's first round loads under this tile's second
-                    load_round(raw, ok, nxt, 0, 0, k + 1, p, *sc)
-                    dequant_round(st, buf, raw, ok, deq, 1, 1, p)
-                    T.fence_proxy_async()
-                    T.barrier_arrive(st.k_ready[buf])
 
     @T.macro
     def write_half_item(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, h0, direct,
@@ -614,7 +448,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                         item.hg * HB, item.splits == 1, slot)
 
     @T.macro
-    def produce_item(st, item, lv, raw, ok, nxt, deq, p, main_args, extra_args):
+    def produce_item(st, item, lv, regs, p, main_args, extra_args):
         """The producer's tiles of one persistent-grid item (``*_args``: a scope's cache
         bytes, indices, lengths, width, block size, block stride, block count)."""
         # (indexed, not unpacked: a buffer bound to a new name is renamed in the kernel)
@@ -622,8 +456,10 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                                    item.r_b, has_extra)
         main = CacheScope(main_args[0], main_args[1], main_args[3], lv[0], *main_args[4:])
         extra = CacheScope(extra_args[0], extra_args[1], extra_args[3], lv[1], *extra_args[4:])
-        produce_tiles(st, raw, ok, nxt, deq, p, main, extra, item.r_b, item.r_s, item.t_begin,
-                      item.t_end, T.ceildiv(lv[0], BI), item.pairs, item.pairs_before)
+        produce_tiles(st, regs, p, main, extra,
+                      TileRange(item.r_b, item.r_s, item.t_begin, item.t_end,
+                                T.ceildiv(lv[0], BI)),
+                      item.pairs, item.pairs_before)
 
     @T.prim_func
     def sparse_decode(
@@ -670,7 +506,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                                units, head_groups, tiles_per_split, item_cost, num_ctas, cta,
                                WS_THREADS)
                 span = T.alloc_local([6], T.int32)  # u_begin, k_begin, slot base, u_end, k_end, T
-                for i in _unrolled(6):
+                for i in unrolled(6):
                     span[i] = bounds[i]
 
                 if tx < 128:
@@ -687,13 +523,10 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 else:
                     ws_set_regs(DECODE_WS_REGS[2])
                     p = tx - 256
-                    raw = T.alloc_local([2 * RAW_WORDS], T.uint32)  # two rounds in flight
-                    ok = T.alloc_local([2], T.int32)
-                    nxt = T.alloc_local([R], T.int32)
-                    deq = T.alloc_local([16], T.bfloat16)
+                    regs = alloc_producer_registers(BI)
                     lv = T.alloc_local([2], T.int32)  # the row's lengths
                     walk_items(span, units, head_groups, s_q, tiles, lambda item: produce_item(
-                        st, item, lv, raw, ok, nxt, deq, p,
+                        st, item, lv, regs, p,
                         (MainU8, MainIndices, MainLength, topk, main_block_size, main_block_stride,
                          main_num_blocks),
                         (ExtraU8, ExtraIndices, ExtraLength, ew, extra_block_size,
@@ -764,12 +597,9 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                                       main_block_stride, main_num_blocks)
                     extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
                                        extra_block_stride, extra_num_blocks)
-                    raw = T.alloc_local([2 * RAW_WORDS], T.uint32)  # two rounds in flight
-                    ok = T.alloc_local([2], T.int32)
-                    nxt = T.alloc_local([R], T.int32)
-                    deq = T.alloc_local([16], T.bfloat16)
-                    produce_tiles(st, raw, ok, nxt, deq, p, main, extra, r_b, r_s, t_begin, t_end,
-                                  main_tiles, pairs, 0)
+                    regs = alloc_producer_registers(BI)
+                    produce_tiles(st, regs, p, main, extra,
+                                  TileRange(r_b, r_s, t_begin, t_end, main_tiles), pairs, 0)
 
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
