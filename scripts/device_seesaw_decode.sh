@@ -2,7 +2,8 @@
 # Issue 23 lever 2 on a lent H100/H200 (device tool), from the repository root, after
 # `source scripts/device_setup.sh`: precompile, in 16 processes, the variants of the goal rows
 # for $IMPLS (decode_grid_ab.py's names; default fixed,seesaw,flashmla) and of the seesaw GPU
-# tests that $TESTS selects (a pytest -k expression; default "seesaw"), run those tests, then
+# tests that $TESTS selects (a pytest -k expression: "seesaw" (default, all), "seesaw and
+# slots4" or "seesaw and (slots4 or as_is)"), run those tests, then
 # the A/B (interleaved, medians of $ROUNDS rounds, every row reference-checked). Writes
 # $OUT/precompile.log, $OUT/tests.txt, $OUT/ab.log (a JSON line per row as it is measured)
 # and $OUT/decode_grid_ab.{json,txt}.
@@ -29,8 +30,9 @@ for over in ({}, t.SLOTS4):
     cases += [(128, "swa", "e4m3fn", over), (64, "c4a", "e4m3fn", over),
               (64, "c4a", "e4m3fnuz", over)]
 sel = os.environ["TESTS"]
-if "slots4" in sel:  # only the four-slot producer's tests are selected
-    cases = [c for c in cases if c[3].get("producer_slots") == 4]
+if "slots4" in sel:  # the four-slot producer's tests (and, with "as_is", the plain seesaw's)
+    cases = [c for c in cases if c[3].get("producer_slots") == 4
+             or ("as_is" in sel and not c[3])]
 kdir = Path(default_kernel_dir())
 extra = [("sparse_decode", SPARSE_DECODE.static(h=h, scope=sc, fp8_format=fmt),
           {**t.SEESAW, **over}, kdir) for h, sc, fmt, over in cases]
