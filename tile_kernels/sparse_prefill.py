@@ -36,10 +36,15 @@ from .attention_tile import (
     ws_store_rows,
 )
 from .layout import HEAD_DIM
+from .work import cta_work_range, walk_items, walk_strided
 
 # Registers of the warp-specialised roles (rules in attention_tile.WS_LAUNCH_REGS): both
 # consumers hold a score tile and half of the output, so they share the registers evenly.
 PREFILL_WS_REGS = check_ws_regs((216, 216, 72))
+# The persistent grid's tiles per split (tile_kernels/work.py): more than any row has, so
+# every (row, head group) is one work item (prefill has no combine).
+ONE_SPLIT = 1 << 30
+PERSISTENT_WALKS = ("balanced", "strided")
 
 
 def build_sparse_prefill(
@@ -53,6 +58,11 @@ def build_sparse_prefill(
     warp_specialized: bool = False,
     tile_math: str = "tensor_core",
     tokens_in_m: bool = False,
+    persistent: bool = False,
+    num_ctas: int = 132,
+    item_cost: int = 2,
+    q_ahead: bool = False,
+    walk: str = "balanced",
 ):
     """Return the prim_func of sparse prefill.
 
@@ -74,6 +84,19 @@ def build_sparse_prefill(
             warpgroup, 384: two (the second takes half of P·V); a producer warpgroup
             gathers into ``num_stages`` (2 or 3; 3 only beside 16 heads) K buffers. Same math and
             index rules; sm_90a only (see ``_build_tokens_in_m``).
+        persistent: with ``warp_specialized`` and whole head groups (``num_heads`` a multiple
+            of 64; a padded last group keeps the fixed grid), ``min(num_ctas, s_q · groups)``
+            CTAs that each walk a cost-balanced, contiguous range of (query row, head group)
+            items, planned in the kernel from the lengths (``tile_kernels/work.py``);
+            ``num_ctas``: the target's SM count (132 on H100 SXM / H200), ``item_cost``: an
+            item's fixed cost in 64-token tiles, for the balance.
+        q_ahead: on the persistent grid, the producer loads the next item's Q as soon as
+            both consumers' last QKᵀ of this item is done (under its last tile pair), and
+            the output goes out by per-thread stores; without it, Q is loaded after both
+            output halves left by TMA through the Q buffers (as on the fixed grid).
+        walk: the persistent grid's partition: "balanced" (contiguous cost-balanced ranges,
+            ``work.cta_work_range``) or "strided" (CTA ``c`` takes units ``c, c + G, ...``:
+            the CTAs running together stay on neighbouring rows, as on the fixed grid).
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
     ``indices``, ``lengths`` (dense: ``topk_length [s_q] int32``; ragged: ``indptr [s_q+1]
@@ -112,6 +135,9 @@ def build_sparse_prefill(
             return indices[row, col]
 
     check_tile_math(tile_math)
+    if (persistent or q_ahead) and not warp_specialized:
+        raise ValueError("persistent / q_ahead: need the warp-specialised schedule "
+                         f"(warp_specialized True), got {warp_specialized}")
     if tokens_in_m:
         _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
         return _build_tokens_in_m(num_heads, BI, HB, num_stages, threads, row_length,
@@ -122,8 +148,18 @@ def build_sparse_prefill(
         if HB != 64 or threads != 384:
             raise ValueError("warp_specialized: needs heads_per_block 64 and threads 384, got "
                              f"{HB} and {threads}")
+        if walk not in PERSISTENT_WALKS:
+            raise ValueError(f"walk: must be one of {PERSISTENT_WALKS}, got {walk!r}")
+        if not (isinstance(num_ctas, int) and num_ctas >= 1
+                and isinstance(item_cost, int) and item_cost >= 1):
+            # (item_cost >= 1: every item costs something, so the planner's cost positions
+            # fall inside the units even when every row is empty)
+            raise ValueError(f"persistent: num_ctas and item_cost must be ints >= 1, got "
+                             f"{num_ctas!r} and {item_cost!r}")
         return _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape,
-                                       len_shape, s_q, s_kv)
+                                       len_shape, s_q, s_kv,
+                                       persistent and num_heads % HB == 0, num_ctas,
+                                       item_cost, q_ahead, walk)
 
     @T.prim_func
     def sparse_prefill(
@@ -198,7 +234,10 @@ class SeesawState:
     (fragments, one set per warpgroup), and the shared rows and barriers through which
     they pass row maxima (every tile pair) and softmax sums (once, at the end)."""
 
-    def __init__(self, heads: int, block_tokens: int):
+    def __init__(self, heads: int, block_tokens: int, q_read_ahead: bool = False):
+        """``q_read_ahead``: the persistent grid's ``q_free`` barrier (both consumers arrive
+        once their last QKᵀ of a work item is done, so the producer may load the next
+        item's Q under the item's last tile pair)."""
         HB, BI = heads, block_tokens
         self.acc_s = tuple(T.alloc_fragment([HB, BI], T.float32) for _ in range(2))
         self.p_regs = tuple(T.alloc_fragment([HB, BI], T.bfloat16) for _ in range(2))
@@ -219,6 +258,7 @@ class SeesawState:
                              for _ in range(2))
         self.k_free = ((T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=256)),
                        (T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=128)))
+        self.q_free = T.alloc_barrier(arrive_count=256) if q_read_ahead else None
 
 
 # FlashMLA's sm90 sparse prefill schedule ("seesaw"), in the macros below. Per tile pair,
@@ -274,12 +314,13 @@ def seesaw_exponentiate(st, ss, me: int, acc_o, scale_log2):
 
 
 @T.macro
-def seesaw_start(st, ss, me: int, acc_o):
-    """Consumer ``me``'s empty output and statistics; then it waits for Q."""
+def seesaw_start(st, ss, me: int, acc_o, q_phase=0):
+    """Consumer ``me``'s empty output and statistics; then it waits for Q (phase
+    ``q_phase`` of ``st.bar_q``: the work item's, on the persistent grid)."""
     T.fill(ss.l_i[me], 0)
     T.fill(ss.m_i[me], M_SENTINEL)
     T.fill(acc_o, 0)
-    T.barrier_wait(st.bar_q, 0)
+    T.barrier_wait(st.bar_q, q_phase)
 
 
 @T.macro
@@ -293,15 +334,22 @@ def seesaw_scored(st, ss, me: int, parity):
 
 
 @T.macro
-def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
-    """Consumer 0: even tiles, output columns [0, 256)."""
+def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2, pair0=0, stats0=0, q_phase=0,
+                      release_q: bool = False):
+    """Consumer 0: even tiles, output columns [0, 256). The persistent grid's phases run on
+    across work items (``SEESAW_PHASES``): ``pair0`` the tile pairs before this item,
+    ``stats0`` the phases of ``stats_ready`` before it, ``q_phase`` its Q's; with
+    ``release_q`` it arrives on ``ss.q_free`` once this item's last QKᵀ is done (Q may then
+    be overwritten by the next item's)."""
     HB, BI, DH = st.heads, st.block_tokens, st.half_dim
     me = 0
     acc_s, p_regs, m_i, m_peer, l_i, alpha = (ss.acc_s[me], ss.p_regs[me], ss.m_i[me],
                                               ss.m_peer[me], ss.l_i[me], ss.alpha[me])
-    seesaw_start(st, ss, me, acc_o)
+    seesaw_start(st, ss, me, acc_o, q_phase)
+    seesaw_release_q(ss, release_q, pairs == 0)
     for pair in T.serial(pairs):
-        seesaw_scored(st, ss, me, pair & 1)
+        seesaw_scored(st, ss, me, (pair0 + pair) & 1)
+        seesaw_release_q(ss, release_q, pair == pairs - 1)
         T.reduce_max(acc_s, m_i, dim=1, clear=False)
         T.copy(m_i, ss.m_shared[0])
         T.barrier_arrive(ss.stats_ready[0])
@@ -311,7 +359,7 @@ def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
         T.wait_wgmma(0)
         T.barrier_arrive(ss.k_free[0][0])
         # The pair's max from consumer 1: rescale P (for consumer 1), the output and the sum.
-        T.barrier_wait(ss.stats_ready[1], pair & 1)
+        T.barrier_wait(ss.stats_ready[1], (stats0 + pair) & 1)
         T.copy(ss.m_shared[1], m_peer)
         for i in T.Parallel(HB):
             alpha[i] = T.exp2((m_i[i] - m_peer[i]) * scale_log2)
@@ -324,25 +372,29 @@ def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
         T.barrier_arrive(st.p_ready[0])
         for i, d in T.Parallel(HB, DH):
             acc_o[i, d] *= alpha[i]
-        T.barrier_wait(st.p_ready[1], pair & 1)
+        T.barrier_wait(st.p_ready[1], (pair0 + pair) & 1)
         T.wgmma_gemm(st.P_shared[1], st.K_l[1], acc_o)
         T.wait_wgmma(0)
         T.barrier_arrive(ss.k_free[1][0])
-    seesaw_sum_exchange(ss, 0, pairs)
+    seesaw_sum_exchange(ss, 0, stats0 + pairs)
 
 
 @T.macro
-def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2):
-    """Consumer 1: odd tiles, output columns [256, 512)."""
+def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2, pair0=0, stats0=0, q_phase=0,
+                      release_q: bool = False):
+    """Consumer 1: odd tiles, output columns [256, 512) (the other arguments: as consumer
+    0's)."""
     HB, BI, DH = st.heads, st.block_tokens, st.half_dim
     me = 1
     acc_s, p_regs, m_i, m_peer, l_i, alpha = (ss.acc_s[me], ss.p_regs[me], ss.m_i[me],
                                               ss.m_peer[me], ss.l_i[me], ss.alpha[me])
-    seesaw_start(st, ss, me, acc_o)
+    seesaw_start(st, ss, me, acc_o, q_phase)
+    seesaw_release_q(ss, release_q, pairs == 0)
     for pair in T.serial(pairs):
-        seesaw_scored(st, ss, me, pair & 1)
+        seesaw_scored(st, ss, me, (pair0 + pair) & 1)
+        seesaw_release_q(ss, release_q, pair == pairs - 1)
         # Consumer 0's max already holds the history (and the even tile).
-        T.barrier_wait(ss.stats_ready[0], pair & 1)
+        T.barrier_wait(ss.stats_ready[0], (stats0 + pair) & 1)
         T.copy(ss.m_shared[0], m_i)
         T.reduce_max(acc_s, m_i, dim=1, clear=False)
         T.copy(m_i, ss.m_shared[1])
@@ -353,23 +405,34 @@ def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2):
         T.barrier_arrive(st.p_ready[1])
         T.copy(acc_s, p_regs)
         T.wgmma_gemm(p_regs, st.K_r[1], acc_o)
-        T.barrier_wait(st.p_ready[0], pair & 1)
+        T.barrier_wait(st.p_ready[0], (pair0 + pair) & 1)
         T.wgmma_gemm(st.P_shared[0], st.K_r[0], acc_o)
         T.wait_wgmma(1)
         T.barrier_arrive(ss.k_free[1][1])
         T.wait_wgmma(0)
         T.barrier_arrive(ss.k_free[0][1])
-    seesaw_sum_exchange(ss, 1, pairs)
+    seesaw_sum_exchange(ss, 1, stats0 + pairs)
 
 
 @T.macro
-def seesaw_sum_exchange(ss, me: int, pairs):
+def seesaw_release_q(ss, release_q: bool, last):
+    """With ``release_q`` (the persistent grid's Q read-ahead), arrive on ``ss.q_free`` when
+    ``last`` holds: after the item's last QKᵀ, or at its start for an item of no pairs."""
+    if release_q:
+        if last:
+            T.barrier_arrive(ss.q_free)
+
+
+@T.macro
+def seesaw_sum_exchange(ss, me: int, phase):
     """After the last pair both consumers hold the same max and each a sum over its own
     tiles in its units: exchange the sums (this also orders both consumers' last reads of
-    Q and the K buffers before either reuses its Q half as the output stage)."""
+    Q and the K buffers before either reuses its Q half as the output stage). ``phase``:
+    the ``stats_ready`` phases completed before this one (the pairs, plus one per earlier
+    work item on the persistent grid)."""
     T.copy(ss.l_i[me], ss.l_shared[me])
     T.barrier_arrive(ss.stats_ready[me])
-    T.barrier_wait(ss.stats_ready[1 - me], pairs & 1)
+    T.barrier_wait(ss.stats_ready[1 - me], phase & 1)
     T.copy(ss.l_shared[1 - me], ss.l_tile[me])
     for i in T.Parallel(ss.l_i[me].shape[0]):
         ss.l_i[me][i] = ss.l_i[me][i] + ss.l_tile[me][i]
@@ -396,7 +459,9 @@ def row_epilogue(m_i, l_i, inv, write_stats: bool, Sink, MaxLogits, Lse, row, h0
             1.0)
 
 
-def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv):
+def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv,
+                            persistent=False, num_ctas=132, item_cost=2, q_ahead=False,
+                            walk="balanced"):
     """The warp-specialised Hopper schedule of the same kernel (attention_tile's
     WarpSpecializedState, the seesaw macros above). The producer warpgroup resolves the tile's
     indices (clamped reads, validity flags) and gathers the rows with per-thread cp.async
@@ -422,16 +487,18 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                 if h0 + i < num_heads:
                     Out[row, h0 + i, d0 + d] = T.cast(acc_o[i, d] * inv[i], T.bfloat16)
 
+    R = BI // 16  # rows of a tile per producer thread (8 threads per row)
+
     @T.macro
-    def seesaw_producer(st, ss, p, pairs, length, KV, Indices, Lengths, row):
+    def seesaw_producer(st, ss, p, pairs, length, KV, Indices, Lengths, row, ahead, rows,
+                        pair0=0):
         """The seesaw's producer: per pair, the four K halves in the order the consumers
         read them (buffer 0 left, buffer 1 right: the halves each consumer scores first;
         then the other halves), each as soon as its readers have released it. A buffer's
         rows are resolved (and its validity flags written) with its first half; its index
-        entries for the next pair are read right after, a pair ahead of their use."""
-        R = BI // 16  # rows of a tile per producer thread (8 threads per row)
-        ahead = T.alloc_local([2 * R], T.int32)
-        rows = T.alloc_local([2 * R], T.int32)  # resolved KV row, -1: invalid
+        entries for the next pair are read right after, a pair ahead of their use.
+        ``ahead`` / ``rows``: local int32 [2 * R] (the index entries read ahead; the resolved
+        KV rows, -1 invalid); ``pair0``: the tile pairs of the CTA's earlier work items."""
         if pairs > 0:  # (the row's window is not empty: clamped columns stay inside it)
             for buf in (0, 1):
                 for r in T.unroll(R):
@@ -439,7 +506,7 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                         Indices, Lengths, row, T.min(buf * BI + r * 16 + p // 8, length - 1))
         for pair in T.serial(pairs):
             for buf, half in ((0, 0), (1, 1), (0, 1), (1, 0)):
-                T.barrier_wait(ss.k_free[buf][half], (pair & 1) ^ 1)
+                T.barrier_wait(ss.k_free[buf][half], ((pair0 + pair) & 1) ^ 1)
                 if half == buf:
                     for r in T.unroll(R):
                         j = r * 16 + p // 8
@@ -511,7 +578,126 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                 write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, row, h0)
             else:
                 ws_set_regs(PREFILL_WS_REGS[2])
-                seesaw_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths, row)
+                ahead = T.alloc_local([2 * R], T.int32)
+                rows = T.alloc_local([2 * R], T.int32)
+                seesaw_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths, row,
+                                ahead, rows)
+
+    if not persistent:
+        return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+
+    # --- the persistent grid ----------------------------------------------------------------
+    # min(num_ctas, units) CTAs, each walking a contiguous, cost-balanced range of units
+    # (query row, head group) that it plans itself from the lengths (tile_kernels/work.py,
+    # one split per unit: prefill has no combine). Every role walks the same items; the
+    # barriers' phases run on across them (SeesawState: k_ready / k_free / p_ready once per
+    # tile pair, stats_ready once per pair and once per item for the sums, bar_q / q_free
+    # once per item). Between items the two consumers meet on a named barrier, so neither
+    # rewrites a shared row (maxima, sums, P) that the other may still read.
+    units = s_q * head_groups
+    grid = T.min(num_ctas, units)
+
+    @T.macro
+    def consumer_item(st, ss, me: int, item, acc_o, inv, Q, Sink, Out, MaxLogits, Lse,
+                      sm_scale, scale_log2):
+        """Consumer ``me``'s part of one work item: its half of the seesaw, the row
+        statistics (consumer 0) and its output half. With ``q_ahead`` the producer has
+        loaded the item's Q and the output goes out by per-thread stores (the Q buffers
+        already hold the next item's Q; no other 64 KiB of shared memory is left); else
+        consumer 0 loads the item's Q once both consumers are done with the last one, and
+        each output half goes out by TMA through its Q half (as on the fixed grid)."""
+        row, h0 = item.row, item.hg * HB
+        T.sync_threads(10, 256)
+        if not q_ahead and me == 0:
+            T.tma_copy(Q[row, h0:h0 + HB, 0:DH], st.Q_l, barrier=st.bar_q,
+                       leader_scope_threads=128)
+            T.tma_copy(Q[row, h0:h0 + HB, DH:D], st.Q_r, barrier=st.bar_q,
+                       leader_scope_threads=128)
+            T.barrier_arrive(st.bar_q)
+        consumer = seesaw_consumer_0 if me == 0 else seesaw_consumer_1
+        consumer(st, ss, acc_o, item.pairs, scale_log2, item.pairs_before,
+                 item.pairs_before + item.index, item.index & 1, q_ahead)
+        row_epilogue(ss.m_i[me], ss.l_i[me], inv, me == 0, Sink, MaxLogits, Lse, row, h0,
+                     num_heads, sm_scale, scale_log2)
+        if q_ahead:
+            for i, d in T.Parallel(HB, DH):
+                Out[row, h0 + i, me * DH + d] = T.cast(acc_o[i, d] * inv[i], T.bfloat16)
+        else:
+            ws_store_rows(acc_o, inv, st.Q_l if me == 0 else st.Q_r, 8 + me,
+                          Out[row, h0:h0 + HB, me * DH:(me + 1) * DH])
+
+    def walk_all(span, cta, tiles, body):
+        """Every role's walk over the CTA's items: ``walk_items`` over the planned ``span``
+        (with s_q 1: its "request" is the query row, whose ``tiles`` it reads) or
+        ``walk_strided``."""
+        if walk == "balanced":
+            return walk_items(span, units, head_groups, 1, tiles, body)
+        return walk_strided(cta, grid, units, head_groups, tiles, body)
+
+    @T.macro
+    def producer_item(st, ss, p, item, ahead, rows, Q, KV, Indices, Lengths):
+        """The producer's part of one work item: with ``q_ahead`` its Q (as soon as both
+        consumers are done with the last item's: parity 1 on the first item passes a fresh
+        barrier), then its K tiles."""
+        row = item.row
+        if q_ahead:
+            h0 = item.hg * HB
+            T.barrier_wait(ss.q_free, (item.index & 1) ^ 1)
+            T.tma_copy(Q[row, h0:h0 + HB, 0:DH], st.Q_l, barrier=st.bar_q,
+                       leader_scope_threads=128)
+            T.tma_copy(Q[row, h0:h0 + HB, DH:D], st.Q_r, barrier=st.bar_q,
+                       leader_scope_threads=128)
+            T.barrier_arrive(st.bar_q)
+        seesaw_producer(st, ss, p, item.pairs, row_length(Lengths, row), KV, Indices, Lengths,
+                        row, ahead, rows, item.pairs_before)
+
+    @T.prim_func
+    def sparse_prefill(
+        Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
+        KV: T.Tensor([s_kv, D], T.bfloat16),
+        Indices: T.Tensor(idx_shape, T.int32),
+        Lengths: T.Tensor(len_shape, T.int32),
+        Sink: T.Tensor([num_heads], T.float32),
+        Out: T.Tensor([s_q, num_heads, D], T.bfloat16),
+        MaxLogits: T.Tensor([s_q, num_heads], T.float32),
+        Lse: T.Tensor([s_q, num_heads], T.float32),
+        sm_scale: T.float32,
+    ):
+        with T.Kernel(grid, threads=WS_THREADS) as cta:
+            # Q comes per work item, by 128 threads (a consumer's or the producer's).
+            st = WarpSpecializedState(HB, BI, D, split=False, q_arrivals=128)
+            ss = SeesawState(HB, BI, q_read_ahead=q_ahead)
+            tx = T.get_thread_binding()
+            scale_log2 = sm_scale * LOG2E
+            tiles = lambda r: T.ceildiv(row_length(Lengths, r), BI)  # noqa: E731
+            span = None
+            if walk == "balanced":
+                bounds = T.alloc_shared([6], T.int32, scope="shared")
+                scratch = T.alloc_shared([WS_THREADS // 32, 3], T.int32, scope="shared")
+                cta_work_range(bounds, scratch, lambda u: tiles(u // head_groups), units,
+                               head_groups, ONE_SPLIT, item_cost, grid, cta, WS_THREADS)
+                span = T.alloc_local([6], T.int32)  # u_begin, k_begin, -, u_end, k_end, T
+                for i in (0, 1, 2, 3, 4, 5):
+                    span[i] = bounds[i]
+
+            if tx < 128:
+                ws_set_regs(PREFILL_WS_REGS[0])
+                inv = T.alloc_fragment([HB], T.float32)
+                walk_all(span, cta, tiles, lambda item: consumer_item(
+                    st, ss, 0, item, st.acc_o_l, inv, Q, Sink, Out, MaxLogits, Lse, sm_scale,
+                    scale_log2))
+            elif tx < 256:
+                ws_set_regs(PREFILL_WS_REGS[1])
+                inv = T.alloc_fragment([HB], T.float32)
+                walk_all(span, cta, tiles, lambda item: consumer_item(
+                    st, ss, 1, item, st.acc_o_r, inv, Q, Sink, Out, MaxLogits, Lse, sm_scale,
+                    scale_log2))
+            else:
+                ws_set_regs(PREFILL_WS_REGS[2])
+                ahead = T.alloc_local([2 * R], T.int32)
+                rows = T.alloc_local([2 * R], T.int32)
+                walk_all(span, cta, tiles, lambda item: producer_item(
+                    st, ss, tx - 256, item, ahead, rows, Q, KV, Indices, Lengths))
 
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
@@ -787,6 +973,17 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
 LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 128, "ragged": False, "warp_specialized": True, "threads": 384}},
+    # the persistent grid: Q reloaded after the TMA output (dense), Q read ahead (ragged),
+    # the strided walk
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 128, "ragged": False, "warp_specialized": True, "threads": 384,
+                "persistent": True}},
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 64, "ragged": True, "warp_specialized": True, "threads": 384,
+                "persistent": True, "q_ahead": True}},
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 128, "ragged": True, "warp_specialized": True, "threads": 384,
+                "persistent": True, "walk": "strided"}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 128, "ragged": False}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 64, "ragged": False}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 16, "ragged": True}},

@@ -1,0 +1,220 @@
+"""Sparse prefill (issue 26 lever 1): the fixed grid against the persistent grid (Q reloaded
+after the TMA output; Q read ahead under the last tile pair) against FlashMLA, in one process
+on the lent GPU.
+
+    python scripts/prefill_grid_ab.py --out $OUT [--rounds 3] [--precompile 16]
+        [--precompile-only]
+
+Per row (issue 26's goal rows: h64 / h128 at s_q 4096 and top-k 640 / 1152, width 8320
+with per-row lengths on a 256 MiB workspace, short chunks s_q 64-512, two ragged twins and
+the TP head counts against FlashMLA padded to 64) the same input sets run through
+``ops.sparse_prefill`` (``_ragged``) with the resolved schedule (``fixed``), with the
+persistent grid forced on top of it (``persistent``: ``q_ahead`` false; ``persistent_qa``:
+true; ``strided``: the strided walk, ``q_ahead`` false; the TP rows take the tokens-in-M
+schedule, which has no persistent form) and through FlashMLA's prefill; every
+implementation's output is checked against the float32 reference first (on the first
+set); times (µs, graph replay, median over ``--rounds`` interleaved rounds of the median of
+20 replays) go to ``prefill_grid_ab.json`` (rewritten after each row) and a table.
+``--precompile N`` first compiles every variant the rows (and the persistent GPU tests of
+tests/sparse_prefill/test_sparse_prefill_gpu.py) need, in N processes.
+"""
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from dsv4_tl import bench
+from dsv4_tl.bench import PrefillShape, graph_time_us, prefill_inputs
+from dsv4_tl.kernels import SPARSE_PREFILL, Variant
+from dsv4_tl.schedules import forced_schedule
+from dsv4_tl.targets import parse_target
+
+TARGET = parse_target("cuda:sm_90a")
+MODES = {"persistent": {"persistent": True, "q_ahead": False},
+         "persistent_qa": {"persistent": True, "q_ahead": True},
+         "strided": {"persistent": True, "q_ahead": False, "walk": "strided"}}
+
+
+def goal_rows() -> list:
+    rows = [PrefillShape(h, 4096, topk, 32768) for h in (64, 128) for topk in (640, 1152)]
+    rows += [PrefillShape(h, 1024, 8320, 262144, varying=True) for h in (64, 128)]
+    rows += [PrefillShape(h, s_q, topk, 32768) for h, topk in ((64, 640), (128, 1152))
+             for s_q in (64, 128, 256, 512)]
+    rows += [PrefillShape(64, 4096, 640, 32768, ragged=True),
+             PrefillShape(128, 1024, 8320, 262144, varying=True, ragged=True)]
+    rows += [PrefillShape(h, 4096, 640, 32768, varying=True) for h in (16, 32)]
+    return rows
+
+
+def _fixed(shape) -> Variant:
+    return SPARSE_PREFILL.variant(TARGET.dirname, h=shape.h, topk=shape.topk,
+                                  ragged=shape.ragged)
+
+
+def _persistent_schedule(shape, mode: str):
+    """The resolved schedule with the persistent grid, or None where it has no such form
+    (the tokens-in-M schedule of the TP head counts)."""
+    schedule = dict(_fixed(shape).schedule)
+    if not schedule.get("warp_specialized") or shape.h % 64:
+        return None
+    return {**schedule, **MODES[mode]}
+
+
+def _variants(rows: list) -> list:
+    out = set()
+    for shape in rows:
+        fixed = _fixed(shape)
+        out.add(fixed)
+        for mode in MODES:
+            sched = _persistent_schedule(shape, mode)
+            if sched is not None:
+                out.add(Variant.make("sparse_prefill", dict(fixed.static), sched))
+    # the GPU tests' few-CTA walks (test_prefill_persistent_grid_matches_reference)
+    for h, q_ahead, walk in ((64, False, "balanced"), (128, True, "balanced"),
+                             (128, False, "strided")):
+        base = dict(_fixed(PrefillShape(h, 45, 1152, 6000)).schedule)
+        for ragged in (False, True):
+            out.add(Variant.make("sparse_prefill", dict(num_heads=h, ragged=ragged),
+                                 {**base, "warp_specialized": True, "tokens_in_m": False,
+                                  "threads": 384, "heads_per_block": 64, "block_tokens": 64,
+                                  "num_stages": 0, "persistent": True, "q_ahead": q_ahead,
+                                  "num_ctas": 7, "walk": walk}))
+    return sorted(out, key=lambda v: v.key)
+
+
+def _compile(args):
+    from dsv4_tl.loader import compile_jit
+    op, static, schedule, kdir = args
+    variant = Variant.make(op, static, schedule)
+    t = time.time()
+    compile_jit(variant, TARGET, kdir)
+    return variant.key, time.time() - t
+
+
+def precompile(rows: list, jobs: int) -> None:
+    from pathlib import Path
+    from dsv4_tl.loader import default_kernel_dir
+    kdir = Path(default_kernel_dir())
+    todo = [(v.op, dict(v.static), dict(v.schedule), kdir) for v in _variants(rows)]
+    t = time.time()
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        for key, dt in pool.map(_compile, todo):
+            print(f"compiled {key} in {dt:.0f} s", flush=True)
+    print(f"precompile: {len(todo)} variants in {time.time() - t:.0f} s", flush=True)
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
+
+
+def _forcing(schedule):
+    return lambda: forced_schedule(TARGET.dirname, "sparse_prefill", schedule)
+
+
+def measure_rows(rows: list, rounds: int, flashmla, out_path: str) -> list:
+    gen = torch.Generator("cuda").manual_seed(0)
+    results = []
+    for shape in rows:
+        entry = {"shape": shape.name, "h": shape.h, "s_q": shape.s_q, "topk": shape.topk,
+                 "s_kv": shape.s_kv, "varying": shape.varying, "ragged": shape.ragged,
+                 "times": {}, "check": {}}
+        inputs = []
+        try:
+            inputs = prefill_inputs(shape, gen, 3, "cuda")
+            makers = {"fixed": (_nothing, [bench.ours_prefill(x) for x in inputs])}
+            for mode in MODES:
+                sched = _persistent_schedule(shape, mode)
+                if sched is not None:
+                    makers[mode] = (_forcing(sched), [bench.ours_prefill(x) for x in inputs])
+            if flashmla is not None:
+                makers["flashmla"] = (_nothing, [flashmla.prefill(x) for x in inputs])
+            for name, (ctx, calls) in makers.items():  # checked on the first input set
+                with ctx():
+                    try:
+                        res = calls[0]()
+                        torch.cuda.synchronize()
+                        entry["check"][name] = bench._check_prefill(inputs[0], res)
+                    except Exception as exc:
+                        entry["check"][name] = f"{type(exc).__name__}: {exc}"[:300]
+            for x in inputs:
+                x.pop("_reference", None)
+            times = {name: [] for name in makers}
+            for _ in range(rounds):
+                for name, (ctx, calls) in makers.items():
+                    if not str(entry["check"][name]).startswith("ok"):
+                        continue
+                    with ctx():
+                        times[name].append(graph_time_us(calls))
+            entry["rounds"] = times
+            entry["times"] = {k: statistics.median(v) for k, v in times.items() if v}
+        except Exception as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        print(json.dumps({k: v for k, v in entry.items() if k != "rounds"}), flush=True)
+        results.append(entry)
+        with open(out_path, "w") as fh:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": results}, fh, indent=1)
+        del inputs
+        torch.cuda.empty_cache()
+    return results
+
+
+def table(results: list) -> str:
+    lines = [f"{'shape':72s} {'fixed':>8s} {'persist':>8s} {'pers.qa':>8s} {'strided':>8s} "
+             f"{'FlashMLA':>8s} {'FM/fixed':>8s} {'FM/pers':>8s} {'FM/p.qa':>8s} {'FM/strd':>8s}"]
+    for e in results:
+        t = e["times"]
+
+        def f(k):
+            return f"{t[k]:8.1f}" if k in t else f"{'-':>8s}"
+
+        def r(a, b_):
+            return f"{t[a] / t[b_]:7.2f}x" if a in t and b_ in t else f"{'-':>8s}"
+        bad = [k for k, v in e["check"].items() if not str(v).startswith("ok")]
+        lines.append(f"{e['shape'][:72]:72s} {f('fixed')} {f('persistent')} {f('persistent_qa')} "
+                     f"{f('strided')} {f('flashmla')} {r('flashmla', 'fixed')} "
+                     f"{r('flashmla', 'persistent')} {r('flashmla', 'persistent_qa')} "
+                     f"{r('flashmla', 'strided')}"
+                     + (f"  FAILED {bad}" if bad else "")
+                     + (f"  ERROR {e['error']}" if "error" in e else ""))
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--precompile", type=int, default=0)
+    ap.add_argument("--precompile-only", action="store_true")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="the persistent modes to time (comma-separated; '' for none)")
+    args = ap.parse_args()
+    rows = goal_rows()
+    for mode in set(MODES) - set(filter(None, args.modes.split(","))):
+        del MODES[mode]
+    if args.precompile:
+        precompile(rows, args.precompile)
+        if args.precompile_only:
+            return
+    from dsv4_tl.bench_peers import load_peers
+    peers, errors = load_peers(["flashmla"], os.environ.get("PEERS_DIR"))
+    flashmla = peers[0] if peers else None
+    if errors:
+        print("peer errors:", errors, flush=True)
+    results = measure_rows(rows, args.rounds, flashmla,
+                           os.path.join(args.out, "prefill_grid_ab.json"))
+    text = f"{torch.cuda.get_device_name()}\n" + table(results)
+    with open(os.path.join(args.out, "prefill_grid_ab.txt"), "w") as fh:
+        fh.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
