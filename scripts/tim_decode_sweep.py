@@ -80,10 +80,12 @@ def splits_for(shape, rule: str) -> list:
 
 def times_default(shape, rule: str) -> bool:
     """Whether the row also times the schedule its bucket picks today (``ours``): ``all``,
-    ``none``, or ``sample``: h16 at b8 and b128 (every scope) and the h64 draft rows."""
+    ``none``, or ``sample``: h16 at b128 (every scope) and the h64 draft rows of 6 query
+    tokens (one wave or more: the unsplit variants)."""
     if rule in ("all", "none"):
         return rule == "all"
-    return (shape.h == 16 and shape.b in (8, 128)) or (shape.h == 64 and shape.window_len)
+    return ((shape.h == 16 and shape.b == 128)
+            or (shape.h == 64 and shape.window_len is not None and shape.s_q == 6))
 
 
 def _compile(args):
@@ -134,7 +136,7 @@ def main():
     ap.add_argument("--out", help="folder for sweep.json (required unless --summarize)")
     ap.add_argument("--summarize", default="", help="print the table of a sweep.json and stop")
     ap.add_argument("--rows", default="", help="substring filter on the row names (comma list)")
-    ap.add_argument("--configs", default="8:A,D;16:A;32:A;64:A",
+    ap.add_argument("--configs", default="A",
                     help="candidates per head count (h:names;...) or one list for all")
     ap.add_argument("--splits", default="small", help="small, auto or a list like 1/2")
     ap.add_argument("--default", default="sample", help="rows that also time ours (the "

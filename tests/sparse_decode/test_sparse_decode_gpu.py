@@ -401,6 +401,13 @@ TOKENS_IN_M = ([(*c, *sc) for c in (TIM_A8, TIM_D8, TIM_A16, TIM_A32) for sc in 
                + [(20, 24, 256, 2, 1, "swa", 1)])
 
 
+def _tim_id(case) -> str:
+    """``h16_hb16_t384_nb2_c1[_c4a512_S1]``: a case's name, selectable with ``-k``."""
+    h, hb, threads, stages, per_sm, *rest = case
+    scope = [f"{rest[0]}_S{rest[1]}"] if rest else []
+    return "_".join([f"h{h}", f"hb{hb}", f"t{threads}", f"nb{stages}", f"c{per_sm}", *scope])
+
+
 def _tokens_in_m(heads_per_block, threads, stages, ctas_per_sm, splits):
     from dsv4_tl.targets import parse_target
     from dsv4_tl.tune import forcing
@@ -412,7 +419,7 @@ def _tokens_in_m(heads_per_block, threads, stages, ctas_per_sm, splits):
 
 
 @pytest.mark.parametrize("h,hb,threads,stages,per_sm,extra_kind,splits", TOKENS_IN_M,
-                         ids=lambda v: str(v))
+                         ids=[_tim_id(c) for c in TOKENS_IN_M])
 def test_decode_tokens_in_m(h, hb, threads, stages, per_sm, extra_kind, splits, seed):
     """The tokens-in-M schedule forced, unsplit and split, on both scopes: holes, garbage past
     the lengths, a request with nothing valid (decode_case), NaN-poisoned outputs."""
@@ -422,7 +429,7 @@ def test_decode_tokens_in_m(h, hb, threads, stages, per_sm, extra_kind, splits, 
         _case(3, 2, h, extra_kind, gen)  # s_q 2: rows of one request, their own indices
 
 
-@pytest.mark.parametrize("config", [TIM_A16, TIM_D8], ids=lambda v: str(v))
+@pytest.mark.parametrize("config", [TIM_A16, TIM_D8], ids=_tim_id)
 def test_decode_tokens_in_m_batch_invariant(config, seed):
     """The tokens-in-M schedule with 8 splits (the fixed grid's split rule: equal shares of
     the row's own tiles) gives a row the same bits alone, in a batch of 8 and of 256."""
@@ -431,7 +438,8 @@ def test_decode_tokens_in_m_batch_invariant(config, seed):
         _check_batch_invariant(h, "c128a256", seed)
 
 
-@pytest.mark.parametrize("h,hb,threads,stages,per_sm", [TIM_D8, TIM_A16], ids=lambda v: str(v))
+@pytest.mark.parametrize("h,hb,threads,stages,per_sm", [TIM_D8, TIM_A16],
+                         ids=[_tim_id(c) for c in (TIM_D8, TIM_A16)])
 @pytest.mark.parametrize("splits", [1, 8])
 def test_decode_tokens_in_m_invalid_slots(h, hb, threads, stages, per_sm, splits, seed):
     """-1, slots past the cache, INT32_MAX and negatives inside the lengths, garbage past
