@@ -25,7 +25,9 @@ Grid: ``(b * s_q, ceil(h / heads_per_block), num_splits)``; or, with the warp-sp
 schedule's ``persistent`` knob, ``num_ctas`` CTAs that each walk a balanced range of (row, head
 group, split) work items planned at their start from the call's lengths (``work.py``): rows
 cut into splits of a fixed number of tiles, rows of one split finished in place, the splits of
-a split row merged by the combine.
+a split row merged by the combine. The Hopper schedules (64 heads per CTA, or ``tokens_in_m``
+for 8-32 heads: KV tokens in wgmma M, the heads in N) share one FP8 producer warpgroup
+(``fp8_producer.py``).
 Definition of the math: ``dsv4_tl/reference/sparse_decode.py``.
 """
 
