@@ -255,3 +255,39 @@ def ws_consumer_pv(st, pairs, pair0=0, done_phase=0):
             T.barrier_arrive(st.p_free[buf])
     T.barrier_arrive(st.bar_done)
     T.barrier_wait(st.bar_done, done_phase)
+
+
+# --- Tokens in M (few heads: KV tokens in wgmma M, heads in N) ----------------------------
+# Used by the tokens-in-M schedules of prefill and decode: per tile of BI tokens, Sᵀ [BI, HB]
+# = K · Qᵀ, an online softmax down the tokens (dim 0 of Sᵀ), Oᵀ [512, HB] += Kᵀ · Pᵀ with
+# Oᵀ in two [256, HB] halves. The softmax sum is kept per thread in the layout of Sᵀ
+# (``l_part``) and reduced across the warpgroup once, at the end.
+
+
+@T.macro
+def tim_softmax_step(s, m_i, m_prev, alpha, l_part, P_tile, scale_log2):
+    """Online softmax of one tile's Sᵀ ``s`` (masked raw scores, in place): running max
+    down the tokens, the rescale ``alpha`` of the previous tiles, partial sums, and Pᵀ
+    (bf16) into ``P_tile`` for wgmma (fenced for the async proxy)."""
+    BI, HB = (int(n) for n in s.shape)
+    T.copy(m_i, m_prev)
+    # batch: the thread's HB / 4 columns share one set of barriers (one set per column
+    # was 5 barriers each)
+    T.reduce_max(s, m_i, dim=0, clear=False, batch=HB // 4)
+    for i in T.Parallel(HB):
+        alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
+    for j, i in T.Parallel(BI, HB):
+        s[j, i] = T.exp2(s[j, i] * scale_log2 - m_i[i] * scale_log2)
+        l_part[j, i] = l_part[j, i] * alpha[i] + s[j, i]
+    for j, i in T.Parallel(BI, HB):
+        P_tile[i, j] = T.cast(s[j, i], T.bfloat16)
+    T.fence_proxy_async()  # P is read by wgmma (async proxy)
+
+
+@T.macro
+def tim_pv_half(acc_o, alpha, K_half, P_tile):
+    """Oᵀ half ``[256, HB]``: rescale by the tile's ``alpha``, then += K_halfᵀ · Pᵀ."""
+    DH, HB = acc_o.shape
+    for d, i in T.Parallel(DH, HB):
+        acc_o[d, i] *= alpha[i]
+    T.gemm(K_half, P_tile, acc_o, transpose_A=True, transpose_B=True)

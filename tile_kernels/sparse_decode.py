@@ -25,7 +25,9 @@ Grid: ``(b * s_q, ceil(h / heads_per_block), num_splits)``; or, with the warp-sp
 schedule's ``persistent`` knob, ``num_ctas`` CTAs that each walk a balanced range of (row, head
 group, split) work items planned at their start from the call's lengths (``work.py``): rows
 cut into splits of a fixed number of tiles, rows of one split finished in place, the splits of
-a split row merged by the combine.
+a split row merged by the combine. The Hopper schedules (64 heads per CTA, or ``tokens_in_m``
+for 8-32 heads: KV tokens in wgmma M, the heads in N) share one FP8 producer warpgroup
+(``fp8_producer.py``).
 Definition of the math: ``dsv4_tl/reference/sparse_decode.py``.
 """
 
@@ -41,6 +43,7 @@ from .work import cta_work_range, walk_items
 from .attention_tile import (
     LN2,
     LOG2E,
+    M_SENTINEL,
     WS_THREADS,
     WarpSpecializedState,
     check_ws_regs,
@@ -52,6 +55,8 @@ from .attention_tile import (
     ws_load_q,
     ws_set_regs,
     ws_store_rows,
+    tim_pv_half,
+    tim_softmax_step,
 )
 from .layout import (HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, ROPE_DIM, TOKEN_DATA_BYTES,
                      TOKEN_SCALE_BYTES)
@@ -96,6 +101,9 @@ def build_sparse_decode(
     item_cost: int = 3,
     consumers: str = "split",
     producer_slots: int = 2,
+    tokens_in_m: bool = False,
+    num_stages: int = 2,
+    ctas_per_sm: int = 1,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -128,6 +136,12 @@ def build_sparse_decode(
             ``producer_slots``: the seesaw producer's register slots of raw FP8 bytes (2:
             one step of 32 tokens x one K half in flight while it dequantises another; 4:
             three, 32-token tiles only).
+        tokens_in_m: the Hopper schedule for few heads (``heads_per_block`` 8, 16, 24 or 32,
+            ``block_tokens`` 64): KV tokens in wgmma's M dimension and the heads in N, so
+            8-32 heads do no padded work; ``threads`` 256 (one math warpgroup) or 384 (two),
+            the FP8 producer (``fp8_producer``) filling ``num_stages`` (1-4) K buffers;
+            ``ctas_per_sm`` (1-3, >1 only with 256 threads) bounds the registers so that
+            several CTAs share an SM. Fixed grid only (``_build_tokens_in_m``). sm_90a only.
 
     Kernel arguments: ``q [b, s_q, h, 512] bf16``; per scope the cache as three flat views of
     the same bytes (``fp8 [n_bytes]``, ``bf16 [n_bytes / 2]``, ``uint8 [n_bytes]``), ``indices
@@ -155,9 +169,17 @@ def build_sparse_decode(
     check_tile_math(tile_math)
     if consumers not in DECODE_CONSUMERS:
         raise ValueError(f"consumers: expected one of {DECODE_CONSUMERS}, got {consumers!r}")
-    if consumers == "seesaw" and (not warp_specialized or persistent):
-        raise ValueError("consumers 'seesaw': needs warp_specialized True and persistent False, "
-                         f"got {warp_specialized} and {persistent}")
+    if consumers == "seesaw" and (not warp_specialized or persistent or tokens_in_m):
+        raise ValueError("consumers 'seesaw': needs warp_specialized True, persistent False and "
+                         f"tokens_in_m False, got {warp_specialized}, {persistent} and "
+                         f"{tokens_in_m}")
+    if tokens_in_m:
+        if persistent:
+            raise ValueError("persistent: the tokens-in-M schedule runs on the fixed grid only "
+                             "(bench/PERF_NOTES.md item 34)")
+        _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, ctas_per_sm)
+        return _build_tokens_in_m(num_heads, has_extra, fp8_format, S, BI, HB, num_stages,
+                                  threads, ctas_per_sm)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -604,6 +626,309 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
+# Tokens-in-M schedule (``tokens_in_m=True``). Threads: one or two math warpgroups, then the
+# FP8 producer warpgroup. 384 threads: registers re-balanced by setmaxnreg as the
+# warp-specialised schedule's (warpgroup 0: Sᵀ, the partial sums and half of Oᵀ, 2·HB + HB
+# registers at most; warpgroup 1: half of Oᵀ; the producer its staged bytes). 256 threads:
+# every thread may use 255 registers, or 65536 / (256 · ctas_per_sm).
+TOKENS_IN_M_THREADS = (256, 384)
+TOKENS_IN_M_REGS = DECODE_WS_REGS
+# wgmma N = heads per CTA, a multiple of 8 (8 to 32: Oᵀ [512, N] fp32 takes 4·N registers
+# per thread of one math warpgroup).
+TOKENS_IN_M_HEADS = (8, 16, 24, 32)
+
+
+def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_per_sm):
+    """ValueError naming the schedule knob that the tokens-in-M schedule cannot take."""
+    if tile_math != "tensor_core" or warp_specialized:
+        raise ValueError("tokens_in_m: needs tile_math 'tensor_core' and warp_specialized "
+                         f"False, got {tile_math!r} and {warp_specialized}")
+    if threads not in TOKENS_IN_M_THREADS:
+        raise ValueError(f"tokens_in_m: threads must be one of {TOKENS_IN_M_THREADS} (one or "
+                         f"two math warpgroups + the producer), got {threads}")
+    if BI != 64:
+        raise ValueError(f"tokens_in_m: needs block_tokens 64 (one wgmma M block), got {BI}")
+    if HB not in TOKENS_IN_M_HEADS:
+        raise ValueError(f"tokens_in_m: heads_per_block must be one of {TOKENS_IN_M_HEADS} "
+                         f"(wgmma N), got {HB}")
+    # K buffers (1 KiB per token), Q (1 KiB per head), P tiles, and ~1 KiB of flags and the
+    # reduction's workspace, per CTA, against the 227 KiB of an sm_90a SM.
+    p_tiles = NB if threads == 384 else 1
+    smem_kib = NB * BI + HB + p_tiles * HB * BI * 2 / 1024 + 1
+    if not 1 <= NB <= 4 or smem_kib * ctas_per_sm > 227:
+        raise ValueError(f"tokens_in_m: num_stages (K buffers, 1-4) x ctas_per_sm must fit in "
+                         f"shared memory (~{smem_kib:.0f} KiB x {ctas_per_sm} > 227), got "
+                         f"{NB} x {ctas_per_sm}")
+    if ctas_per_sm not in (1, 2, 3) or (ctas_per_sm > 1 and threads != 256):
+        raise ValueError("tokens_in_m: ctas_per_sm must be 1, or 2-3 with threads 256 (the "
+                         f"registers of 384 threads fill an SM), got {ctas_per_sm} with "
+                         f"{threads} threads")
+
+
+class TokensInMRing:
+    """Shared memory and barriers of the tokens-in-M decode: Q halves (then the output's
+    stages), a ring of ``NB`` K buffers by halves with validity flags (filled by
+    ``fp8_producer``), P tiles and, with two math warpgroups, their hand-over."""
+
+    def __init__(self, HB: int, BI: int, D: int, NB: int, threads: int):
+        DH = D // 2
+        two = threads == 384
+        buffers = range(NB)
+        self.heads, self.block_tokens, self.half_dim = HB, BI, DH
+        self.Q_l = T.alloc_shared([HB, DH], T.bfloat16)
+        self.Q_r = T.alloc_shared([HB, DH], T.bfloat16)
+        self.K_l = [T.alloc_shared([BI, DH], T.bfloat16) for _ in buffers]
+        self.K_r = [T.alloc_shared([BI, DH], T.bfloat16) for _ in buffers]
+        self.valid = [T.alloc_shared([BI], T.bool, scope="shared") for _ in buffers]
+        # One P tile; with two math warpgroups one per K buffer (and its rescale row), so
+        # warpgroup 0 writes tile t's while warpgroup 1 still reads tile t-1's.
+        self.P = [T.alloc_shared([HB, BI], T.bfloat16) for _ in (buffers if two else (0,))]
+        self.alpha = [T.alloc_shared([HB], T.float32, scope="shared")
+                      for _ in (buffers if two else ())]
+        # 1 / denominator per head, from warpgroup 0 to warpgroup 1 at the end
+        self.inv = T.alloc_shared([HB], T.float32, scope="shared") if two else None
+        # Q: every thread arrives (ws_load_q); K: filled by the producer's 128 threads, freed
+        # by every math thread; P: warpgroup 0 -> 1 and back.
+        self.bar_q = T.alloc_barrier(arrive_count=threads)
+        self.k_ready = [T.alloc_barrier(arrive_count=128) for _ in buffers]
+        self.k_free = [T.alloc_barrier(arrive_count=threads - 128) for _ in buffers]
+        self.p_ready = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
+        self.p_free = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
+        self.bar_done = T.alloc_barrier(arrive_count=256) if two else None
+
+
+def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
+                       HB: int, NB: int, threads: int, ctas_per_sm: int):
+    """Sparse decode for few heads (TP head counts, speculative drafts): the heads are
+    wgmma's N dimension (``HB`` = 8 to 32) and the KV tokens its M dimension, so no head is
+    padded to 64. Same arguments, math, grid and split-KV as the warp-specialised schedule.
+
+    Per tile of 64 tokens ``K [64, 512]`` (V = K, two 256-dim halves): ``Sᵀ [64, HB] = K ·
+    Qᵀ``, an online softmax down the tokens (``attention_tile.tim_softmax_step``), then
+    ``Oᵀ [512, HB] += Kᵀ · Pᵀ`` from the same K tile read MN-major.
+
+    Warpgroups: ``threads`` 256: warpgroup 0 does all the math. 384: warpgroup 0 does Sᵀ,
+    the softmax and Oᵀ's dims [0, 256); warpgroup 1 Oᵀ's dims [256, 512) with warpgroup 0's
+    P tile and rescale row of the same K buffer, so its P·V overlaps warpgroup 0's next Sᵀ.
+    The last warpgroup is ``fp8_producer``'s, filling a ring of ``NB`` K buffers; tiles
+    past the CTA's range are skipped by every role (only in the last round, so no later
+    phase is disturbed). ``ctas_per_sm`` (256 threads): the register bound that lets several
+    CTAs share an SM. Q comes by TMA and a finished bf16 output half leaves by TMA from its
+    Q half when the head groups are whole; otherwise per thread (zero-filled padding heads,
+    never stored). Split partials are stored per thread from the accumulators.
+    """
+    D = HEAD_DIM
+    DH = D // 2
+    two = threads == 384
+    producer0 = threads - 128
+    head_groups = (num_heads + HB - 1) // HB
+    full_groups = num_heads % HB == 0
+    buffers = tuple(range(NB))
+    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = _shape_vars()
+    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB)
+
+    @T.macro
+    def store_half(acc_o, inv, stage, bar_id: int, Out, OPartial, r_b, r_s, split, h0, d0):
+        """Oᵀ half ``[256, HB]`` times the heads' reciprocal denominators: a finished row
+        transposed through ``stage`` (this warpgroup's Q half, free after the last QKᵀ), to
+        the global rows by one TMA store for a whole head group, else per thread; a split's
+        fp32 partial straight from the accumulator."""
+        if S == 1:
+            for d, i in T.Parallel(DH, HB):
+                stage[i, d] = T.cast(acc_o[d, i] * inv[i], T.bfloat16)
+            if full_groups:
+                T.fence_proxy_async()  # the TMA engine reads ``stage`` (async proxy)
+                T.sync_threads(bar_id, 128)
+                T.tma_copy(stage, Out[r_b, r_s, h0:h0 + HB, d0:d0 + DH],
+                           leader_scope_threads=128)
+                T.tma_store_wait()
+            else:
+                for i, d in T.Parallel(HB, DH):
+                    if h0 + i < num_heads:
+                        Out[r_b, r_s, h0 + i, d0 + d] = stage[i, d]
+        else:
+            for d, i in T.Parallel(DH, HB):
+                if full_groups or h0 + i < num_heads:
+                    OPartial[r_b, r_s, split, h0 + i, d0 + d] = acc_o[d, i] * inv[i]
+
+    @T.prim_func
+    def sparse_decode(
+        Q: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
+        MainFp8: T.Tensor([m_bytes], T.float8_e4m3fn),
+        MainBf16: T.Tensor([m_half], T.bfloat16),
+        MainU8: T.Tensor([m_bytes], T.uint8),
+        MainIndices: T.Tensor([b, s_q, topk], T.int32),
+        MainLength: T.Tensor([b], T.int32),
+        ExtraFp8: T.Tensor([e_bytes], T.float8_e4m3fn),
+        ExtraBf16: T.Tensor([e_half], T.bfloat16),
+        ExtraU8: T.Tensor([e_bytes], T.uint8),
+        ExtraIndices: T.Tensor([eb, es, ew], T.int32),
+        ExtraLength: T.Tensor([eb], T.int32),
+        Sink: T.Tensor([num_heads], T.float32),
+        Out: T.Tensor([ob, os_, num_heads, D], T.bfloat16),
+        Lse: T.Tensor([ob, num_heads, os_], T.float32),
+        OPartial: T.Tensor([pb, ps, S, num_heads, D], T.float32),
+        LsePartial: T.Tensor([pb, ps, S, num_heads], T.float32),
+        RowSplits: T.Tensor([rs, 2], T.int32),
+        sm_scale: T.float32,
+        main_block_size: T.int32,
+        main_block_stride: T.int64,
+        main_num_blocks: T.int32,
+        extra_block_size: T.int32,
+        extra_block_stride: T.int64,
+        extra_num_blocks: T.int32,
+        tiles_per_split: T.int32,
+        num_ctas: T.int32,
+    ):
+        with T.Kernel(b * s_q, head_groups, S, threads=threads,
+                      prelude=FP8_BF16_PRELUDE) as (row, hg, split):
+            if ctas_per_sm > 1:
+                T.annotate_min_blocks_per_sm(ctas_per_sm)
+            rg = TokensInMRing(HB, BI, D, NB, threads)
+            acc_s = T.alloc_fragment([BI, HB], T.float32)  # Sᵀ, then Pᵀ
+            l_part = T.alloc_fragment([BI, HB], T.float32)  # per-thread partial sums
+            acc_o_l = T.alloc_fragment([DH, HB], T.float32)  # Oᵀ dims [0, 256)
+            acc_o_r = T.alloc_fragment([DH, HB], T.float32)  # Oᵀ dims [256, 512)
+            m_i = T.alloc_fragment([HB], T.float32)
+            m_prev = T.alloc_fragment([HB], T.float32)
+            alpha = T.alloc_fragment([HB], T.float32)
+            # Warpgroup 1's copy of the rescale row (its own fragment: a copy into warpgroup
+            # 0's was dropped from the generated code)
+            alpha_r = T.alloc_fragment([HB], T.float32) if two else None
+            l_i = T.alloc_fragment([HB], T.float32)
+            inv = T.alloc_fragment([HB], T.float32)
+            inv_r = T.alloc_fragment([HB], T.float32) if two else None  # warpgroup 1's
+
+            tx = T.get_thread_binding()
+            # The fixed grid's split rule (as the other schedules'): split ``split`` of ``S``
+            # equal shares of the row's tiles, from the row's own lengths (batch-invariant).
+            # r_b, r_s once, as variables: as expressions every output address recomputed
+            # them (64-bit division by s_q).
+            r_b = T.alloc_var(T.int32, init=row // s_q)
+            r_s = T.alloc_var(T.int32, init=row % s_q)
+            main_len, extra_len = row_lengths(MainLength, ExtraLength, topk, ew, r_b, has_extra)
+            main_tiles = T.ceildiv(main_len, BI)
+            total_tiles = row_tiles(main_len, extra_len, BI, has_extra)
+            per_split = T.ceildiv(total_tiles, S)
+            t_begin = T.min(split * per_split, total_tiles)
+            t_end = T.min(t_begin + per_split, total_tiles)
+            h0 = hg * HB
+            scale_log2 = sm_scale * LOG2E
+            tiles = t_end - t_begin
+            rounds = T.ceildiv(tiles, NB)
+            if S > 1:
+                store_row_splits(RowSplits, row, hg, split, S)
+
+            ws_load_q(rg, lambda hh, d: Q[r_b, r_s, hh, d],
+                      lambda h, d0, d1: Q[r_b, r_s, h:h + HB, d0:d1], h0, num_heads)
+
+            if tx < 128:
+                if two:
+                    ws_set_regs(TOKENS_IN_M_REGS[0])
+                T.fill(acc_o_l, 0)
+                T.fill(l_part, 0)
+                T.fill(m_i, M_SENTINEL)
+                if not two:
+                    T.fill(acc_o_r, 0)
+                T.barrier_wait(rg.bar_q, 0)
+                for rnd in T.serial(rounds):
+                    for bf in buffers:
+                        if rnd * NB + bf < tiles:
+                            T.barrier_wait(rg.k_ready[bf], rnd & 1)
+                            # Q may have been written by threads (generic proxy); wgmma
+                            # reads it and the K tile through the async proxy.
+                            T.fence_proxy_async()
+                            for j, i in T.Parallel(BI, HB):
+                                acc_s[j, i] = T.if_then_else(rg.valid[bf][j], 0,
+                                                             -T.infinity(T.float32))
+                            # both halves issued before one wait
+                            T.wgmma_gemm(rg.K_l[bf], rg.Q_l, acc_s, transpose_B=True)
+                            T.wgmma_gemm(rg.K_r[bf], rg.Q_r, acc_s, transpose_B=True)
+                            T.wait_wgmma(0)
+                            if two:
+                                # warpgroup 1 is done with this P tile of NB tiles ago
+                                # (parity 1 on the first round: a fresh barrier's previous
+                                # phase counts as complete)
+                                T.barrier_wait(rg.p_free[bf], (rnd & 1) ^ 1)
+                                tim_softmax_step(acc_s, m_i, m_prev, alpha, l_part, rg.P[bf],
+                                                 scale_log2)
+                                T.copy(alpha, rg.alpha[bf])
+                                # P and alpha go to warpgroup 1 before the left P·V, so that
+                                # both halves run together
+                                T.barrier_arrive(rg.p_ready[bf])
+                                tim_pv_half(acc_o_l, alpha, rg.K_l[bf], rg.P[bf])
+                            else:
+                                tim_softmax_step(acc_s, m_i, m_prev, alpha, l_part, rg.P[0],
+                                                 scale_log2)
+                                for d, i in T.Parallel(DH, HB):
+                                    acc_o_l[d, i] *= alpha[i]
+                                    acc_o_r[d, i] *= alpha[i]
+                                T.wgmma_gemm(rg.K_l[bf], rg.P[0], acc_o_l, transpose_A=True,
+                                             transpose_B=True)
+                                T.wgmma_gemm(rg.K_r[bf], rg.P[0], acc_o_r, transpose_A=True,
+                                             transpose_B=True)
+                                T.wait_wgmma(0)
+                            T.barrier_arrive(rg.k_free[bf])
+                # Epilogue: lse (final: natural log, sink excluded, +inf when empty; split:
+                # log2 partial, -inf when empty) and 1 / denominator (the sink joins it when
+                # the CTA finishes the row, else in the combine).
+                T.reduce_sum(l_part, l_i, dim=0, batch=HB // 4)
+                for i in T.Parallel(HB):
+                    has = l_i[i] > 0
+                    if h0 + i < num_heads:
+                        if S == 1:
+                            Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                                has, T.log(l_i[i]) + m_i[i] * sm_scale, T.infinity(T.float32))
+                        else:
+                            LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
+                                has, T.log2(l_i[i]) + m_i[i] * scale_log2,
+                                -T.infinity(T.float32))
+                    if S == 1:
+                        inv[i] = T.if_then_else(
+                            has,
+                            1.0 / (l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                                   - m_i[i] * scale_log2)),
+                            1.0)
+                    else:
+                        inv[i] = T.if_then_else(has, 1.0 / l_i[i], 1.0)
+                if two:
+                    T.copy(inv, rg.inv)
+                    T.barrier_arrive(rg.bar_done)
+                else:
+                    store_half(acc_o_r, inv, rg.Q_r, 8, Out, OPartial, r_b, r_s, split, h0, DH)
+                store_half(acc_o_l, inv, rg.Q_l, 8, Out, OPartial, r_b, r_s, split, h0, 0)
+            elif two and tx < 256:
+                ws_set_regs(TOKENS_IN_M_REGS[1])
+                T.fill(acc_o_r, 0)
+                for rnd in T.serial(rounds):
+                    for bf in buffers:
+                        if rnd * NB + bf < tiles:
+                            T.barrier_wait(rg.p_ready[bf], rnd & 1)
+                            T.fence_proxy_async()
+                            T.copy(rg.alpha[bf], alpha_r)
+                            tim_pv_half(acc_o_r, alpha_r, rg.K_r[bf], rg.P[bf])
+                            T.barrier_arrive(rg.k_free[bf])
+                            T.barrier_arrive(rg.p_free[bf])
+                # Warpgroup 0's last QKᵀ has read Q_r (its P of the last tile came after
+                # it), and bar_done brings the heads' reciprocal denominators.
+                T.barrier_arrive(rg.bar_done)
+                T.barrier_wait(rg.bar_done, 0)
+                T.copy(rg.inv, inv_r)
+                store_half(acc_o_r, inv_r, rg.Q_r, 9, Out, OPartial, r_b, r_s, split, h0, DH)
+            else:
+                if two:
+                    ws_set_regs(TOKENS_IN_M_REGS[2])
+                main = CacheScope(MainU8, MainIndices, topk, main_len, main_block_size,
+                                  main_block_stride, main_num_blocks)
+                extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
+                                   extra_block_stride, extra_num_blocks)
+                regs = alloc_producer_registers(BI)
+                produce_tiles(rg, regs, tx - producer0, main, extra,
+                              TileRange(r_b, r_s, t_begin, t_end, main_tiles), rounds, 0, tiles)
+
+    return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+
+
 def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_block: int = 8,
                                 threads: int = 128):
     """Merge split-KV partials of ``build_sparse_decode`` and apply the attention sink.
@@ -711,4 +1036,15 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 16, "has_extra": True, "fp8_format": "e4m3fnuz"}},
     {"builder": "build_sparse_decode_combine", "kwargs": {"num_heads": 128, "num_splits": 8}},
+    # tokens in M (TP head counts): 16 heads, two math warpgroups, C4A; 20 heads in a padded
+    # group of 24, one math warpgroup, 3 K buffers, SWA-only split-KV; 8 heads, 2 CTAs per SM
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
+                "threads": 384, "block_tokens": 64, "num_stages": 2}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 20, "has_extra": False, "tokens_in_m": True, "heads_per_block": 24,
+                "threads": 256, "block_tokens": 64, "num_stages": 3, "num_splits": 4}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 8, "has_extra": True, "tokens_in_m": True, "heads_per_block": 8,
+                "threads": 256, "block_tokens": 64, "num_stages": 1, "ctas_per_sm": 2}},
 ]

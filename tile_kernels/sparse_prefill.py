@@ -29,6 +29,8 @@ from .attention_tile import (
     attend_tile,
     init_softmax_state,
     masked_gather_rows,
+    tim_pv_half,
+    tim_softmax_step,
     ws_load_q,
     ws_set_regs,
     ws_store_rows,
@@ -564,31 +566,6 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
     rows_of_thread = tuple(range(BI // 16))
 
     @T.macro
-    def softmax_step(s, m_i, m_prev, alpha, l_part, P_tile, scale_log2):
-        """Online softmax of one tile's Sᵀ ``s`` (masked raw scores, in place): running max
-        down the tokens, the rescale ``alpha`` of the previous tiles, partial sums, and Pᵀ
-        (bf16) into ``P_tile`` for wgmma (fenced for the async proxy)."""
-        T.copy(m_i, m_prev)
-        # batch: the thread's HB / 4 columns share one set of barriers (one set per column
-        # was 5 barriers each)
-        T.reduce_max(s, m_i, dim=0, clear=False, batch=HB // 4)
-        for i in T.Parallel(HB):
-            alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
-        for j, i in T.Parallel(BI, HB):
-            s[j, i] = T.exp2(s[j, i] * scale_log2 - m_i[i] * scale_log2)
-            l_part[j, i] = l_part[j, i] * alpha[i] + s[j, i]
-        for j, i in T.Parallel(BI, HB):
-            P_tile[i, j] = T.cast(s[j, i], T.bfloat16)
-        T.fence_proxy_async()  # P is read by wgmma (async proxy)
-
-    @T.macro
-    def pv_half(acc_o, alpha, K_half, P_tile):
-        """Oᵀ half ``[256, HB]``: rescale by the tile's ``alpha``, then += K_halfᵀ · Pᵀ."""
-        for d, i in T.Parallel(DH, HB):
-            acc_o[d, i] *= alpha[i]
-        T.gemm(K_half, P_tile, acc_o, transpose_A=True, transpose_B=True)
-
-    @T.macro
     def store_half(acc_o, inv, stage, Out, row, h0, d0):
         """Oᵀ half times the heads' reciprocal denominators, transposed through ``stage``
         (this warpgroup's Q half, free after the last QKᵀ) so that the global stores run
@@ -688,16 +665,16 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                                 # (parity 1 on the first round: a fresh barrier's previous
                                 # phase counts as complete)
                                 T.barrier_wait(p_free[b], (rnd & 1) ^ 1)
-                                softmax_step(acc_s, m_i, m_prev, alpha, l_part, P_tiles[b],
-                                             scale_log2)
+                                tim_softmax_step(acc_s, m_i, m_prev, alpha, l_part,
+                                                 P_tiles[b], scale_log2)
                                 T.copy(alpha, alpha_shared[b])
                                 # P and alpha go to warpgroup 1 before the left P·V, so that
                                 # both halves run together
                                 T.barrier_arrive(p_ready[b])
-                                pv_half(acc_o_l, alpha, K_l[b], P_tiles[b])
+                                tim_pv_half(acc_o_l, alpha, K_l[b], P_tiles[b])
                             else:
-                                softmax_step(acc_s, m_i, m_prev, alpha, l_part, P_tiles[0],
-                                             scale_log2)
+                                tim_softmax_step(acc_s, m_i, m_prev, alpha, l_part,
+                                                 P_tiles[0], scale_log2)
                                 for d, i in T.Parallel(DH, HB):
                                     acc_o_l[d, i] *= alpha[i]
                                     acc_o_r[d, i] *= alpha[i]
@@ -726,7 +703,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                             T.barrier_wait(p_ready[b], rnd & 1)
                             T.fence_proxy_async()
                             T.copy(alpha_shared[b], alpha_r)
-                            pv_half(acc_o_r, alpha_r, K_r[b], P_tiles[b])
+                            tim_pv_half(acc_o_r, alpha_r, K_r[b], P_tiles[b])
                             T.barrier_arrive(k_free[b])
                             T.barrier_arrive(p_free[b])
                 # Warpgroup 0's last QKᵀ has read Q_r (its P of the last tile came after

@@ -108,7 +108,9 @@ class DecodeShape:
     the ``window``-token SWA scope (128 in DSv4) plus, for C4A / C128A, the compressed scope
     of ``extra_width`` entries (default: 512 at h64 and 1024 at h128 for C4A, 1024 for
     C128A); ``varying``: per-request compressed lengths drawn from 0..width instead of the
-    full width."""
+    full width; ``window_len``: a speculative draft's window scope (the 128-token window
+    plus the drafts, 133 tokens, in an index width ``window`` of 192 or 256) instead of a
+    full window."""
     h: int
     b: int
     kind: str  # "swa", "c4a", "c128a"
@@ -117,6 +119,7 @@ class DecodeShape:
     varying: bool = False
     batch_invariant: bool = False
     window: int = WINDOW
+    window_len: Optional[int] = None
 
     @property
     def extra_topk(self) -> int:
@@ -133,7 +136,9 @@ class DecodeShape:
         rows = f" s_q {self.s_q}" if self.s_q > 1 else ""
         lens = ", lengths 0..width" if self.varying else ""
         mode = ", batch-invariant" if self.batch_invariant else ""
-        return f"decode h{self.h} b{self.b}{rows} window {self.window}{extra}{lens}{mode}"
+        window = (f"window {self.window}" if self.window_len is None
+                  else f"draft width {self.window} length {self.window_len}")
+        return f"decode h{self.h} b{self.b}{rows} {window}{extra}{lens}{mode}"
 
 
 # the decode rows' second dsv4_tl line: the same call with batch_invariant=True
@@ -149,7 +154,7 @@ def decode_shapes(quick: bool) -> list:
     shapes = [DecodeShape(h, b, kind) for kind in kinds for h in (64, 128) for b in batches]
     if quick:
         return shapes
-    shapes += [DecodeShape(h, 128, "c4a", extra_width=512) for h in (8, 16, 32)]
+    shapes += tp_decode_shapes()
     shapes += [DecodeShape(128, b, "c4a", s_q=2) for b in (74, 148)]
     # MTP and speculative verify: s_q 2-6 at both head counts
     shapes += [DecodeShape(h, b, "c4a", s_q=s) for h in (64, 128)
@@ -158,6 +163,19 @@ def decode_shapes(quick: bool) -> list:
     # odd and large batches
     shapes += [DecodeShape(h, b, "c128a", extra_width=w, varying=True) for h in (64, 128)
                for w in (4096, 8192) for b in (2, 32, 77, 128)]
+    return shapes
+
+
+def tp_decode_shapes() -> list:
+    """Tensor-parallel head counts (8, 16, 32; FlashMLA padded to 64 heads as vLLM pads)
+    over the batch sizes and the three layer types (C128A: width 1024, per-request lengths),
+    then speculative-draft rows (the window plus 5 drafts, 133 tokens at index width 192 or
+    256) at h32 and h64 with 1 and 6 query tokens per request."""
+    shapes = [DecodeShape(h, b, kind, extra_width={"swa": None, "c4a": 512, "c128a": 1024}[kind],
+                          varying=kind == "c128a")
+              for h in (8, 16, 32) for kind in ("swa", "c4a", "c128a") for b in (1, 8, 64, 128, 256)]
+    shapes += [DecodeShape(h, 32, "swa", s_q=s_q, window=width, window_len=133)
+               for h in (32, 64) for width in (192, 256) for s_q in (1, 6)]
     return shapes
 
 
@@ -320,7 +338,8 @@ def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -
         start = torch.randint(0, 64 - s_q + 1, (b,), generator=gen, device=device)
         idx = torch.stack([torch.stack([scatter_slots(swa_table[r], start[r] + s + window, 64)
                                         for s in range(s_q)]) for r in range(b)])
-        lens = torch.full((b,), shape.window, dtype=torch.int32, device=device)
+        lens = torch.full((b,), shape.window_len or shape.window, dtype=torch.int32,
+                          device=device)
         item = {"q": q, "k_cache": swa, "indices": idx, "topk_length": lens,
                 "attn_sink": torch.rand(h, generator=gen, device=device) * 4 - 2,
                 "extra_k_cache": None, "extra_indices": None, "extra_topk_length": None,

@@ -251,6 +251,10 @@ def test_decode_batch_invariant(h, extra_kind, seed):
     """batch_invariant=True: a row's out and lse are bitwise identical alone, in a batch of
     8 at another position and in a batch of 256 (varying lengths, so the default mode would
     pick different split counts: 8 splits at b <= 16, 1 at b 256 on sm_90a)."""
+    _check_batch_invariant(h, extra_kind, seed)
+
+
+def _check_batch_invariant(h, extra_kind, seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     b = 256
     q, k_cache, idx = _window_step(b, h, gen)
@@ -385,14 +389,109 @@ def test_decode_persistent_batch_invariant(h, b, s_q, extra_kind, seed):
                 assert torch.equal(bits(got[1][pos]), bits(full_lse[r])), f"row {r}: lse differs"
 
 
+# The tokens-in-M schedule (heads in wgmma N): (h, heads_per_block, threads, K buffers, CTAs
+# per SM), the configs the issue-24 sweep times (scripts/tim_decode_sweep.py: A = two math
+# warpgroups, 2 buffers; D = one math warpgroup, 1 buffer, 2 CTAs per SM), so that one device
+# call compiles each variant once; plus a padded head group (h20 in groups of 24: per-thread Q
+# and O). N = 8 .. 32.
+TIM_A8, TIM_D8 = (8, 8, 384, 2, 1), (8, 8, 256, 1, 2)
+TIM_A16, TIM_A32 = (16, 16, 384, 2, 1), (32, 32, 384, 2, 1)
+SCOPES = [("swa", 1), ("c4a512", 1), ("c128a256", 8)]  # unsplit, both scopes; split-KV
+TOKENS_IN_M = ([(*c, *sc) for c in (TIM_A8, TIM_D8, TIM_A16, TIM_A32) for sc in SCOPES]
+               + [(20, 24, 256, 2, 1, "swa", 1)])
+
+
+def _tim_id(case) -> str:
+    """``h16_hb16_t384_nb2_c1[_c4a512_S1]``: a case's name, selectable with ``-k``."""
+    h, hb, threads, stages, per_sm, *rest = case
+    scope = [f"{rest[0]}_S{rest[1]}"] if rest else []
+    return "_".join([f"h{h}", f"hb{hb}", f"t{threads}", f"nb{stages}", f"c{per_sm}", *scope])
+
+
+def _tokens_in_m(heads_per_block, threads, stages, ctas_per_sm, splits):
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    config = {"block_tokens": 64, "heads_per_block": heads_per_block, "threads": threads,
+              "warp_specialized": False, "tokens_in_m": True, "num_stages": stages,
+              "ctas_per_sm": ctas_per_sm, "num_splits": splits}
+    return forcing(parse_target("cuda:sm_90a"), "sparse_decode", config)
+
+
+@pytest.mark.parametrize("h,hb,threads,stages,per_sm,extra_kind,splits", TOKENS_IN_M,
+                         ids=[_tim_id(c) for c in TOKENS_IN_M])
+def test_decode_tokens_in_m(h, hb, threads, stages, per_sm, extra_kind, splits, seed):
+    """The tokens-in-M schedule forced, unsplit and split, on both scopes: holes, garbage past
+    the lengths, a request with nothing valid (decode_case), NaN-poisoned outputs."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    with _tokens_in_m(hb, threads, stages, per_sm, splits):
+        _case(7, 1, h, extra_kind, gen)
+        _case(3, 2, h, extra_kind, gen)  # s_q 2: rows of one request, their own indices
+
+
+@pytest.mark.parametrize("config", [TIM_A16, TIM_D8], ids=_tim_id)
+def test_decode_tokens_in_m_batch_invariant(config, seed):
+    """The tokens-in-M schedule with 8 splits (the fixed grid's split rule: equal shares of
+    the row's own tiles) gives a row the same bits alone, in a batch of 8 and of 256."""
+    h, hb, threads, stages, per_sm = config
+    with _tokens_in_m(hb, threads, stages, per_sm, 8):
+        _check_batch_invariant(h, "c128a256", seed)
+
+
+@pytest.mark.parametrize("h,hb,threads,stages,per_sm", [TIM_D8, TIM_A16],
+                         ids=[_tim_id(c) for c in (TIM_D8, TIM_A16)])
+@pytest.mark.parametrize("splits", [1, 8])
+def test_decode_tokens_in_m_invalid_slots(h, hb, threads, stages, per_sm, splits, seed):
+    """-1, slots past the cache, INT32_MAX and negatives inside the lengths, garbage past
+    them, all-invalid rows and empty rows; block 0 poisoned (read in place of every invalid
+    token, it must be discarded)."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    b = 6
+    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = decode_scope(b, 1, WINDOW, 64, 3, gen)
+    e_cache, e_idx = decode_scope(b, 1, 544, 64, 544 // 64 + 2, gen)
+    k_cache, idx = _poison_block0(k_cache, idx)
+    e_cache, e_idx = _poison_block0(e_cache, e_idx)
+    for cache, ix in ((k_cache, idx), (e_cache, e_idx)):
+        num_slots = cache.shape[0] * cache.shape[1]
+        bad = torch.rand(ix.shape, generator=gen, device=DEV) < 0.25
+        garbage = torch.tensor([-1, num_slots, num_slots + 63, 2**31 - 1, -2, -(2**31)],
+                               dtype=torch.int32, device=DEV)
+        pick = torch.randint(0, len(garbage), ix.shape, generator=gen, device=DEV)
+        ix[bad] = garbage[pick][bad]
+    idx[1].fill_(-1)  # request 1: every window entry invalid
+    lens = torch.tensor([WINDOW, WINDOW, 0, 77, 1, WINDOW], dtype=torch.int32, device=DEV)
+    e_lens = torch.tensor([544, 0, 0, 300, 33, 1], dtype=torch.int32, device=DEV)
+    poison_past_length(idx, lens, gen)
+    poison_past_length(e_idx, e_lens, gen)
+    with _tokens_in_m(hb, threads, stages, per_sm, splits):
+        check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(h, gen))
+        check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
+
+
+@pytest.mark.parametrize("splits", [8])
+def test_decode_tokens_in_m_split_edges(splits, seed):
+    """Split boundaries of the tokens-in-M schedule (2 K buffers: the second tile of an odd
+    range's last round skipped) at the lengths that caught the warp-specialised schedule."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q = torch.randn((1, 1, 16, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
+    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
+    with _tokens_in_m(16, 384, 2, 1, splits):
+        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
+            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
+            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
+            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(16, gen))
+
+
 # ----------------------------------------------------------------------------- seesaw consumers
 # The warp-specialised schedule with prefill's seesaw consumers (tile_kernels/seesaw.py) and
 # the FP8 producer by K halves (tile_kernels/sparse_decode_seesaw.py), forced for every shape;
 # ``over`` changes knobs of it (split counts, 32-token tiles).
 SEESAW = {"block_tokens": 64, "heads_per_block": 64, "threads": 384, "num_splits": 1,
           "warp_specialized": True, "persistent": False, "item_cost": 3,
-          "tiles_per_split_min": 4, "invariant_tiles_per_split": 16, "consumers": "seesaw",
-          "producer_slots": 2}
+          "tiles_per_split_min": 4, "invariant_tiles_per_split": 16, "tokens_in_m": False,
+          "num_stages": 2, "ctas_per_sm": 1, "consumers": "seesaw", "producer_slots": 2}
 # 32-token tiles with four producer slots (three steps of raw bytes in flight)
 SLOTS4 = {"block_tokens": 32, "producer_slots": 4}
 

@@ -169,6 +169,39 @@ def test_decode_warp_specialized_takes_32_or_64_token_tiles():
         build_sparse_decode(64, True, warp_specialized=True, threads=384, block_tokens=128)
 
 
+TIM = {"block_tokens": 64, "heads_per_block": 16, "threads": 384, "num_splits": 1,
+       "warp_specialized": False, "tokens_in_m": True, "num_stages": 2, "ctas_per_sm": 1}
+
+
+def test_decode_tokens_in_m_rules_match_the_builder():
+    """The resource model keeps what the tokens-in-M decode builder takes (wgmma N 8-32, 1-4
+    K buffers, several CTAs per SM with 256 threads) and prunes, with the reason, what it
+    refuses; the shared-memory estimate matches the generated CUDA (h16, two buffers: the
+    largest buffer offset 155648 bytes, ~156 KB with the last buffer)."""
+    for config in (TIM, {**TIM, "heads_per_block": 8, "threads": 256, "num_stages": 1,
+                         "ctas_per_sm": 2}, {**TIM, "heads_per_block": 24},
+                   {**TIM, "heads_per_block": 32, "threads": 256}):
+        assert tune.prune(SM90A, "sparse_decode", config) is None, config
+    assert 150 * 1024 < tune.smem_bytes("sparse_decode", TIM) < 162 * 1024
+    assert "heads_per_block" in tune.prune(SM90A, "sparse_decode", {**TIM, "heads_per_block": 64})
+    assert "num_stages" in tune.prune(SM90A, "sparse_decode", {**TIM, "num_stages": 5})
+    assert "ctas_per_sm" in tune.prune(SM90A, "sparse_decode", {**TIM, "ctas_per_sm": 2})
+    # two CTAs of 256 threads at 32 heads: Oᵀ alone is 128 registers per thread
+    assert "registers" in tune.prune(SM90A, "sparse_decode",
+                                     {**TIM, "heads_per_block": 32, "threads": 256,
+                                      "num_stages": 1, "ctas_per_sm": 2})
+    assert "shared memory" in tune.prune(SM90A, "sparse_decode",
+                                         {**TIM, "heads_per_block": 32, "num_stages": 4})
+    for bad, match in (({"heads_per_block": 12}, "heads_per_block"),
+                       ({"threads": 128}, "threads"), ({"block_tokens": 32}, "block_tokens"),
+                       ({"num_stages": 4, "heads_per_block": 32}, "num_stages"),
+                       ({"ctas_per_sm": 2}, "ctas_per_sm"),
+                       ({"warp_specialized": True}, "warp_specialized")):
+        kwargs = {k: v for k, v in {**TIM, **bad}.items() if k != "num_splits"}
+        with pytest.raises(ValueError, match=match):
+            build_sparse_decode(16, True, **kwargs)
+
+
 def test_arch_and_layout_rules():
     assert "wgmma" in tune.prune("cuda_sm100a", "sparse_decode", WS)
     assert "registers" in tune.prune(SM90A, "sparse_decode",

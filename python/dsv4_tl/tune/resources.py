@@ -56,11 +56,12 @@ def smem_bytes(op: str, config: dict) -> int:
         hb, bi = c["heads_per_block"], c["block_tokens"]
         if c.get("warp_specialized"):
             return _ws_smem(hb, bi)  # decode's producer stages raw bytes in registers
-        if c.get("tokens_in_m"):  # Q, num_stages K buffers, P (one per K buffer with two
-            nb = c["num_stages"]  # math warpgroups)
-            p_tiles = nb if c["threads"] == 384 else 1
-            return (_buffers(hb * HEAD_DIM * 2, *(bi * HEAD_DIM * 2,) * nb,
-                             *(hb * bi * 2,) * p_tiles) + _REDUCE_SCRATCH)
+        if c.get("tokens_in_m"):  # Q, num_stages K buffers and their validity flags, P
+            nb = c["num_stages"]  # (one per K buffer with two math warpgroups, with its
+            two = c["threads"] == 384  # rescale row, and the denominators' row)
+            return (_buffers(hb * HEAD_DIM * 2, *(bi * HEAD_DIM * 2,) * nb, *(bi,) * nb,
+                             *(hb * bi * 2,) * (nb if two else 1), *(hb * 4,) * (nb if two else 0),
+                             hb * 4 if two else 0) + _REDUCE_SCRATCH)
         common = (hb * HEAD_DIM * 2, bi * HEAD_DIM * 2, hb * bi * 2)  # Q, K, P (bf16)
         if op == "sparse_decode":  # row offsets (int64), 7 scales (fp32), flags
             return _buffers(*common, bi * 8, bi * 7 * 4, bi) + _REDUCE_SCRATCH
@@ -115,19 +116,33 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
             return f"threads: {threads} > {arch.max_threads} per block"
     if op in ("sparse_decode", "sparse_prefill"):
         hb, bi = c["heads_per_block"], c["block_tokens"]
-        if bi % 16 or hb % 16:
-            return f"tile: block_tokens {bi} and heads_per_block {hb} must be multiples of 16 (MMA)"
+        # (tokens in M: the heads are wgmma's N, a multiple of 8)
+        if bi % 16 or hb % (8 if c.get("tokens_in_m") else 16):
+            return (f"tile: block_tokens {bi} and heads_per_block {hb} must be multiples of 16 "
+                    "(MMA; heads 8 with tokens_in_m)")
         if c.get("tokens_in_m"):
-            # tile_kernels/sparse_prefill._check_tokens_in_m
-            if op != "sparse_prefill" or (arch and not arch.wgmma):
-                return "tokens_in_m: a Hopper (wgmma) schedule of sparse_prefill"
+            # tile_kernels/sparse_prefill._check_tokens_in_m, sparse_decode._check_tokens_in_m
+            heads, stages = (((16, 32), (2, 3)) if op == "sparse_prefill"
+                             else ((8, 16, 24, 32), (1, 2, 3, 4)))
+            if arch and not arch.wgmma:
+                return "tokens_in_m: a Hopper (wgmma) schedule"
             if (c.get("warp_specialized") or threads not in (256, 384) or bi != 64
-                    or hb not in (16, 32)):
+                    or hb not in heads):
                 return ("tokens_in_m: needs warp_specialized false, threads 256 or 384, "
-                        "block_tokens 64 and heads_per_block 16 or 32 (got "
+                        f"block_tokens 64 and heads_per_block one of {heads} (got "
                         f"{c.get('warp_specialized')}, {threads}, {bi}, {hb})")
-            if not 2 <= c["num_stages"] <= 3:  # (4 K buffers of 64 KiB never fit)
-                return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} outside [2, 3]"
+            if c["num_stages"] not in stages:  # (prefill: 4 K buffers of 64 KiB never fit)
+                return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} not in {stages}"
+            per_sm = c.get("ctas_per_sm", 1)
+            if per_sm != 1 and (op != "sparse_decode" or threads != 256 or per_sm not in (2, 3)):
+                return f"ctas_per_sm: {per_sm} needs decode's tokens_in_m with threads 256 (2 or 3)"
+            # several CTAs per SM share its 64K registers
+            if per_sm > 1 and acc_registers(op, c) > 65536 // (threads * per_sm):
+                return (f"registers: ~{acc_registers(op, c)} per thread > "
+                        f"{65536 // (threads * per_sm)} at {per_sm} CTAs per SM")
+            if arch and per_sm * smem_bytes(op, c) > arch.smem_per_block:
+                return (f"shared memory: ~{per_sm} x {smem_bytes(op, c) / 1024:.0f} KB per SM > "
+                        f"{arch.smem_per_block // 1024} KB ({target_dir})")
         elif c.get("warp_specialized"):
             if arch and not arch.wgmma:
                 return f"warp_specialized: the Hopper schedule needs wgmma ({target_dir} has none)"

@@ -56,8 +56,7 @@ class CombineShape:
 
 
 def decode_tiles(rep, block_tokens: int) -> int:
-    extra = {"swa": 0, "c4a": 512 if rep.h == 64 else 1024, "c128a": 1024}[rep.kind]
-    return math.ceil(128 / block_tokens) + math.ceil(extra / block_tokens)
+    return math.ceil(rep.window / block_tokens) + math.ceil(rep.extra_topk / block_tokens)
 
 
 def _dsv4_suite() -> dict:
@@ -71,6 +70,10 @@ def _dsv4_suite() -> dict:
         for kind in ("swa", "c4a", "c128a"):
             for tag, b in by_range.items():
                 decode[f"h{h}_{kind}_{tag}"] = DecodeShape(h, b, kind)
+    # TP head counts on the tokens-in-M schedule: the rows of bench.tp_decode_shapes
+    for kind, width in (("swa", None), ("c4a", 512), ("c128a", 1024)):
+        decode[f"h16_{kind}_ctas67_up"] = DecodeShape(16, 128, kind, extra_width=width,
+                                                      varying=kind == "c128a")
     # TP head counts (V4-Pro TP8 = 16 heads, TP4 = 32), Flash C4A width
     prefill = {"h16_tp": PrefillShape(16, 4096, 640, 32768),
                "h32_tp": PrefillShape(32, 4096, 640, 32768)}
