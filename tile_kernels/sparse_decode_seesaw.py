@@ -4,12 +4,12 @@ The warp-specialised Hopper schedule of ``sparse_decode`` with prefill's consume
 (``seesaw.py``: each consumer scores alternate K tiles, the row max chained from consumer 0
 to consumer 1, each accumulating both tiles' P·V into its own half of the output) instead of
 decode's split consumers (warpgroup 0 scoring every tile, warpgroup 1 only P·V). The
-producer warpgroup dequantises the FP8 cache into K buffers **by halves** (columns 0-255:
-FP8 quantisation tiles 0-3; columns 256-511: tiles 4-6 and the BF16 RoPE dims; the half
-producer of ``fp8_producer.py``), each half
-with its own ready / free barriers, in the order the consumers read them (per pair: buffer 0
-left, buffer 1 right, buffer 0 right, buffer 1 left), so a consumer starts its QKᵀ on the
-half that landed first and a half is refilled as soon as its last reader released it.
+producer warpgroup (``fp8_producer.make_fp8_half_producer``) dequantises the FP8 cache into
+K buffers **by halves** (columns 0-255: FP8 quantisation tiles 0-3; columns 256-511: tiles
+4-6 and the BF16 RoPE dims), each half with its own ready / free barriers, in the order the
+consumers read them (per pair: buffer 0 left, buffer 1 right, buffer 0 right, buffer 1
+left), so a consumer starts its QKᵀ on the half that landed first and a half is refilled as
+soon as its last reader released it.
 
 Same arguments, grid (``(b * s_q, ceil(h / 64), num_splits)``), index rules and outputs as
 the split-consumer schedule (``sparse_decode._build_warp_specialized``): sink and
