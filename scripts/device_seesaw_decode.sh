@@ -4,11 +4,11 @@
 # for $IMPLS (decode_grid_ab.py's names; default fixed,seesaw,flashmla) and of the seesaw GPU
 # tests that $TESTS selects (a pytest -k expression: "seesaw" (default, all), "seesaw and
 # slots4" or "seesaw and (slots4 or as_is)"), run those tests, then
-# the A/B (interleaved, medians of $ROUNDS rounds, every row reference-checked). Writes
+# the A/B on $ROWS (decode_grid_ab.py --rows: goal or quick; interleaved, medians of $ROUNDS rounds, every row reference-checked). Writes
 # $OUT/precompile.log, $OUT/tests.txt, $OUT/ab.log (a JSON line per row as it is measured)
 # and $OUT/decode_grid_ab.{json,txt}.
 set -uo pipefail
-export IMPLS=${IMPLS:-fixed,seesaw,flashmla} TESTS=${TESTS:-seesaw}
+export IMPLS=${IMPLS:-fixed,seesaw,flashmla} TESTS=${TESTS:-seesaw} ROWS=${ROWS:-goal}
 python3 - > "$OUT/precompile.log" 2>&1 <<'PY'
 import os
 import sys
@@ -36,12 +36,12 @@ if "slots4" in sel:  # the four-slot producer's tests (and, with "as_is", the pl
 kdir = Path(default_kernel_dir())
 extra = [("sparse_decode", SPARSE_DECODE.static(h=h, scope=sc, fp8_format=fmt),
           {**t.SEESAW, **over}, kdir) for h, sc, fmt, over in cases]
-ab.precompile(ab.goal_rows("goal"), 16, extra, tuple(os.environ["IMPLS"].split(",")))
+ab.precompile(ab.goal_rows(os.environ["ROWS"]), 16, extra, tuple(os.environ["IMPLS"].split(",")))
 PY
 tail -2 "$OUT/precompile.log"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -n 8 -rfE \
   tests/sparse_decode/test_sparse_decode_gpu.py -k "$TESTS" > "$OUT/tests.txt" 2>&1
 tail -3 "$OUT/tests.txt"
-python3 scripts/decode_grid_ab.py --out "$OUT" --rows goal --rounds "${ROUNDS:-3}" \
+python3 scripts/decode_grid_ab.py --out "$OUT" --rows "$ROWS" --rounds "${ROUNDS:-3}" \
   --impls "$IMPLS" > "$OUT/ab.log" 2>&1
 tail -60 "$OUT/ab.log"
