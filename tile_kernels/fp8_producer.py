@@ -24,6 +24,18 @@ per buffer ``b``: ``K_l[b]`` / ``K_r[b]`` (``[BI, 256]`` bf16, dims [0, 256) and
 ``k_ready[b]`` (128 arrivals: every producer thread, after its stores and an async-proxy
 fence). Tile ``k`` of a range uses buffer ``k % NB``; each buffer's barriers complete once
 per round of ``NB`` tiles, so their phase is the count of rounds the CTA produced before.
+
+Raw ring (``raw_ring`` N >= 2, not the default): the raw bytes go by ``cp.async`` into a
+shared-memory ring of N slots of one round (32 tokens) each instead of registers, N - 1
+rounds ahead of the one being dequantised (one ``cp.async`` group per round; ``wait_group
+N - 1`` before a round's dequantisation), so N - 1 rounds of bytes are in flight without
+costing registers (the register path has about one round in flight: bench/PERF_NOTES.md
+item 38). Each lane reads back only the bytes its own copies wrote, so no barrier joins the
+producer's warps; the slots are lane-major (chunk ``c`` of lane ``p`` at 16-byte slot ``c *
+128 + p``: a warp's copies and reads of one chunk are 512 contiguous bytes). An invalid
+token's copies are zero-filled (source size 0: no memory read), and its validity travels in
+the slot beside its bytes. The K stores are 16-byte calls that TileLang's thread-sync pass
+sees as reads (``dsv4_st16``, as the half producer's), so it puts no barrier into the loop.
 """
 
 from typing import NamedTuple
@@ -39,6 +51,50 @@ from .layout import HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, TOKEN_DATA_BYTES,
 TOKENS_PER_ROUND = 32
 RAW_WORDS = 4 * NUM_TILES + 8 + 2
 PRODUCER_THREADS = 128
+# One slot of the raw ring (words): a lane's 9 chunks of 16 bytes (7 NoPE quarters, 2 RoPE
+# pieces) lane-major, then its 8 scale bytes (2 words) and its validity (1 word).
+RAW_CHUNKS = NUM_TILES + 2
+RAW_SCALE_WORD = 4 * RAW_CHUNKS * PRODUCER_THREADS
+RAW_OK_WORD = RAW_SCALE_WORD + 2 * PRODUCER_THREADS
+RAW_SLOT_WORDS = RAW_OK_WORD + PRODUCER_THREADS  # 4992 words, 19,968 bytes
+RAW_SLOT_BYTES = 4 * RAW_SLOT_WORDS
+
+
+def raw_ring_bytes(raw_ring: int) -> int:
+    """Shared memory of a raw ring of ``raw_ring`` slots (0: the register path)."""
+    return raw_ring * RAW_SLOT_BYTES
+
+
+# The raw ring's copies and validity stores, as calls (the K stores: ``dsv4_st16``,
+# HALF_PRODUCER_PRELUDE; ``producer_prelude`` joins them).
+# Every shared-memory address they take is declared read-only ("r") to TileLang's
+# thread-sync pass: each lane reads back only its own copies, ordered by its own
+# ``cp.async.wait_group``, and the K buffers' ordering is the ready / free barriers'; as
+# writes the pass put barriers among the producer's warps.
+RAW_RING_PRELUDE = r"""
+// dsv4-tl: the FP8 producer's raw ring (tile_kernels/fp8_producer.py).
+// 16 (8) bytes global -> shared, asynchronously; zero-filled without a read when !ok.
+__device__ __forceinline__ void dsv4_cp_async16(const void* dst, const void* src, int ok) {
+  unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void dsv4_cp_async8(const void* dst, const void* src, int ok) {
+  unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
+               :: "r"(d), "l"(src), "r"(ok ? 8 : 0) : "memory");
+}
+__device__ __forceinline__ void dsv4_cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int n>
+__device__ __forceinline__ void dsv4_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(n) : "memory");
+}
+__device__ __forceinline__ void dsv4_st_u32(const void* dst, int v) {
+  *reinterpret_cast<volatile int*>(const_cast<void*>(dst)) = v;
+}
+"""
 
 
 def unrolled(n: int) -> tuple:
@@ -69,13 +125,66 @@ class TileRange(NamedTuple):
 
 
 class ProducerRegisters(NamedTuple):
-    """A producer lane's registers: ``raw`` (two rounds of staged bytes), ``ok`` (their
-    validity), ``nxt`` (the next tile's index entry per round of a tile), ``deq`` (one
-    dequantised 16-value chunk)."""
+    """A producer lane's registers: ``raw`` (two rounds of staged bytes; with the raw ring
+    only the scale words of the round being dequantised), ``ok`` (their validity), ``nxt``
+    (the next tile's index entry per round of a tile), ``deq`` (one dequantised 16-value
+    chunk); ``ring_raw``: the raw ring's shared slots (None on the register path)."""
     raw: object
     ok: object
     nxt: object
     deq: object
+    ring_raw: object = None
+
+
+class RegisterSlot(NamedTuple):
+    """Register slot ``slot`` of ``raw``: chunk ``c`` (16 bytes: NoPE quarters 0-6, RoPE
+    pieces 7-8) at words ``4c ..``, the scale bytes at word ``4 * RAW_CHUNKS``."""
+    raw: object
+    slot: int
+
+    def chunk(self, c: int, mode: str):
+        return T.access_ptr(self.raw[RAW_WORDS * self.slot + 4 * c], mode, 4)
+
+    def scales(self, mode: str):
+        return T.access_ptr(self.raw[RAW_WORDS * self.slot + 4 * RAW_CHUNKS], mode, 2)
+
+    def scale_word(self, i: int):
+        return self.raw[RAW_WORDS * self.slot + 4 * RAW_CHUNKS + i]
+
+
+class SharedSlot(NamedTuple):
+    """Lane ``p``'s part of the raw-ring slot at word ``base`` (an expression): chunk ``c``
+    at words ``4 (c * 128 + p) ..``, the scale words at ``RAW_SCALE_WORD + 2p``, the
+    validity at ``RAW_OK_WORD + p``. Addresses are declared read-only (RAW_RING_PRELUDE)."""
+    raw: object
+    base: object
+    p: object
+
+    def chunk(self, c: int, mode: str):
+        return T.access_ptr(self.raw[self.base + 4 * (c * PRODUCER_THREADS + self.p)], "r", 4)
+
+    def scales(self, mode: str):
+        return T.access_ptr(self.raw[self.base + RAW_SCALE_WORD + 2 * self.p], "r", 2)
+
+    def scale_word(self, i: int):
+        return self.raw[self.base + RAW_SCALE_WORD + 2 * self.p + i]
+
+    def ok_word(self):
+        return self.raw[self.base + RAW_OK_WORD + self.p]
+
+
+class RingRound(NamedTuple):
+    """A raw-ring round being dequantised: its chunks read from the shared ``slot``, its two
+    scale words from the registers ``scales`` (copied once: the K stores between their uses
+    would make the compiler read them again)."""
+    slot: SharedSlot
+    scales: object
+
+    def chunk(self, c: int, mode: str):
+        return self.slot.chunk(c, mode)
+
+    def scale_word(self, i: int):
+        return self.scales[i]
 
 
 def lane_token(r, p):
@@ -96,10 +205,19 @@ def tile_token_index(main, extra, rng, k, j, block_tokens: int, has_extra: bool)
     return T.if_then_else(t < T.min(rng.main_tiles, rng.t_end), in_main, in_extra)
 
 
-def alloc_producer_registers(block_tokens: int) -> ProducerRegisters:
+def check_raw_ring(raw_ring) -> int:
+    """``raw_ring``: 0 (register path) or 2-8 slots; ValueError naming it otherwise."""
+    if type(raw_ring) is not int or not (raw_ring == 0 or 2 <= raw_ring <= 8):
+        raise ValueError(f"raw_ring: expected 0 (raw bytes in registers) or 2-8 shared slots "
+                         f"of 32 tokens, got {raw_ring!r}")
+    return raw_ring
+
+
+def alloc_producer_registers(block_tokens: int, raw_ring: int = 0) -> ProducerRegisters:
     """The registers of ``FP8Producer.produce_tiles`` (allocated once per CTA, so that a
-    persistent CTA's items reuse them)."""
-    shapes = {"raw": ([2 * RAW_WORDS], T.uint32),  # two rounds in flight
+    persistent CTA's items reuse them), and with ``raw_ring`` its shared slots."""
+    ring = check_raw_ring(raw_ring)
+    shapes = {"raw": ([2 if ring else 2 * RAW_WORDS], T.uint32),  # two rounds in flight
               "ok": ([2], T.int32),
               "nxt": ([block_tokens // TOKENS_PER_ROUND], T.int32),
               "deq": ([16], T.bfloat16)}
@@ -107,31 +225,37 @@ def alloc_producer_registers(block_tokens: int) -> ProducerRegisters:
     for name, (shape, dtype) in shapes.items():
         regs[name] = T.alloc_local(shape, dtype)
         IRBuilder.name(name, regs[name])  # the name in the generated code
+    if ring:
+        regs["ring_raw"] = T.alloc_shared([ring * RAW_SLOT_WORDS], T.uint32)
+        IRBuilder.name("ring_raw", regs["ring_raw"])
     return ProducerRegisters(**regs)
 
 
 def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
-                      num_buffers: int = 2):
+                      num_buffers: int = 2, raw_ring: int = 0):
     """The producer macro ``produce_tiles(ring, regs, p, main, extra, rng, rounds,
     rounds_before, tiles)`` for tiles of ``block_tokens`` (32 or 64) tokens into a ring of
     ``num_buffers`` K buffers.
 
     ``ring``: the K buffers and barriers (module docstring); ``regs``:
-    ``alloc_producer_registers``; ``p``: the lane (0-127) in the producer warpgroup;
-    ``main`` / ``extra``: ``CacheScope`` of each scope; ``rng``: ``TileRange``; ``rounds``:
-    the rounds of ``num_buffers`` tiles to fill (tile ``k`` is ``rng.t_begin + k``, produced
-    all-invalid past ``rng.t_end``); ``rounds_before``: the rounds this CTA's producer filled
-    before (the barriers' phase); ``tiles``: None: every round fills all its buffers (the
-    heads-in-M consumers take them in pairs), else tiles ``k >= tiles`` are skipped (their
-    readers skip them too; 64-token tiles only).
+    ``alloc_producer_registers(block_tokens, raw_ring)``; ``p``: the lane (0-127) in the
+    producer warpgroup; ``main`` / ``extra``: ``CacheScope`` of each scope; ``rng``:
+    ``TileRange``; ``rounds``: the rounds of ``num_buffers`` tiles to fill (tile ``k`` is
+    ``rng.t_begin + k``, produced all-invalid past ``rng.t_end``); ``rounds_before``: the
+    rounds this CTA's producer filled before (the barriers' phase); ``tiles``: None: every
+    round fills all its buffers (the heads-in-M consumers take them in pairs), else tiles
+    ``k >= tiles`` are skipped (their readers skip them too; 64-token tiles only).
+    ``raw_ring``: 0, raw bytes staged in registers; N >= 2, in N shared slots of 32 tokens,
+    N - 1 rounds ahead (module docstring; the kernel's prelude: ``producer_prelude``).
     """
     BI = block_tokens
     NB = num_buffers
+    N = check_raw_ring(raw_ring)
     DH = HEAD_DIM // 2  # a K half
     R = BI // TOKENS_PER_ROUND  # rounds per tile
     if R not in (1, 2):
         raise ValueError(f"block_tokens: the FP8 producer takes 32 or 64, got {BI}")
-    if R == 1 and NB != 2:
+    if R == 1 and NB != 2 and not N:
         # one register slot per tile parity: the slot of tile k must be a trace-time constant
         raise ValueError(f"num_buffers: 32-token tiles need 2 K buffers, got {NB}")
     if fp8_format not in FP8_RESTORE_EXP:
@@ -143,95 +267,141 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
     def token_index(main, extra, rng, k, j):
         return tile_token_index(main, extra, rng, k, j, BI, has_extra)
 
+    def load16(slot, c: int, src, ok):
+        """The call that loads chunk ``c`` of ``slot`` from ``src`` (a plain function, not a
+        macro: a macro would bind ``src`` to a ``void*`` variable, losing its constness)."""
+        if N:
+            return T.call_extern("handle", "dsv4_cp_async16", slot.chunk(c, "r"), src, ok)
+        return T.call_extern("handle", "dsv4_ldg16", src, slot.chunk(c, "w"))
+
     @T.macro
-    def load_quarter(raw, ok, slot, q, idx, scope, length, col):
-        """Registers ``raw[slot]`` <- this lane's quarter of token ``idx`` at column ``col``
-        of ``scope``; ``ok[slot]`` <- its validity."""
+    def load_quarter(slot, ok, oi, q, idx, scope, length, col):
+        """``slot`` <- this lane's quarter of token ``idx`` at column ``col`` of ``scope``;
+        ``ok[oi]`` (and with the raw ring the slot's validity word) <- its validity."""
         # Block and slot by int32 truncating division of the clamped index (int64 division
         # by a run-time block size is a long instruction sequence).
         blk = T.truncdiv(T.max(idx, 0), scope.block_size)
         # col >= 0 matters: a padding tile past the split's end (length 0) inside the window
         # range has a negative extra-scope column (PERF_NOTES item 14).
-        ok[slot] = T.if_then_else((col >= 0) and (col < length) and (idx >= 0)
-                                  and (blk < scope.num_blocks), 1, 0)
-        blk64 = T.cast(T.if_then_else(ok[slot] == 1, blk, 0), T.int64)
-        pos = T.cast(T.if_then_else(ok[slot] == 1, T.truncmod(T.max(idx, 0), scope.block_size), 0),
+        ok[oi] = T.if_then_else((col >= 0) and (col < length) and (idx >= 0)
+                                and (blk < scope.num_blocks), 1, 0)
+        blk64 = T.cast(T.if_then_else(ok[oi] == 1, blk, 0), T.int64)
+        pos = T.cast(T.if_then_else(ok[oi] == 1, T.truncmod(T.max(idx, 0), scope.block_size), 0),
                      T.int64)
         rec = blk64 * scope.block_stride + pos * TOKEN_DATA_BYTES
         scl = (blk64 * scope.block_stride + T.cast(scope.block_size, T.int64) * TOKEN_DATA_BYTES
                + pos * TOKEN_SCALE_BYTES)
-        base = RAW_WORDS * slot
         for g in unrolled(NUM_TILES):
-            T.call_extern("handle", "dsv4_ldg16",
-                          T.access_ptr(scope.u8[rec + g * QUANT_TILE + 16 * q], "r", 16),
-                          T.access_ptr(raw[base + 4 * g], "w", 4))
+            load16(slot, g, T.access_ptr(scope.u8[rec + g * QUANT_TILE + 16 * q], "r", 16),
+                   ok[oi])
         for u in unrolled(2):
-            T.call_extern("handle", "dsv4_ldg16",
-                          T.access_ptr(scope.u8[rec + NOPE_DIM + 32 * q + 16 * u], "r", 16),
-                          T.access_ptr(raw[base + 4 * NUM_TILES + 4 * u], "w", 4))
-        T.call_extern("handle", "dsv4_ldg8", T.access_ptr(scope.u8[scl], "r", 8),
-                      T.access_ptr(raw[base + 4 * NUM_TILES + 8], "w", 2))
+            load16(slot, NUM_TILES + u,
+                   T.access_ptr(scope.u8[rec + NOPE_DIM + 32 * q + 16 * u], "r", 16), ok[oi])
+        if N:
+            T.call_extern("handle", "dsv4_cp_async8", slot.scales("r"),
+                          T.access_ptr(scope.u8[scl], "r", 8), ok[oi])
+            T.call_extern("handle", "dsv4_st_u32", T.access_ptr(slot.ok_word(), "r", 1), ok[oi])
+        else:
+            T.call_extern("handle", "dsv4_ldg8", T.access_ptr(scope.u8[scl], "r", 8),
+                          slot.scales("w"))
 
     @T.macro
-    def load_round(regs, slot, r, k, p, main, extra, rng):
-        """Round ``r`` of tile ``t_begin + k`` into register slot ``slot`` (its scope picked
-        at run time; past the range all-invalid), then the fetch of tile k+1's index for
-        this round into ``nxt[r]``."""
+    def load_round(regs, slot, oi, r, k, p, main, extra, rng):
+        """Round ``r`` of tile ``t_begin + k`` into ``slot`` (its scope picked at run time;
+        past the range all-invalid), then the fetch of tile k+1's index for this round into
+        ``nxt[r]``."""
         # (fields read where used: a buffer bound to a new name in a macro is renamed)
         t = rng.t_begin + k
         j, q = lane_token(r, p)
         if t < T.min(rng.main_tiles, rng.t_end):
-            load_quarter(regs.raw, regs.ok, slot, q, regs.nxt[r], main, main.length, t * BI + j)
+            load_quarter(slot, regs.ok, oi, q, regs.nxt[r], main, main.length, t * BI + j)
         else:
             if has_extra:
-                load_quarter(regs.raw, regs.ok, slot, q, regs.nxt[r], extra,
+                load_quarter(slot, regs.ok, oi, q, regs.nxt[r], extra,
                              T.if_then_else(t < rng.t_end, extra.length, 0),
                              (t - rng.main_tiles) * BI + j)
             else:
-                load_quarter(regs.raw, regs.ok, slot, q, regs.nxt[r], main, 0, 0)
+                load_quarter(slot, regs.ok, oi, q, regs.nxt[r], main, 0, 0)
         regs.nxt[r] = token_index(main, extra, rng, k + 1, j)
 
     @T.macro
-    def dequant_round(ring, buf, raw, ok, deq, slot, r, p):
-        """Round ``r``'s registers (slot ``slot``) -> rows of K buffer ``buf`` and the
-        validity flags."""
-        j, q = lane_token(r, p)
-        base = RAW_WORDS * slot
-        if q == 0:
-            ring.valid[buf][j] = ok[slot] == 1
-        for g in unrolled(NUM_TILES):
-            scale_byte = ((raw[base + 4 * NUM_TILES + 8 + g // 4] >> T.uint32(8 * (g % 4)))
-                          & T.uint32(0xFF))
-            T.call_extern("handle", "dsv4_dequant<4>", T.access_ptr(raw[base + 4 * g], "r", 4),
-                          scale_byte, T.uint32(restore_exp), ok[slot],
-                          T.access_ptr(deq[0], "w", 16))
-            # Each branch holds its own store loop: a store under a branch inside a
-            # vectorised loop gets hoisted out of the branch by TileLang's vectoriser.
-            if g < 4:
-                for h in unrolled(2):
-                    for v in T.vectorized(8):
-                        ring.K_l[buf][j, g * QUANT_TILE + 16 * q + 8 * h + v] = deq[8 * h + v]
-            else:
-                for h in unrolled(2):
-                    for v in T.vectorized(8):
-                        ring.K_r[buf][j, g * QUANT_TILE - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
-        T.call_extern("handle", "dsv4_copy<8>", T.access_ptr(raw[base + 4 * NUM_TILES], "r", 8),
-                      ok[slot], T.access_ptr(deq[0], "w", 16))
-        for h in unrolled(2):
+    def store_chunk(ring, buf: int, half: int, j, c, deq, d0: int):
+        """``deq[d0 : d0 + 8]`` -> row ``j``, column ``c`` of K half ``half`` of buffer
+        ``buf``."""
+        # (no local name for the K half: a buffer bound to a new name in a macro is renamed)
+        if N:  # as a call, declared read (RAW_RING_PRELUDE): no inserted barrier
+            T.call_extern("handle", "dsv4_st16",
+                          T.access_ptr((ring.K_l[buf] if half == 0 else ring.K_r[buf])[j, c],
+                                       "r", 8),
+                          T.access_ptr(deq[d0], "r", 8))
+        elif half == 0:
             for v in T.vectorized(8):
-                ring.K_r[buf][j, NOPE_DIM - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
+                ring.K_l[buf][j, c + v] = deq[d0 + v]
+        else:
+            for v in T.vectorized(8):
+                ring.K_r[buf][j, c + v] = deq[d0 + v]
+
+    @T.macro
+    def dequant_round(ring, buf, slot, ok, deq, r, p):
+        """Round ``r``'s raw bytes (``slot``; validity ``ok``) -> rows of K buffer ``buf``
+        and the validity flags."""
+        j, q = lane_token(r, p)
+        if q == 0:
+            ring.valid[buf][j] = ok == 1
+        for g in unrolled(NUM_TILES):
+            scale_byte = ((slot.scale_word(g // 4) >> T.uint32(8 * (g % 4))) & T.uint32(0xFF))
+            T.call_extern("handle", "dsv4_dequant<4>", slot.chunk(g, "r"),
+                          scale_byte, T.uint32(restore_exp), ok,
+                          T.access_ptr(deq[0], "w", 16))
+            half = int(g * QUANT_TILE >= DH)
+            for h in unrolled(2):
+                store_chunk(ring, buf, half, j, g * QUANT_TILE - half * DH + 16 * q + 8 * h, deq,
+                            8 * h)
+        for u in unrolled(2):
+            T.call_extern("handle", "dsv4_copy<4>", slot.chunk(NUM_TILES + u, "r"), ok,
+                          T.access_ptr(deq[8 * u], "w", 8))
+        for h in unrolled(2):
+            store_chunk(ring, buf, 1, j, NOPE_DIM - DH + 16 * q + 8 * h, deq, 8 * h)
 
     @T.macro
     def fill_two_rounds(ring, buf, phase, k, p, regs, main, extra, rng):
         """Tile ``k`` of 64 tokens into buffer ``buf`` (register slot == round): round 1's
         bytes are requested before the wait for the buffer, tile k+1's first round before
         this tile's second is dequantised."""
-        load_round(regs, 1, 1, k, p, main, extra, rng)  # in flight in the wait
+        load_round(regs, RegisterSlot(regs.raw, 1), 1, 1, k, p, main, extra, rng)
         T.barrier_wait(ring.k_free[buf], phase)
-        dequant_round(ring, buf, regs.raw, regs.ok, regs.deq, 0, 0, p)
+        dequant_round(ring, buf, RegisterSlot(regs.raw, 0), regs.ok[0], regs.deq, 0, p)
         # tile k+1's first round loads under this tile's second
-        load_round(regs, 0, 0, k + 1, p, main, extra, rng)
-        dequant_round(ring, buf, regs.raw, regs.ok, regs.deq, 1, 1, p)
+        load_round(regs, RegisterSlot(regs.raw, 0), 0, 0, k + 1, p, main, extra, rng)
+        dequant_round(ring, buf, RegisterSlot(regs.raw, 1), regs.ok[1], regs.deq, 1, p)
+        T.fence_proxy_async()
+        T.barrier_arrive(ring.k_ready[buf])
+
+    def ring_slot(regs, p, rnd, step: int):
+        """The raw-ring slot of step ``rnd * NB * R + step`` (a step = one round of a tile)."""
+        if (NB * R) % N == 0:  # the slot repeats every round of K buffers
+            return SharedSlot(regs.ring_raw, (step % N) * RAW_SLOT_WORDS, p)
+        return SharedSlot(regs.ring_raw, T.truncmod(rnd * (NB * R) + step, N) * RAW_SLOT_WORDS,
+                          p)
+
+    @T.macro
+    def fill_from_ring(ring, buf, phase, rnd, k, p, regs, main, extra, rng):
+        """Tile ``k`` (buffer ``buf``) from the raw ring: per round, the bytes of the round
+        N - 1 steps ahead requested, this round's group awaited, the buffer awaited (first
+        round), the round dequantised shared -> shared."""
+        for r in unrolled(R):
+            ahead = r + N - 1  # the step issued now, counted from this tile's first round
+            load_round(regs, ring_slot(regs, p, rnd, buf * R + ahead), 0, ahead % R,
+                       k + ahead // R, p, main, extra, rng)
+            T.call_extern("handle", "dsv4_cp_async_commit")
+            T.call_extern("handle", f"dsv4_cp_async_wait<{N - 1}>")
+            if r == 0:
+                T.barrier_wait(ring.k_free[buf], phase)
+            slot = ring_slot(regs, p, rnd, buf * R + r)
+            regs.ok[1] = T.cast(slot.ok_word(), T.int32)
+            for i in unrolled(2):
+                regs.raw[i] = slot.scale_word(i)
+            dequant_round(ring, buf, RingRound(slot, regs.raw), regs.ok[1], regs.deq, r, p)
         T.fence_proxy_async()
         T.barrier_arrive(ring.k_ready[buf])
 
@@ -244,26 +414,43 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
         rng = TileRange(r_b, r_s, t_begin, t_end, main_tiles)
         for r in unrolled(R):
             regs.nxt[r] = token_index(main, extra, rng, 0, lane_token(r, p)[0])
-        load_round(regs, 0, 0, 0, p, main, extra, rng)
+        if N:
+            for u in unrolled(N - 1):  # steps 0 .. N-2 in flight before the first wait
+                load_round(regs, SharedSlot(regs.ring_raw, u * RAW_SLOT_WORDS, p), 0, u % R,
+                           u // R, p, main, extra, rng)
+                T.call_extern("handle", "dsv4_cp_async_commit")
+        else:
+            load_round(regs, RegisterSlot(regs.raw, 0), 0, 0, 0, p, main, extra, rng)
         for rnd in T.serial(rounds):
             for buf in buffers:  # K buffer == tile % NB
                 k = rnd * NB + buf
-                if R == 1:
+                phase = ((rounds_before + rnd) & 1) ^ 1
+                if N:
+                    if tiles is not None:
+                        if k < tiles:
+                            fill_from_ring(ring, buf, phase, rnd, k, p, regs, main, extra, rng)
+                    else:
+                        fill_from_ring(ring, buf, phase, rnd, k, p, regs, main, extra, rng)
+                elif R == 1:
                     # One round per tile, one register slot per tile parity (NB == 2): tile
                     # k+1's bytes are requested before the wait for tile k's buffer, so they
                     # arrive during that wait and tile k's dequantisation.
-                    load_round(regs, buf ^ 1, 0, k + 1, p, main, extra, rng)
-                    T.barrier_wait(ring.k_free[buf], ((rounds_before + rnd) & 1) ^ 1)
-                    dequant_round(ring, buf, regs.raw, regs.ok, regs.deq, buf, 0, p)
+                    load_round(regs, RegisterSlot(regs.raw, buf ^ 1), buf ^ 1, 0, k + 1, p,
+                               main, extra, rng)
+                    T.barrier_wait(ring.k_free[buf], phase)
+                    dequant_round(ring, buf, RegisterSlot(regs.raw, buf), regs.ok[buf], regs.deq,
+                                  0, p)
                     T.fence_proxy_async()
                     T.barrier_arrive(ring.k_ready[buf])
                 elif tiles is not None:
                     if k < tiles:
-                        fill_two_rounds(ring, buf, ((rounds_before + rnd) & 1) ^ 1, k, p, regs,
-                                        main, extra, rng)
+                        fill_two_rounds(ring, buf, phase, k, p, regs, main, extra, rng)
                 else:
-                    fill_two_rounds(ring, buf, ((rounds_before + rnd) & 1) ^ 1, k, p, regs,
-                                    main, extra, rng)
+                    fill_two_rounds(ring, buf, phase, k, p, regs, main, extra, rng)
+        if N:
+            # the copies issued past the range (zero-filled, no reads) land before the CTA
+            # may exit and its shared memory be handed on
+            T.call_extern("handle", "dsv4_cp_async_wait<0>")
 
     def produce_tiles(ring, regs, p, main, extra, rng, rounds, rounds_before, tiles=None):
         produce_bound(ring, regs, p, main, extra, *rng, rounds, rounds_before, tiles)
@@ -451,3 +638,12 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
         produce_bound(st, ss, regs, p, main, extra, *rng, pairs)
 
     return produce_halves
+
+
+def producer_prelude(raw_ring: int) -> str:
+    """The CUDA lines a kernel with ``make_fp8_producer(..., raw_ring)`` needs."""
+    from .fp8 import FP8_BF16_PRELUDE
+
+    if raw_ring:
+        return FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE + RAW_RING_PRELUDE
+    return FP8_BF16_PRELUDE

@@ -34,9 +34,9 @@ Definition of the math: ``dsv4_tl/reference/sparse_decode.py``.
 import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
-from .fp8 import FP8_BF16_PRELUDE, FP8_FORMATS, fp8_byte_to_float
-from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers,
-                           make_fp8_producer, unrolled)
+from .fp8 import FP8_FORMATS, fp8_byte_to_float
+from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers, check_raw_ring,
+                           make_fp8_producer, producer_prelude, raw_ring_bytes, unrolled)
 from .tile_math import check_tile_math
 from .work import cta_work_range, walk_items
 
@@ -104,6 +104,7 @@ def build_sparse_decode(
     tokens_in_m: bool = False,
     num_stages: int = 2,
     ctas_per_sm: int = 1,
+    raw_ring: int = 0,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -142,6 +143,12 @@ def build_sparse_decode(
             the FP8 producer (``fp8_producer``) filling ``num_stages`` (1-4) K buffers;
             ``ctas_per_sm`` (1-3, >1 only with 256 threads) bounds the registers so that
             several CTAs share an SM. Fixed grid only (``_build_tokens_in_m``). sm_90a only.
+        raw_ring: the FP8 producer's staging of raw bytes (split consumers and tokens in M):
+            0 in registers (about one round of 32 tokens in flight), N (2-8) in a ring of N
+            shared slots of 32 tokens (~19.5 KB each), N - 1 rounds in flight
+            (``fp8_producer``); refused where Q, the K buffers and the ring pass the 227 KB
+            of shared memory of a CTA (``227 KB / ctas_per_sm``), e.g. the split consumers'
+            64-token tiles.
 
     Kernel arguments: ``q [b, s_q, h, 512] bf16``; per scope the cache as three flat views of
     the same bytes (``fp8 [n_bytes]``, ``bf16 [n_bytes / 2]``, ``uint8 [n_bytes]``), ``indices
@@ -158,6 +165,11 @@ def build_sparse_decode(
     """
     if fp8_format not in FP8_FORMATS:
         raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
+    check_raw_ring(raw_ring)
+    if raw_ring and not ((warp_specialized and consumers == "split") or tokens_in_m):
+        raise ValueError("raw_ring: the FP8 producer's raw ring serves the split consumers and "
+                         f"tokens in M, got consumers {consumers!r}, warp_specialized "
+                         f"{warp_specialized}, tokens_in_m {tokens_in_m}")
     D = HEAD_DIM
     BI = block_tokens
     HB = heads_per_block
@@ -178,8 +190,13 @@ def build_sparse_decode(
             raise ValueError("persistent: the tokens-in-M schedule runs on the fixed grid only "
                              "(bench/PERF_NOTES.md item 34)")
         _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, ctas_per_sm)
+        # Q, the K buffers and their flags, P (one per K buffer with two math warpgroups),
+        # the rescale and denominator rows
+        two = threads == 384
+        check_shared_budget(HB * D * 2 + num_stages * (BI * D * 2 + BI)
+                            + (num_stages if two else 1) * HB * BI * 2, raw_ring, ctas_per_sm)
         return _build_tokens_in_m(num_heads, has_extra, fp8_format, S, BI, HB, num_stages,
-                                  threads, ctas_per_sm)
+                                  threads, ctas_per_sm, raw_ring)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -199,8 +216,10 @@ def build_sparse_decode(
             from .sparse_decode_seesaw import build_seesaw_decode
             return build_seesaw_decode(num_heads, has_extra, fp8_format, S, BI, _shape_vars(),
                                        store_row_splits, producer_slots)
+        # Q, two K buffers and their flags, two P tiles (WarpSpecializedState)
+        check_shared_budget(HB * D * 2 + 2 * (BI * D * 2 + BI) + 2 * HB * BI * 2, raw_ring)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
-                                       item_cost)
+                                       item_cost, raw_ring)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
 
@@ -355,6 +374,24 @@ def build_sparse_decode(
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
+# A CTA's shared memory on sm_90a (227 KB) and what the kernels' small buffers take beside
+# the tiles (rescale / denominator rows, flags, the reductions' scratch, each placed at a
+# 1 KB boundary by TileLang).
+SHARED_MEMORY_PER_CTA = 227 * 1024
+SMALL_BUFFERS_BYTES = 4 * 1024
+
+
+def check_shared_budget(tile_bytes: int, raw_ring: int, ctas_per_sm: int = 1):
+    """ValueError naming ``raw_ring`` when the tiles (``tile_bytes``: Q, K buffers, P), the
+    small buffers and a raw ring of ``raw_ring`` slots pass a CTA's share of an SM's shared
+    memory."""
+    need = tile_bytes + SMALL_BUFFERS_BYTES + raw_ring_bytes(raw_ring)
+    if raw_ring and need > SHARED_MEMORY_PER_CTA // ctas_per_sm:
+        raise ValueError(f"raw_ring: {raw_ring} slots ({raw_ring_bytes(raw_ring)} bytes) beside "
+                         f"{tile_bytes} bytes of tiles need ~{need} bytes of shared memory, more "
+                         f"than {SHARED_MEMORY_PER_CTA // ctas_per_sm} per CTA")
+
+
 def row_lengths(MainLength, ExtraLength, topk, ew, r_b, has_extra: bool) -> tuple:
     """Request ``r_b``'s scope lengths clamped into ``[0, width]`` (expressions)."""
     main_len = T.min(T.max(MainLength[r_b], 0), topk)
@@ -379,7 +416,7 @@ def store_row_splits(RowSplits, row, hg, split, S: int):
 
 
 def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
-                            persistent: bool = False, item_cost: int = 3):
+                            persistent: bool = False, item_cost: int = 3, raw_ring: int = 0):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``fp8_producer`` (raw FP8 token quarters into registers, dequantised
@@ -392,7 +429,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     HB = 64
     head_groups = (num_heads + HB - 1) // HB
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = _shape_vars()
-    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format)
+    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, raw_ring=raw_ring)
 
     @T.macro
     def write_half(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, split, h0):
@@ -513,7 +550,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         num_ctas: T.int32,
     ):
         if persistent:
-            with T.Kernel(num_ctas, threads=WS_THREADS, prelude=FP8_BF16_PRELUDE) as cta:
+            with T.Kernel(num_ctas, threads=WS_THREADS, prelude=producer_prelude(raw_ring)) as cta:
                 # Q comes per work item, loaded and awaited by warpgroup 0 alone.
                 st = WarpSpecializedState(HB, BI, D, q_arrivals=128)
                 bounds = T.alloc_shared([6], T.int32, scope="shared")
@@ -545,7 +582,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 else:
                     ws_set_regs(DECODE_WS_REGS[2])
                     p = tx - 256
-                    regs = alloc_producer_registers(BI)
+                    regs = alloc_producer_registers(BI, raw_ring)
                     lv = T.alloc_local([2], T.int32)  # the row's lengths
                     walk_items(span, units, head_groups, s_q, tiles, lambda item: produce_item(
                         st, item, lv, regs, p,
@@ -555,7 +592,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                          extra_block_stride, extra_num_blocks)))
         else:
             with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
-                          prelude=FP8_BF16_PRELUDE) as (row, hg, split):
+                          prelude=producer_prelude(raw_ring)) as (row, hg, split):
                 st = WarpSpecializedState(HB, BI, D)
                 tx = T.get_thread_binding()
                 # Once, as variables: as expressions every output address recomputed them
@@ -619,7 +656,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                                       main_block_stride, main_num_blocks)
                     extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
                                        extra_block_stride, extra_num_blocks)
-                    regs = alloc_producer_registers(BI)
+                    regs = alloc_producer_registers(BI, raw_ring)
                     produce_tiles(st, regs, p, main, extra,
                                   TileRange(r_b, r_s, t_begin, t_end, main_tiles), pairs, 0)
 
@@ -698,7 +735,7 @@ class TokensInMRing:
 
 
 def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
-                       HB: int, NB: int, threads: int, ctas_per_sm: int):
+                       HB: int, NB: int, threads: int, ctas_per_sm: int, raw_ring: int = 0):
     """Sparse decode for few heads (TP head counts, speculative drafts): the heads are
     wgmma's N dimension (``HB`` = 8 to 32) and the KV tokens its M dimension, so no head is
     padded to 64. Same arguments, math, grid and split-KV as the warp-specialised schedule.
@@ -725,7 +762,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     full_groups = num_heads % HB == 0
     buffers = tuple(range(NB))
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = _shape_vars()
-    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB)
+    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB, raw_ring)
 
     @T.macro
     def store_half(acc_o, inv, stage, bar_id: int, Out, OPartial, r_b, r_s, split, h0, d0):
@@ -781,7 +818,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
         num_ctas: T.int32,
     ):
         with T.Kernel(b * s_q, head_groups, S, threads=threads,
-                      prelude=FP8_BF16_PRELUDE) as (row, hg, split):
+                      prelude=producer_prelude(raw_ring)) as (row, hg, split):
             if ctas_per_sm > 1:
                 T.annotate_min_blocks_per_sm(ctas_per_sm)
             rg = TokensInMRing(HB, BI, D, NB, threads)
@@ -922,7 +959,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                                   main_block_stride, main_num_blocks)
                 extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
                                    extra_block_stride, extra_num_blocks)
-                regs = alloc_producer_registers(BI)
+                regs = alloc_producer_registers(BI, raw_ring)
                 produce_tiles(rg, regs, tx - producer0, main, extra,
                               TileRange(r_b, r_s, t_begin, t_end, main_tiles), rounds, 0, tiles)
 
