@@ -7,7 +7,10 @@ against FlashMLA, and the consumer ceiling, in one process on the lent GPU.
 ``--impls`` picks the implementations (``IMPLS``; default: all but the seesaw ones): ``seesaw``
 / ``seesaw32`` / ``seesaw32s4`` are the row's resolved schedule (the bucket's split count) with
 the seesaw consumers (``consumers="seesaw"``), 64- / 32- / 32-token tiles and 2 / 2 / 4
-producer slots (``SEESAW_IMPLS``).
+producer slots (``SEESAW_IMPLS``); ``ring2`` / ``ring3`` / ``ring4`` the row's resolved split
+count with the split consumers, 32-token tiles and the FP8 producer's raw ring of 2 / 3 / 4
+shared slots (``raw_ring``, ``RAW_RING_IMPLS``). ``--rows ring``: the rows of the raw ring's
+A/B (full waves at h64 / h128 on both compressed scopes, SWA, MTP, below one wave, b8).
 
 Per row (``--rows``): the same input sets run through ``ops.sparse_decode`` with the resolved
 schedule (fixed grid: the buckets' split counts), with the persistent grid forced
@@ -47,7 +50,10 @@ PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_sp
 # size of the row's resolved schedule.
 # seesaw implementation -> (block_tokens, producer_slots)
 SEESAW_IMPLS = {"seesaw": (64, 2), "seesaw32": (32, 2), "seesaw32s4": (32, 4)}
-IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", *SEESAW_IMPLS, "flashmla")
+# raw-ring implementation -> raw_ring (shared slots of the FP8 producer's raw bytes)
+RAW_RING_IMPLS = {"ring2": 2, "ring3": 3, "ring4": 4}
+IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", *SEESAW_IMPLS, *RAW_RING_IMPLS,
+         "flashmla")
 DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
 
 
@@ -60,8 +66,24 @@ def seesaw_schedule(shape, block_tokens: int, producer_slots: int = 2) -> dict:
             "producer_slots": producer_slots}
 
 
+def raw_ring_schedule(shape, raw_ring: int) -> dict:
+    """The row's resolved schedule (fixed grid, the bucket's split count) with the split
+    consumers, 32-token tiles and the producer's raw ring of ``raw_ring`` slots."""
+    fixed = SPARSE_DECODE.variant(TARGET.dirname, **_call(shape))
+    return {**schedule_for(TARGET.dirname, "sparse_decode"), **dict(fixed.schedule),
+            "consumers": "split", "block_tokens": 32, "persistent": False,
+            "producer_slots": 2, "raw_ring": raw_ring}
+
+
 def goal_rows(which: str) -> list:
-    """Issue 23's goal rows (``goal``) or a subset (``quick``)."""
+    """Issue 23's goal rows (``goal``), a subset (``quick``) or the raw ring's rows (``ring``:
+    few variants, shared with its GPU tests)."""
+    if which == "ring":
+        return [DecodeShape(h, b, k) for h in (128, 64) for b in (128, 256) for k in ("c4a",)] + [
+            DecodeShape(128, 128, "c128a"), DecodeShape(64, 128, "c128a"),
+            DecodeShape(128, 64, "swa"), DecodeShape(128, 32, "c4a"), DecodeShape(128, 32, "c128a"),
+            DecodeShape(128, 64, "c4a", s_q=2), DecodeShape(64, 32, "c4a", s_q=4),
+            DecodeShape(64, 8, "c4a")]
     if which == "quick":
         rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (32, 128) for k in ("c4a", "c128a")]
         rows += [DecodeShape(128, 64, "swa"), DecodeShape(128, 64, "c4a", s_q=2),
@@ -104,6 +126,10 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
             if name in impls:
                 out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
                                      seesaw_schedule(shape, bt, slots)))
+        for name, ring in RAW_RING_IMPLS.items():
+            if name in impls:
+                out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
+                                     raw_ring_schedule(shape, ring)))
     if "persistent" in impls or "persistent_inv" in impls:
         for h in sorted({s.h for s in rows}):
             for n in (2, 4, 8, 16, 32, 64, 128):
@@ -167,6 +193,8 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS) -> lis
             "fixed_inv": (_nothing, True),
             **{name: (_forced(seesaw_schedule(shape, bt, slots)), False)
                for name, (bt, slots) in SEESAW_IMPLS.items() if name in chosen},
+            **{name: (_forced(raw_ring_schedule(shape, ring)), False)
+               for name, ring in RAW_RING_IMPLS.items() if name in chosen},
         }
         impls = {k: v for k, v in impls.items() if k in chosen}
         entry = {"shape": shape.name, "h": shape.h, "b": shape.b, "s_q": shape.s_q,
@@ -234,12 +262,12 @@ def ceilings(flashmla, rounds: int) -> list:
 
 
 def impl_table(results: list, chosen) -> str:
-    """µs per implementation, FlashMLA's time over each of ours, and each seesaw's speed-up
-    over the fixed grid's split consumers."""
+    """µs per implementation, FlashMLA's time over each of ours, and each seesaw's or raw
+    ring's speed-up over the row's resolved schedule (``fixed``)."""
     ours = [k for k in chosen if k != "flashmla"]
     head = f"{'shape':66s} " + " ".join(f"{k[:9]:>9s}" for k in chosen)
     head += " " + " ".join(f"{'FM/' + k[:6]:>9s}" for k in ours)
-    seesaws = [k for k in ours if k.startswith("seesaw") and "fixed" in ours]
+    seesaws = [k for k in ours if k.startswith(("seesaw", "ring")) and "fixed" in ours]
     head += " " + " ".join(f"{'fx/' + k.replace('seesaw', 'ss'):>9s}" for k in seesaws)
     lines = [head]
     for e in results:
@@ -281,7 +309,7 @@ def table(results: list) -> str:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--rows", choices=("quick", "goal"), default="quick")
+    ap.add_argument("--rows", choices=("quick", "goal", "ring"), default="quick")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ceilings", action="store_true")
     ap.add_argument("--precompile", type=int, default=0)

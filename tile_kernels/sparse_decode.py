@@ -146,9 +146,9 @@ def build_sparse_decode(
         raw_ring: the FP8 producer's staging of raw bytes (split consumers and tokens in M):
             0 in registers (about one round of 32 tokens in flight), N (2-8) in a ring of N
             shared slots of 32 tokens (~19.5 KB each), N - 1 rounds in flight
-            (``fp8_producer``); refused where Q, the K buffers and the ring pass the 227 KB
-            of shared memory of a CTA (``227 KB / ctas_per_sm``), e.g. the split consumers'
-            64-token tiles.
+            (``fp8_producer``); fixed grid only; refused where Q, the K buffers and the ring
+            pass the 227 KB of shared memory of a CTA (``227 KB / ctas_per_sm``), e.g. the
+            split consumers' 64-token tiles or more than 4 slots beside their 32-token ones.
 
     Kernel arguments: ``q [b, s_q, h, 512] bf16``; per scope the cache as three flat views of
     the same bytes (``fp8 [n_bytes]``, ``bf16 [n_bytes / 2]``, ``uint8 [n_bytes]``), ``indices
@@ -166,10 +166,13 @@ def build_sparse_decode(
     if fp8_format not in FP8_FORMATS:
         raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
     check_raw_ring(raw_ring)
-    if raw_ring and not ((warp_specialized and consumers == "split") or tokens_in_m):
+    if raw_ring and (persistent or not ((warp_specialized and consumers == "split")
+                                         or tokens_in_m)):
+        # (the persistent grid would drain the ring at every item; not yet run on a GPU)
         raise ValueError("raw_ring: the FP8 producer's raw ring serves the split consumers and "
-                         f"tokens in M, got consumers {consumers!r}, warp_specialized "
-                         f"{warp_specialized}, tokens_in_m {tokens_in_m}")
+                         f"tokens in M on the fixed grid, got consumers {consumers!r}, "
+                         f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}, "
+                         f"persistent {persistent}")
     D = HEAD_DIM
     BI = block_tokens
     HB = heads_per_block
@@ -1073,6 +1076,18 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 16, "has_extra": True, "fp8_format": "e4m3fnuz"}},
     {"builder": "build_sparse_decode_combine", "kwargs": {"num_heads": 128, "num_splits": 8}},
+    # the producer's raw ring (raw_ring): split consumers, 32-token tiles, both scopes with
+    # split-KV partials, 4 slots; a padded group (h96) SWA-only, 8 splits, 3 slots (the slot
+    # of a round taken at run time); tokens in M, 64-token tiles (2 rounds a tile), 3 slots
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "num_splits": 2, "raw_ring": 4}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "num_splits": 8, "raw_ring": 3}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "raw_ring": 3}},
     # tokens in M (TP head counts): 16 heads, two math warpgroups, C4A; 20 heads in a padded
     # group of 24, one math warpgroup, 3 K buffers, SWA-only split-KV; 8 heads, 2 CTAs per SM
     {"builder": "build_sparse_decode",

@@ -136,3 +136,99 @@ def test_export_and_load(tmp_path, fresh_compiles):
     symbol = str(func.attrs["global_symbol"])
     assert module.implements_function(symbol)
     assert callable(module[symbol])
+
+
+# ------------------------------------------------------------------ the producer's raw ring
+def _raw_ring_examples():
+    from dsv4_tl.tile_kernels.sparse_decode import LOWERING_EXAMPLES
+
+    return [pytest.param(e["kwargs"], id=f"raw_ring{e['kwargs']['raw_ring']}-h{e['kwargs']['num_heads']}"
+                         f"-bt{e['kwargs']['block_tokens']}")
+            for e in LOWERING_EXAMPLES if e["kwargs"].get("raw_ring")]
+
+
+def test_raw_ring_has_examples():
+    assert len(_raw_ring_examples()) >= 3
+
+
+@pytest.mark.parametrize("kwargs", _raw_ring_examples())
+def test_raw_ring_producer_source(kwargs, tmp_path):
+    """The generated CUDA of a raw-ring decode (sparse_decode.LOWERING_EXAMPLES, compiled from
+    TileLang's cache when test_lowering compiled it): in the producer's loop (from its first
+    ``cp.async`` commit to the final ``wait_group 0``) no barrier that TileLang inserted (each
+    would lock the producer's four warps together); one commit per round of 32 tokens, N - 1
+    before the loop; every wait before a dequantisation leaves N - 1 groups in flight; the
+    dynamic shared memory within the 227 KB of a CTA; and, where nvcc is here, no spills."""
+    import os
+    import shutil
+    import subprocess
+
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+
+    n = kwargs["raw_ring"]
+    steps = kwargs.get("num_stages", 2) * kwargs["block_tokens"] // 32  # K buffers x rounds
+    kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
+                              execution_backend="tvm_ffi", out_idx=None)
+    source = kernel.get_kernel_source()
+    start = source.index("dsv4_cp_async_commit();")
+    end = source.index("dsv4_cp_async_wait<0>();")
+    loop = source[start:end]
+    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\(|bar\.sync", loop)
+    assert not inserted, f"barriers inside the producer's loop: {inserted}"
+    assert loop.count("dsv4_cp_async_commit();") == (n - 1) + steps
+    waits = re.findall(r"dsv4_cp_async_wait<(\d+)>\(\);", loop)
+    assert waits == [str(n - 1)] * steps, waits
+    assert "dsv4_ldg16" not in loop  # every raw byte comes through the ring
+    # The dynamic shared memory is a launch argument of the host code (an int64 literal; the
+    # only one above 100 KB).
+    sizes = [int(x) for x in re.findall(r"\(\(int64_t\)(\d+)\)", kernel.get_host_source())
+             if 100_000 <= int(x) < 1_000_000]
+    assert sizes and max(sizes) <= 227 * 1024, sizes
+    nvcc = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc")
+                                    else None)
+    if nvcc is None:
+        return
+    root = os.path.dirname(tilelang.__file__)
+    cu = tmp_path / "kernel.cu"
+    cu.write_text(source)
+    out = subprocess.run([nvcc, "--cubin", "-O3", "-arch=sm_90a", "-std=c++20",
+                          f"-I{root}/src", f"-I{root}/3rdparty/cutlass/include", "-Xptxas", "-v",
+                          "-o", str(tmp_path / "kernel.cubin"), str(cu)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out.stderr)
+    assert spills and all(s == ("0", "0") for s in spills), out.stderr[-1000:]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"block_tokens": 64, "raw_ring": 2}, "raw_ring: 2 slots"),  # beside 2 x 64 KB K buffers
+    ({"block_tokens": 32, "raw_ring": 5}, "raw_ring: 5 slots"),
+    ({"block_tokens": 32, "raw_ring": 1}, "raw_ring: expected 0"),
+    ({"block_tokens": 32, "raw_ring": 4, "persistent": True}, "raw_ring: .*fixed grid"),
+    ({"block_tokens": 32, "raw_ring": 4, "consumers": "seesaw"}, "raw_ring: .*split consumers"),
+    ({"block_tokens": 32, "raw_ring": 4, "warp_specialized": False, "threads": 256},
+     "raw_ring: .*split consumers"),
+])
+def test_raw_ring_refused(kwargs, message):
+    """Configurations the raw ring does not fit or serve: a clear ValueError naming it."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+
+    base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384}
+    with pytest.raises(ValueError, match=message):
+        build_sparse_decode(**{**base, **kwargs})
+
+
+def test_raw_ring_tokens_in_m_budget():
+    """Tokens in M: 3 slots fit beside two 64-token K buffers at 16 heads, 4 do not; with
+    two CTAs per SM each gets half of the shared memory."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+
+    base = {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
+            "threads": 384, "block_tokens": 64, "num_stages": 2}
+    build_sparse_decode(**base, raw_ring=3)
+    with pytest.raises(ValueError, match="raw_ring: 4 slots"):
+        build_sparse_decode(**base, raw_ring=4)
+    with pytest.raises(ValueError, match="raw_ring: 2 slots .* more than 116224 per CTA"):
+        build_sparse_decode(num_heads=8, has_extra=True, tokens_in_m=True, heads_per_block=8,
+                            threads=256, block_tokens=64, num_stages=1, ctas_per_sm=2,
+                            raw_ring=2)
