@@ -964,6 +964,7 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
             lse_max = T.alloc_shared([HB], T.float32)
             lse_sum = T.alloc_shared([HB], T.float32)
             weight = T.alloc_shared([HB, S], T.float32)
+            merged = T.alloc_fragment([HB, D], T.float32)  # HB * 512 / threads per thread
             r_b = row // s_q
             r_s = row % s_q
             h0 = hg * HB
@@ -996,12 +997,19 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
                             1.0 / (lse_sum[i] * (1.0 + T.exp2(Sink[h0 + i] * LOG2E - lse2))),
                             0.0,
                         )
+                # Split-major: each split's [HB, 512] rows are one pass of independent
+                # (vectorised) loads, so a thread has all its loads of a split in flight and
+                # the merge waits ~n memory latencies. Element-major (one output at a time,
+                # a dynamic loop over the splits inside) waited HB * 512 / threads of them,
+                # ~15 µs at b1-b8 (PERF_NOTES item 37). A padded head reads the last head.
+                T.clear(merged)
+                for s in T.serial(n):
+                    for i, d in T.Parallel(HB, D):
+                        merged[i, d] += weight[i, s] * OPartial[base + s,
+                                                             T.min(h0 + i, num_heads - 1), d]
                 for i, d in T.Parallel(HB, D):
                     if h0 + i < num_heads:
-                        acc_d = T.alloc_var(T.float32, init=0.0)
-                        for s in T.serial(n):
-                            acc_d = acc_d + weight[i, s] * OPartial[base + s, h0 + i, d]
-                        Out[r_b, r_s, h0 + i, d] = T.cast(acc_d * lse_sum[i], T.bfloat16)
+                        Out[r_b, r_s, h0 + i, d] = T.cast(merged[i, d] * lse_sum[i], T.bfloat16)
 
     return sparse_decode_combine.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
