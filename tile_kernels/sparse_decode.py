@@ -196,8 +196,8 @@ def build_sparse_decode(
         # counts keep the fixed grid (the front end's _Plan applies the same rule).
         persistent = persistent and num_heads % HB == 0
         if consumers == "seesaw":
-            from .sparse_decode_seesaw import build_seesaw_decode
-            return build_seesaw_decode(num_heads, has_extra, fp8_format, S, BI, _shape_vars(),
+            from .sparse_decode_seesaw import _build_seesaw_decode
+            return _build_seesaw_decode(num_heads, has_extra, fp8_format, S, BI, _shape_vars(),
                                        store_row_splits, producer_slots)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost)
