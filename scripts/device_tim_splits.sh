@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Issue 24, split-KV of the tokens-in-M decode (bench/PERF_NOTES.md item 37) on a lent
-# H100/H200 (device tool), from the repository root, after `source scripts/device_setup.sh`,
-# in one call: compile in 16 processes the sweep's variants and those of the split GPU tests
+# H100/H200 (device tool), from the repository root, in one call:
+#   export OUT && source scripts/device_setup.sh && bash scripts/device_tim_splits.sh 540
+# Compiles in 16 processes the sweep's variants and those of the split GPU tests
 # (test_decode_tokens_in_m_splits: configs A / D, 2 and 8 splits, both scopes, both merge
-# orders of the combine), run those tests, then scripts/tim_decode_sweep.py at h16 / h32,
+# orders of the combine), runs those tests, then scripts/tim_decode_sweep.py at h16 / h32,
 # b1 / b8 / b128, splits 1/2/4/8, configs A and D (D does not fit 32 heads), each split
 # implementation with the schedule file's combine and with merge "splits" (interleaved,
-# medians, every row reference-checked). Writes compile.log, tests.txt, sweep.log,
-# sweep.json and summary.md into $OUT.
+# medians, every row reference-checked). Writes test_variants.txt, compile.log, tests.txt,
+# sweep.log, sweep.json and summary.md into $OUT.
 #   [ROUNDS=3] bash scripts/device_tim_splits.sh [seconds for the whole call, default 540]
 set -uo pipefail
 budget=${1:-540}
