@@ -484,7 +484,6 @@ def test_decode_tokens_in_m_split_edges(splits, seed):
             check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(16, gen))
 
 
-
 # Split-KV of the tokens-in-M schedule (issue 24, bench/PERF_NOTES.md item 37): the sweep's
 # configs A (two math warpgroups) and D (one, 2 CTAs per SM; at 32 heads it does not fit, see
 # tune.resources) at 16 and 32 heads, 2 and 8 splits, both scopes, with either merge order of
