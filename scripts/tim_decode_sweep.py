@@ -7,6 +7,11 @@ the float32 reference on the timed inputs. The variants are compiled first, in p
 stdout) into ``--out``, row by row, so that a run cut short keeps what it measured.
 
     python scripts/tim_decode_sweep.py --out $OUT [--rows h16] [--configs "8:A,D;16:A"]
+        [--merges splits]
+
+``--merges``: combine merge orders (``sparse_decode_combine``'s knob ``merge``) to time beside
+the schedule file's, on every implementation whose rows are split (``A/S2/splits``, and
+``ours/splits`` where the bucket splits).
 
 Variants are the cost of a device call (~50-100 s of one core each), so the candidates are
 chosen per head count (``--configs``), each row takes one split count (``--splits``) and the
@@ -15,6 +20,7 @@ bucket's own schedule is timed on a sample of rows (``--default``).
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import statistics
@@ -101,20 +107,26 @@ def _compile(args):
         return v.key, time.time() - t, f"{type(exc).__name__}: {exc}"[:400]
 
 
+def combine_config(merge) -> dict:
+    """The combine's schedule: the file's, with ``merge`` when given."""
+    from dsv4_tl.schedules import schedule_for
+    config = schedule_for(TARGET.dirname, "sparse_decode_combine")
+    return {**config, "merge": merge} if merge else config
+
+
 def variants_needed(plan) -> list:
     out = {}
     for shape, runs in plan:
         scope = "swa" if shape.kind == "swa" else shape.kind
         static = SPARSE_DECODE.static(h=shape.h, scope=scope)
-        for _, cfg in runs:
+        for _, cfg, merge in runs:
             if cfg is None:
                 continue
             v = Variant.make("sparse_decode", static, cfg)
             out[v.key] = ("sparse_decode", static, cfg)
             if cfg["num_splits"] > 1:
                 cs = SPARSE_DECODE_COMBINE.static(h=shape.h, num_splits=cfg["num_splits"])
-                from dsv4_tl.schedules import schedule_for
-                csched = schedule_for(TARGET.dirname, "sparse_decode_combine")
+                csched = combine_config(merge)
                 cv = Variant.make("sparse_decode_combine", cs, csched)
                 out[cv.key] = ("sparse_decode_combine", cs, csched)
     return list(out.values())
@@ -142,6 +154,8 @@ def main():
     ap.add_argument("--default", default="sample", help="rows that also time ours (the "
                     "bucket's schedule): sample, all or none")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--merges", default="", help="combine merge orders timed beside the "
+                    "schedule file's on split implementations (comma list, e.g. splits)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--dry", action="store_true", help="list the rows and variants, no GPU")
@@ -162,19 +176,25 @@ def main():
     # goal rows by batch size first (a run cut short by --deadline still covers each kind)
     order = {128: 0, 8: 1, 64: 2, 256: 3, 1: 4, 32: 5}
     shapes.sort(key=lambda s: order.get(s.b, 9))
+    merges = [m for m in args.merges.split(",") if m]
     plan = []
     for shape in shapes:
-        runs = []
+        runs = []  # (name, forced decode config or None for the bucket's, combine merge)
         names = configs_for(shape.h, args.configs)
         for s in splits_for(shape, args.splits):
-            runs += [(f"{n}/S{s}", config_of(n, shape.h, s)) for n in names if fits(n, shape.h)]
+            for n in names:
+                if fits(n, shape.h):
+                    runs += [(f"{n}/S{s}", config_of(n, shape.h, s), None)]
+                    runs += [(f"{n}/S{s}/{m}", config_of(n, shape.h, s), m)
+                             for m in (merges if s > 1 else [])]
         if times_default(shape, args.default):
-            runs.append(("ours", None))
+            runs.append(("ours", None, None))
+            runs += [(f"ours/{m}", None, m) for m in merges]
         plan.append((shape, runs))
     # the bucket's own variants of the rows timed with "ours"
     todo = variants_needed(plan) + extra_variants(args.also_compile)
     for shape, runs in plan:
-        if any(c is None for _, c in runs):
+        if any(c is None for _, c, _ in runs):
             from dsv4_tl.schedules import schedule_for
             from dsv4_tl.kernels import _decode_features
             static = SPARSE_DECODE.static(h=shape.h, scope=shape.kind)
@@ -184,8 +204,8 @@ def main():
             todo.append(("sparse_decode", static, sched))
             if sched["num_splits"] > 1:
                 cs = SPARSE_DECODE_COMBINE.static(h=shape.h, num_splits=sched["num_splits"])
-                todo.append(("sparse_decode_combine", cs,
-                             schedule_for(TARGET.dirname, "sparse_decode_combine")))
+                for m in [None, *merges]:
+                    todo.append(("sparse_decode_combine", cs, combine_config(m)))
     seen, uniq = set(), []
     for op, st, sc in todo:
         k = Variant.make(op, st, sc).key
@@ -199,7 +219,7 @@ def main():
         return
     if args.dry:
         for shape, runs in plan:
-            print(shape.name, [n for n, _ in runs])
+            print(shape.name, [n for n, _, _ in runs])
         print(len(uniq), "variants")
         return
     kdir = default_kernel_dir()
@@ -224,10 +244,10 @@ def main():
             break
         inputs = decode_inputs(shape, gen, 3, "cuda")
         row = {"shape": shape.name, "attended": _attended(inputs[0]) * shape.s_q, "impls": {}}
-        impls = ([("flashmla", None)] if fm else []) + runs
-        times = {name: [] for name, _ in impls}
+        impls = ([("flashmla", None, None)] if fm else []) + runs
+        times = {name: [] for name, _, _ in impls}
         for rnd in range(args.rounds):
-            for name, cfg in impls:
+            for name, cfg, merge in impls:
                 entry = row["impls"].setdefault(name, {})
                 if "error" in entry:
                     continue
@@ -240,8 +260,12 @@ def main():
                             entry["check"] = _check_decode(inputs[0], res)
                         times[name].append(graph_time_us(calls))
                         continue
-                    ctx = forcing(TARGET, "sparse_decode", cfg) if cfg else _null()
-                    with ctx:
+                    with contextlib.ExitStack() as ctx:
+                        if cfg:
+                            ctx.enter_context(forcing(TARGET, "sparse_decode", cfg))
+                        if merge:
+                            ctx.enter_context(forcing(TARGET, "sparse_decode_combine",
+                                                      combine_config(merge)))
                         calls = [ours_decode(x) for x in inputs]
                         if rnd == 0:
                             res = calls[0]()
@@ -302,7 +326,7 @@ def summarize(path: str) -> None:
             if "us" in v and fm:
                 bad = "" if v.get("check", "").startswith("ok") else " (check!)"
                 cells.append(f"{v['us']:.1f} ({fm / v['us']:.2f}x){bad}")
-                if k != "ours" and (best is None or v["us"] < best[1]):
+                if k.split("/")[0] != "ours" and (best is None or v["us"] < best[1]):
                     best = (k, v["us"])
             else:
                 cells.append(v.get("error", "-")[:40] if v else "-")
@@ -313,22 +337,16 @@ def summarize(path: str) -> None:
         key = (int(h), scope, ctas_range(r["shape"]))
         for k in impls:
             v = r["impls"].get(k, {})
-            if k != "ours" and "us" in v and fm and v.get("check", "").startswith("ok"):
-                groups.setdefault(key, {}).setdefault(k.split("/")[0], []).append(fm / v["us"])
-    print("\nbest candidate per bucket range (geometric mean of FlashMLA time / ours; split "
-          "counts per row as in the table):")
+            ok = v.get("check", "").startswith("ok")
+            # per implementation (A/S2, A/S2/splits: config, splits, combine merge)
+            if k.split("/")[0] != "ours" and "us" in v and fm and ok:
+                groups.setdefault(key, {}).setdefault(k, []).append(fm / v["us"])
+    print("\nbest implementation per bucket range (geometric mean of FlashMLA time / ours "
+          "over the range's rows):")
     for key in sorted(groups):
         scores = {k: math.exp(sum(map(math.log, v)) / len(v)) for k, v in groups[key].items()}
         k = max(scores, key=scores.get)
-        print(f"  h{key[0]} {key[1]} {key[2]}: {k} {CONFIGS[k]} {scores[k]:.2f}x")
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
+        print(f"  h{key[0]} {key[1]} {key[2]}: {k} {CONFIGS[k.split('/')[0]]} {scores[k]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -216,8 +216,8 @@ def build_sparse_decode(
         # counts keep the fixed grid (the front end's _Plan applies the same rule).
         persistent = persistent and num_heads % HB == 0
         if consumers == "seesaw":
-            from .sparse_decode_seesaw import build_seesaw_decode
-            return build_seesaw_decode(num_heads, has_extra, fp8_format, S, BI, _shape_vars(),
+            from .sparse_decode_seesaw import _build_seesaw_decode
+            return _build_seesaw_decode(num_heads, has_extra, fp8_format, S, BI, _shape_vars(),
                                        store_row_splits, producer_slots)
         # Q, two K buffers and their flags, two P tiles (WarpSpecializedState)
         check_shared_budget(HB * D * 2 + 2 * (BI * D * 2 + BI) + 2 * HB * BI * 2, raw_ring)
@@ -969,8 +969,13 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
 
+# The combine's merge order (schedule knob ``merge``): "elements" walks the outputs and, per
+# output, its splits; "splits" walks the splits and, per split, every output of the CTA.
+COMBINE_MERGES = ("elements", "splits")
+
+
 def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_block: int = 8,
-                                threads: int = 128):
+                                threads: int = 128, merge: str = "elements"):
     """Merge split-KV partials of ``build_sparse_decode`` and apply the attention sink.
 
     Row ``r`` (``b * s_q`` rows) has ``n = row_splits[r, 1]`` partials at slots
@@ -981,7 +986,17 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
     out 0, lse +inf. Arguments: ``o_partial [slots, h, 512] fp32``, ``lse_partial [slots, h]
     fp32``, ``row_splits [b * s_q, 2] int32``, ``attn_sink [h] fp32``, ``out [b, s_q, h, 512]
     bf16``, ``lse [b, h, s_q] fp32``. Grid: ``(b * s_q, ceil(h / heads_per_block))``.
+
+    ``merge`` (schedule knob; either way a row sums its splits in split order): "elements":
+    a thread takes one output at a time and loops over its splits, so every output waits for
+    its loads (``heads_per_block * 512 / threads`` memory latencies in a row per thread: 32
+    with 8 heads and 128 threads, ~15 µs when a few CTAs merge b1 / b8 rows, PERF_NOTES item
+    37). "splits": the CTA's ``[heads_per_block, 512]`` outputs accumulate in a register
+    fragment, one split at a time; the loads of a split are independent and vectorised, so
+    a thread has all of them in flight and the merge waits about one latency per split.
     """
+    if merge not in COMBINE_MERGES:
+        raise ValueError(f"merge: expected one of {COMBINE_MERGES}, got {merge!r}")
     D = HEAD_DIM
     S = num_splits
     HB = heads_per_block
@@ -1004,6 +1019,8 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
             lse_max = T.alloc_shared([HB], T.float32)
             lse_sum = T.alloc_shared([HB], T.float32)
             weight = T.alloc_shared([HB, S], T.float32)
+            # merge "splits": the CTA's outputs, HB * 512 / threads registers per thread
+            merged = T.alloc_fragment([HB, D], T.float32) if merge == "splits" else None
             r_b = row // s_q
             r_s = row % s_q
             h0 = hg * HB
@@ -1036,12 +1053,25 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
                             1.0 / (lse_sum[i] * (1.0 + T.exp2(Sink[h0 + i] * LOG2E - lse2))),
                             0.0,
                         )
-                for i, d in T.Parallel(HB, D):
-                    if h0 + i < num_heads:
-                        acc_d = T.alloc_var(T.float32, init=0.0)
-                        for s in T.serial(n):
-                            acc_d = acc_d + weight[i, s] * OPartial[base + s, h0 + i, d]
-                        Out[r_b, r_s, h0 + i, d] = T.cast(acc_d * lse_sum[i], T.bfloat16)
+                if merge == "splits":
+                    # One pass of independent loads per split (the padded heads of a last
+                    # group read the last head, never stored), then one store pass.
+                    T.clear(merged)
+                    for s in T.serial(n):
+                        for i, d in T.Parallel(HB, D):
+                            merged[i, d] += weight[i, s] * OPartial[
+                                base + s, T.min(h0 + i, num_heads - 1), d]
+                    for i, d in T.Parallel(HB, D):
+                        if h0 + i < num_heads:
+                            Out[r_b, r_s, h0 + i, d] = T.cast(merged[i, d] * lse_sum[i],
+                                                              T.bfloat16)
+                else:
+                    for i, d in T.Parallel(HB, D):
+                        if h0 + i < num_heads:
+                            acc_d = T.alloc_var(T.float32, init=0.0)
+                            for s in T.serial(n):
+                                acc_d = acc_d + weight[i, s] * OPartial[base + s, h0 + i, d]
+                            Out[r_b, r_s, h0 + i, d] = T.cast(acc_d * lse_sum[i], T.bfloat16)
 
     return sparse_decode_combine.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
@@ -1076,6 +1106,9 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 16, "has_extra": True, "fp8_format": "e4m3fnuz"}},
     {"builder": "build_sparse_decode_combine", "kwargs": {"num_heads": 128, "num_splits": 8}},
+    # the split-major merge, 20 heads: a padded last group of 8
+    {"builder": "build_sparse_decode_combine",
+     "kwargs": {"num_heads": 20, "num_splits": 4, "merge": "splits"}},
     # the producer's raw ring (raw_ring): split consumers, 32-token tiles, both scopes with
     # split-KV partials, 4 slots; a padded group (h96) SWA-only, 8 splits, 3 slots (the slot
     # of a round taken at run time); tokens in M, 64-token tiles (2 rounds a tile), 3 slots
@@ -1099,4 +1132,8 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 8, "has_extra": True, "tokens_in_m": True, "heads_per_block": 8,
                 "threads": 256, "block_tokens": 64, "num_stages": 1, "ctas_per_sm": 2}},
+    # split partials from both math warpgroups (32 heads, SWA-only, 2 splits)
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 32, "has_extra": False, "tokens_in_m": True, "heads_per_block": 32,
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "num_splits": 2}},
 ]

@@ -47,7 +47,7 @@ SEESAW_DECODE_REGS = {(32, 2): check_ws_regs((184, 184, 136)),
                       (64, 2): check_ws_regs((200, 200, 104))}
 
 
-def build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
+def _build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                         shape_vars: tuple, store_row_splits, slots: int = 2):
     """The prim_func (``sparse_decode``'s arguments); ``shape_vars``: its symbolic sizes
     (``sparse_decode._shape_vars()``), ``store_row_splits``: the fixed grids' split-table

@@ -484,6 +484,36 @@ def test_decode_tokens_in_m_split_edges(splits, seed):
             check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(16, gen))
 
 
+# Split-KV of the tokens-in-M schedule (issue 24, bench/PERF_NOTES.md item 37): the sweep's
+# configs A (two math warpgroups) and D (one, 2 CTAs per SM; at 32 heads it does not fit, see
+# tune.resources) at 16 and 32 heads, 2 and 8 splits, both scopes, with either merge order of
+# the combine (knob ``merge``); h20 in a group of 24: padded heads in the partials and in the
+# combine's last group of 8 (both merges read a real head for them and never store them).
+TIM_D16 = (16, 16, 256, 1, 2)
+TIM_SPLITS = ([(*c, sc, n) for c in (TIM_A16, TIM_D16, TIM_A32) for sc in ("swa", "c4a512")
+               for n in (2, 8)] + [(20, 24, 256, 2, 1, "c4a512", 2)])
+
+
+@pytest.mark.parametrize("merge", ["elements", "splits"])
+@pytest.mark.parametrize("h,hb,threads,stages,per_sm,extra_kind,splits", TIM_SPLITS,
+                         ids=[_tim_id(c) for c in TIM_SPLITS])
+def test_decode_tokens_in_m_splits(h, hb, threads, stages, per_sm, extra_kind, splits, merge,
+                                   seed):
+    """Split partials of the tokens-in-M schedule merged by the combine: rows of 1-10 tiles
+    over 2 or 8 splits (empty splits included), holes, garbage past the lengths, a request
+    with nothing valid (decode_case), NaN-poisoned outputs."""
+    from dsv4_tl.schedules import schedule_for
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    target = parse_target("cuda:sm_90a")
+    combine = {**schedule_for(target.dirname, "sparse_decode_combine"), "merge": merge}
+    gen = torch.Generator(DEV).manual_seed(seed)
+    with _tokens_in_m(hb, threads, stages, per_sm, splits), \
+            forcing(target, "sparse_decode_combine", combine):
+        _case(7, 1, h, extra_kind, gen)
+        _case(3, 2, h, extra_kind, gen)  # s_q 2: rows of one request, their own indices
+
 # ----------------------------------------------------------------------------- seesaw consumers
 # The warp-specialised schedule with prefill's seesaw consumers (tile_kernels/seesaw.py) and
 # the FP8 producer by K halves (tile_kernels/sparse_decode_seesaw.py), forced for every shape;
