@@ -142,8 +142,8 @@ class RegisterSlot(NamedTuple):
     raw: object
     slot: int
 
-    def chunk(self, c: int, mode: str):
-        return T.access_ptr(self.raw[RAW_WORDS * self.slot + 4 * c], mode, 4)
+    def chunk(self, c: int, mode: str, words: int = 4):
+        return T.access_ptr(self.raw[RAW_WORDS * self.slot + 4 * c], mode, words)
 
     def scales(self, mode: str):
         return T.access_ptr(self.raw[RAW_WORDS * self.slot + 4 * RAW_CHUNKS], mode, 2)
@@ -324,44 +324,52 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
                 load_quarter(slot, regs.ok, oi, q, regs.nxt[r], main, 0, 0)
         regs.nxt[r] = token_index(main, extra, rng, k + 1, j)
 
-    @T.macro
-    def store_chunk(ring, buf: int, half: int, j, c, deq, d0: int):
-        """``deq[d0 : d0 + 8]`` -> row ``j``, column ``c`` of K half ``half`` of buffer
-        ``buf``."""
-        # (no local name for the K half: a buffer bound to a new name in a macro is renamed)
-        if N:  # as a call, declared read (RAW_RING_PRELUDE): no inserted barrier
-            T.call_extern("handle", "dsv4_st16",
-                          T.access_ptr((ring.K_l[buf] if half == 0 else ring.K_r[buf])[j, c],
-                                       "r", 8),
-                          T.access_ptr(deq[d0], "r", 8))
-        elif half == 0:
-            for v in T.vectorized(8):
-                ring.K_l[buf][j, c + v] = deq[d0 + v]
-        else:
-            for v in T.vectorized(8):
-                ring.K_r[buf][j, c + v] = deq[d0 + v]
+    def st16(dst, deq, d0: int):
+        """The raw ring's K store: ``deq[d0 : d0 + 8]`` -> the 16 bytes at ``dst`` (a K
+        element), as a call declared read (RAW_RING_PRELUDE): no inserted barrier."""
+        return T.call_extern("handle", "dsv4_st16", T.access_ptr(dst, "r", 8),
+                             T.access_ptr(deq[d0], "r", 8))
 
     @T.macro
-    def dequant_round(ring, buf, slot, ok, deq, r, p):
-        """Round ``r``'s raw bytes (``slot``; validity ``ok``) -> rows of K buffer ``buf``
-        and the validity flags."""
+    def dequant_round(ring, buf, slot, ok, oi, deq, r, p):
+        """Round ``r``'s raw bytes (``slot``; validity ``ok[oi]``) -> rows of K buffer
+        ``buf`` and the validity flags."""
         j, q = lane_token(r, p)
         if q == 0:
-            ring.valid[buf][j] = ok == 1
+            ring.valid[buf][j] = ok[oi] == 1
         for g in unrolled(NUM_TILES):
             scale_byte = ((slot.scale_word(g // 4) >> T.uint32(8 * (g % 4))) & T.uint32(0xFF))
             T.call_extern("handle", "dsv4_dequant<4>", slot.chunk(g, "r"),
-                          scale_byte, T.uint32(restore_exp), ok,
+                          scale_byte, T.uint32(restore_exp), ok[oi],
                           T.access_ptr(deq[0], "w", 16))
-            half = int(g * QUANT_TILE >= DH)
+            # Each branch holds its own store loop: a store under a branch inside a
+            # vectorised loop gets hoisted out of the branch by TileLang's vectoriser.
+            if N:
+                for h in unrolled(2):
+                    if g < 4:
+                        st16(ring.K_l[buf][j, g * QUANT_TILE + 16 * q + 8 * h], deq, 8 * h)
+                    else:
+                        st16(ring.K_r[buf][j, g * QUANT_TILE - DH + 16 * q + 8 * h], deq, 8 * h)
+            elif g < 4:
+                for h in unrolled(2):
+                    for v in T.vectorized(8):
+                        ring.K_l[buf][j, g * QUANT_TILE + 16 * q + 8 * h + v] = deq[8 * h + v]
+            else:
+                for h in unrolled(2):
+                    for v in T.vectorized(8):
+                        ring.K_r[buf][j, g * QUANT_TILE - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
+        if N:  # the RoPE pieces are two chunks apart in a shared slot
+            for u in unrolled(2):
+                T.call_extern("handle", "dsv4_copy<4>", slot.chunk(NUM_TILES + u, "r"), ok[oi],
+                              T.access_ptr(deq[8 * u], "w", 8))
             for h in unrolled(2):
-                store_chunk(ring, buf, half, j, g * QUANT_TILE - half * DH + 16 * q + 8 * h, deq,
-                            8 * h)
-        for u in unrolled(2):
-            T.call_extern("handle", "dsv4_copy<4>", slot.chunk(NUM_TILES + u, "r"), ok,
-                          T.access_ptr(deq[8 * u], "w", 8))
-        for h in unrolled(2):
-            store_chunk(ring, buf, 1, j, NOPE_DIM - DH + 16 * q + 8 * h, deq, 8 * h)
+                st16(ring.K_r[buf][j, NOPE_DIM - DH + 16 * q + 8 * h], deq, 8 * h)
+        else:
+            T.call_extern("handle", "dsv4_copy<8>", slot.chunk(NUM_TILES, "r", 8), ok[oi],
+                          T.access_ptr(deq[0], "w", 16))
+            for h in unrolled(2):
+                for v in T.vectorized(8):
+                    ring.K_r[buf][j, NOPE_DIM - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
 
     @T.macro
     def fill_two_rounds(ring, buf, phase, k, p, regs, main, extra, rng):
@@ -370,10 +378,10 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
         this tile's second is dequantised."""
         load_round(regs, RegisterSlot(regs.raw, 1), 1, 1, k, p, main, extra, rng)
         T.barrier_wait(ring.k_free[buf], phase)
-        dequant_round(ring, buf, RegisterSlot(regs.raw, 0), regs.ok[0], regs.deq, 0, p)
+        dequant_round(ring, buf, RegisterSlot(regs.raw, 0), regs.ok, 0, regs.deq, 0, p)
         # tile k+1's first round loads under this tile's second
         load_round(regs, RegisterSlot(regs.raw, 0), 0, 0, k + 1, p, main, extra, rng)
-        dequant_round(ring, buf, RegisterSlot(regs.raw, 1), regs.ok[1], regs.deq, 1, p)
+        dequant_round(ring, buf, RegisterSlot(regs.raw, 1), regs.ok, 1, regs.deq, 1, p)
         T.fence_proxy_async()
         T.barrier_arrive(ring.k_ready[buf])
 
@@ -401,7 +409,7 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
             regs.ok[1] = T.cast(slot.ok_word(), T.int32)
             for i in unrolled(2):
                 regs.raw[i] = slot.scale_word(i)
-            dequant_round(ring, buf, RingRound(slot, regs.raw), regs.ok[1], regs.deq, r, p)
+            dequant_round(ring, buf, RingRound(slot, regs.raw), regs.ok, 1, regs.deq, r, p)
         T.fence_proxy_async()
         T.barrier_arrive(ring.k_ready[buf])
 
@@ -438,7 +446,7 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
                     load_round(regs, RegisterSlot(regs.raw, buf ^ 1), buf ^ 1, 0, k + 1, p,
                                main, extra, rng)
                     T.barrier_wait(ring.k_free[buf], phase)
-                    dequant_round(ring, buf, RegisterSlot(regs.raw, buf), regs.ok[buf], regs.deq,
+                    dequant_round(ring, buf, RegisterSlot(regs.raw, buf), regs.ok, buf, regs.deq,
                                   0, p)
                     T.fence_proxy_async()
                     T.barrier_arrive(ring.k_ready[buf])

@@ -142,9 +142,9 @@ def test_export_and_load(tmp_path, fresh_compiles):
 def _raw_ring_examples():
     from dsv4_tl.tile_kernels.sparse_decode import LOWERING_EXAMPLES
 
-    return [pytest.param(e["kwargs"], id=f"raw_ring{e['kwargs']['raw_ring']}-h{e['kwargs']['num_heads']}"
-                         f"-bt{e['kwargs']['block_tokens']}")
-            for e in LOWERING_EXAMPLES if e["kwargs"].get("raw_ring")]
+    kwargs = [e["kwargs"] for e in LOWERING_EXAMPLES if e["kwargs"].get("raw_ring")]
+    return [pytest.param(k, id=f"raw_ring{k['raw_ring']}-h{k['num_heads']}-bt{k['block_tokens']}")
+            for k in kwargs]
 
 
 def test_raw_ring_has_examples():

@@ -160,7 +160,7 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
                         f"tokens per round), got block_tokens {bi}")
             if op == "sparse_decode" and c.get("raw_ring", 0) and (
                     c.get("consumers", "split") != "split" or c.get("persistent")):
-                return "raw_ring: the FP8 producer's raw ring serves the fixed grid's split consumers"
+                return "raw_ring: the producer's raw ring serves the fixed grid's split consumers"
             if op == "sparse_prefill" and c.get("num_stages", 0) != 0:
                 return "num_stages: unused by the warp-specialised schedule (same kernel as 0)"
         elif threads == 384:
