@@ -43,7 +43,7 @@ from typing import NamedTuple
 import tilelang.language as T
 from tvm.script.ir_builder import IRBuilder
 
-from .fp8 import FP8_RESTORE_EXP
+from .fp8 import FP8_BF16_PRELUDE, FP8_RESTORE_EXP
 from .layout import HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, TOKEN_DATA_BYTES, TOKEN_SCALE_BYTES
 
 # 32 tokens per round; per round a lane stages 38 words in registers (28 NoPE, 8 RoPE, 2
@@ -650,8 +650,6 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
 
 def producer_prelude(raw_ring: int) -> str:
     """The CUDA lines a kernel with ``make_fp8_producer(..., raw_ring)`` needs."""
-    from .fp8 import FP8_BF16_PRELUDE
-
     if raw_ring:
         return FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE + RAW_RING_PRELUDE
     return FP8_BF16_PRELUDE
