@@ -85,6 +85,53 @@ def _shape_vars() -> tuple:
             T.dynamic("pb"), T.dynamic("ps"), T.dynamic("rs"))
 
 
+def decode_prim_func(shapes: tuple, num_heads: int, S: int, body):
+    """The sparse decode kernel around ``body``: its one signature (``SPARSE_DECODE.params``
+    in kernels.py lists it in this order; sizes from ``shapes``, :func:`_shape_vars`, the
+    tuple the schedule's body was written with). ``body`` is a macro that takes the
+    parameters in this order and opens the schedule's ``T.Kernel``: every schedule writes
+    only its body, so the kernel's arguments are written once."""
+    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
+    D = HEAD_DIM
+
+    @T.prim_func
+    def sparse_decode(
+        Q: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
+        MainFp8: T.Tensor([m_bytes], T.float8_e4m3fn),
+        MainBf16: T.Tensor([m_half], T.bfloat16),
+        MainU8: T.Tensor([m_bytes], T.uint8),
+        MainIndices: T.Tensor([b, s_q, topk], T.int32),
+        MainLength: T.Tensor([b], T.int32),
+        ExtraFp8: T.Tensor([e_bytes], T.float8_e4m3fn),
+        ExtraBf16: T.Tensor([e_half], T.bfloat16),
+        ExtraU8: T.Tensor([e_bytes], T.uint8),
+        ExtraIndices: T.Tensor([eb, es, ew], T.int32),
+        ExtraLength: T.Tensor([eb], T.int32),
+        Sink: T.Tensor([num_heads], T.float32),
+        Out: T.Tensor([ob, os_, num_heads, D], T.bfloat16),
+        Lse: T.Tensor([ob, num_heads, os_], T.float32),
+        OPartial: T.Tensor([pb, ps, S, num_heads, D], T.float32),
+        LsePartial: T.Tensor([pb, ps, S, num_heads], T.float32),
+        RowSplits: T.Tensor([rs, 2], T.int32),
+        sm_scale: T.float32,
+        main_block_size: T.int32,
+        main_block_stride: T.int64,
+        main_num_blocks: T.int32,
+        extra_block_size: T.int32,
+        extra_block_stride: T.int64,
+        extra_num_blocks: T.int32,
+        tiles_per_split: T.int32,
+        num_ctas: T.int32,
+    ):
+        body(Q, MainFp8, MainBf16, MainU8, MainIndices, MainLength, ExtraFp8, ExtraBf16,
+             ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse, OPartial, LsePartial,
+             RowSplits, sm_scale, main_block_size, main_block_stride, main_num_blocks,
+             extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
+             num_ctas)
+
+    return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+
+
 def build_sparse_decode(
     num_heads: int,
     has_extra: bool,
@@ -179,7 +226,8 @@ def build_sparse_decode(
     S = num_splits
     head_groups = (num_heads + HB - 1) // HB
 
-    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = _shape_vars()
+    shapes = _shape_vars()
+    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
 
     check_tile_math(tile_math)
     if consumers not in DECODE_CONSUMERS:
@@ -268,35 +316,12 @@ def build_sparse_decode(
                 valid[j], cache_bf16[row16[j] * 8 + NOPE_DIM // 2 + d], T.cast(0, T.bfloat16)
             )
 
-    @T.prim_func
-    def sparse_decode(
-        Q: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
-        MainFp8: T.Tensor([m_bytes], T.float8_e4m3fn),
-        MainBf16: T.Tensor([m_half], T.bfloat16),
-        MainU8: T.Tensor([m_bytes], T.uint8),
-        MainIndices: T.Tensor([b, s_q, topk], T.int32),
-        MainLength: T.Tensor([b], T.int32),
-        ExtraFp8: T.Tensor([e_bytes], T.float8_e4m3fn),
-        ExtraBf16: T.Tensor([e_half], T.bfloat16),
-        ExtraU8: T.Tensor([e_bytes], T.uint8),
-        ExtraIndices: T.Tensor([eb, es, ew], T.int32),
-        ExtraLength: T.Tensor([eb], T.int32),
-        Sink: T.Tensor([num_heads], T.float32),
-        Out: T.Tensor([ob, os_, num_heads, D], T.bfloat16),
-        Lse: T.Tensor([ob, num_heads, os_], T.float32),
-        OPartial: T.Tensor([pb, ps, S, num_heads, D], T.float32),
-        LsePartial: T.Tensor([pb, ps, S, num_heads], T.float32),
-        RowSplits: T.Tensor([rs, 2], T.int32),
-        sm_scale: T.float32,
-        main_block_size: T.int32,
-        main_block_stride: T.int64,
-        main_num_blocks: T.int32,
-        extra_block_size: T.int32,
-        extra_block_stride: T.int64,
-        extra_num_blocks: T.int32,
-        tiles_per_split: T.int32,
-        num_ctas: T.int32,
-    ):
+    @T.macro
+    def body(Q, MainFp8, MainBf16, MainU8, MainIndices, MainLength, ExtraFp8, ExtraBf16,
+             ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse, OPartial, LsePartial,
+             RowSplits, sm_scale, main_block_size, main_block_stride, main_num_blocks,
+             extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
+             num_ctas):
         with T.Kernel(b * s_q, head_groups, S, threads=threads) as (row, hg, split):
             Q_shared = T.alloc_shared([HB, D], T.bfloat16)
             K_shared = T.alloc_shared([BI, D], T.bfloat16)
@@ -374,7 +399,7 @@ def build_sparse_decode(
                     if h0 + i < num_heads:
                         OPartial[r_b, r_s, split, h0 + i, d] = acc_o[i, d] / l_i[i]
 
-    return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+    return decode_prim_func(shapes, num_heads, S, body)
 
 
 # A CTA's shared memory on sm_90a (227 KB) and what the kernels' small buffers take beside
@@ -431,7 +456,8 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     DH = D // 2
     HB = 64
     head_groups = (num_heads + HB - 1) // HB
-    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = _shape_vars()
+    shapes = _shape_vars()
+    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
     produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, raw_ring=raw_ring)
 
     @T.macro
@@ -523,35 +549,12 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                                 T.ceildiv(lv[0], BI)),
                       item.pairs, item.pairs_before)
 
-    @T.prim_func
-    def sparse_decode(
-        Q: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
-        MainFp8: T.Tensor([m_bytes], T.float8_e4m3fn),
-        MainBf16: T.Tensor([m_half], T.bfloat16),
-        MainU8: T.Tensor([m_bytes], T.uint8),
-        MainIndices: T.Tensor([b, s_q, topk], T.int32),
-        MainLength: T.Tensor([b], T.int32),
-        ExtraFp8: T.Tensor([e_bytes], T.float8_e4m3fn),
-        ExtraBf16: T.Tensor([e_half], T.bfloat16),
-        ExtraU8: T.Tensor([e_bytes], T.uint8),
-        ExtraIndices: T.Tensor([eb, es, ew], T.int32),
-        ExtraLength: T.Tensor([eb], T.int32),
-        Sink: T.Tensor([num_heads], T.float32),
-        Out: T.Tensor([ob, os_, num_heads, D], T.bfloat16),
-        Lse: T.Tensor([ob, num_heads, os_], T.float32),
-        OPartial: T.Tensor([pb, ps, S, num_heads, D], T.float32),
-        LsePartial: T.Tensor([pb, ps, S, num_heads], T.float32),
-        RowSplits: T.Tensor([rs, 2], T.int32),
-        sm_scale: T.float32,
-        main_block_size: T.int32,
-        main_block_stride: T.int64,
-        main_num_blocks: T.int32,
-        extra_block_size: T.int32,
-        extra_block_stride: T.int64,
-        extra_num_blocks: T.int32,
-        tiles_per_split: T.int32,
-        num_ctas: T.int32,
-    ):
+    @T.macro
+    def body(Q, MainFp8, MainBf16, MainU8, MainIndices, MainLength, ExtraFp8, ExtraBf16,
+             ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse, OPartial, LsePartial,
+             RowSplits, sm_scale, main_block_size, main_block_stride, main_num_blocks,
+             extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
+             num_ctas):
         if persistent:
             with T.Kernel(num_ctas, threads=WS_THREADS, prelude=producer_prelude(raw_ring)) as cta:
                 # Q comes per work item, loaded and awaited by warpgroup 0 alone.
@@ -663,7 +666,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                     produce_tiles(st, regs, p, main, extra,
                                   TileRange(r_b, r_s, t_begin, t_end, main_tiles), pairs, 0)
 
-    return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+    return decode_prim_func(shapes, num_heads, S, body)
 
 
 # Tokens-in-M schedule (``tokens_in_m=True``). Threads: one or two math warpgroups, then the
@@ -764,7 +767,8 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     head_groups = (num_heads + HB - 1) // HB
     full_groups = num_heads % HB == 0
     buffers = tuple(range(NB))
-    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = _shape_vars()
+    shapes = _shape_vars()
+    b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
     produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB, raw_ring)
 
     @T.macro
@@ -791,35 +795,12 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 if full_groups or h0 + i < num_heads:
                     OPartial[r_b, r_s, split, h0 + i, d0 + d] = acc_o[d, i] * inv[i]
 
-    @T.prim_func
-    def sparse_decode(
-        Q: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
-        MainFp8: T.Tensor([m_bytes], T.float8_e4m3fn),
-        MainBf16: T.Tensor([m_half], T.bfloat16),
-        MainU8: T.Tensor([m_bytes], T.uint8),
-        MainIndices: T.Tensor([b, s_q, topk], T.int32),
-        MainLength: T.Tensor([b], T.int32),
-        ExtraFp8: T.Tensor([e_bytes], T.float8_e4m3fn),
-        ExtraBf16: T.Tensor([e_half], T.bfloat16),
-        ExtraU8: T.Tensor([e_bytes], T.uint8),
-        ExtraIndices: T.Tensor([eb, es, ew], T.int32),
-        ExtraLength: T.Tensor([eb], T.int32),
-        Sink: T.Tensor([num_heads], T.float32),
-        Out: T.Tensor([ob, os_, num_heads, D], T.bfloat16),
-        Lse: T.Tensor([ob, num_heads, os_], T.float32),
-        OPartial: T.Tensor([pb, ps, S, num_heads, D], T.float32),
-        LsePartial: T.Tensor([pb, ps, S, num_heads], T.float32),
-        RowSplits: T.Tensor([rs, 2], T.int32),
-        sm_scale: T.float32,
-        main_block_size: T.int32,
-        main_block_stride: T.int64,
-        main_num_blocks: T.int32,
-        extra_block_size: T.int32,
-        extra_block_stride: T.int64,
-        extra_num_blocks: T.int32,
-        tiles_per_split: T.int32,
-        num_ctas: T.int32,
-    ):
+    @T.macro
+    def body(Q, MainFp8, MainBf16, MainU8, MainIndices, MainLength, ExtraFp8, ExtraBf16,
+             ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse, OPartial, LsePartial,
+             RowSplits, sm_scale, main_block_size, main_block_stride, main_num_blocks,
+             extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
+             num_ctas):
         with T.Kernel(b * s_q, head_groups, S, threads=threads,
                       prelude=producer_prelude(raw_ring)) as (row, hg, split):
             if ctas_per_sm > 1:
@@ -966,7 +947,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 produce_tiles(rg, regs, tx - producer0, main, extra,
                               TileRange(r_b, r_s, t_begin, t_end, main_tiles), rounds, 0, tiles)
 
-    return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+    return decode_prim_func(shapes, num_heads, S, body)
 
 
 # The combine's merge order (schedule knob ``merge``): "elements" walks the outputs and, per

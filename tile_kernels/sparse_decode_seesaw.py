@@ -34,6 +34,7 @@ from .fp8_producer import (HALF_PRODUCER_PRELUDE, CacheScope, TileRange,
                            alloc_half_producer_registers, make_fp8_half_producer)
 from .layout import HEAD_DIM
 from .seesaw import SeesawState, seesaw_consumer_0, seesaw_consumer_1
+from .sparse_decode import decode_prim_func
 
 # Registers of the roles (consumer 0, consumer 1, producer; rules in
 # attention_tile.WS_LAUNCH_REGS), per (tile size, producer slots): each consumer holds its
@@ -101,35 +102,12 @@ def _build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: in
                     else:
                         OPartial[r_b, r_s, split, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
 
-    @T.prim_func
-    def sparse_decode(
-        Q: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
-        MainFp8: T.Tensor([m_bytes], T.float8_e4m3fn),
-        MainBf16: T.Tensor([m_half], T.bfloat16),
-        MainU8: T.Tensor([m_bytes], T.uint8),
-        MainIndices: T.Tensor([b, s_q, topk], T.int32),
-        MainLength: T.Tensor([b], T.int32),
-        ExtraFp8: T.Tensor([e_bytes], T.float8_e4m3fn),
-        ExtraBf16: T.Tensor([e_half], T.bfloat16),
-        ExtraU8: T.Tensor([e_bytes], T.uint8),
-        ExtraIndices: T.Tensor([eb, es, ew], T.int32),
-        ExtraLength: T.Tensor([eb], T.int32),
-        Sink: T.Tensor([num_heads], T.float32),
-        Out: T.Tensor([ob, os_, num_heads, D], T.bfloat16),
-        Lse: T.Tensor([ob, num_heads, os_], T.float32),
-        OPartial: T.Tensor([pb, ps, S, num_heads, D], T.float32),
-        LsePartial: T.Tensor([pb, ps, S, num_heads], T.float32),
-        RowSplits: T.Tensor([rs, 2], T.int32),
-        sm_scale: T.float32,
-        main_block_size: T.int32,
-        main_block_stride: T.int64,
-        main_num_blocks: T.int32,
-        extra_block_size: T.int32,
-        extra_block_stride: T.int64,
-        extra_num_blocks: T.int32,
-        tiles_per_split: T.int32,
-        num_ctas: T.int32,
-    ):
+    @T.macro
+    def body(Q, MainFp8, MainBf16, MainU8, MainIndices, MainLength, ExtraFp8, ExtraBf16,
+             ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse, OPartial, LsePartial,
+             RowSplits, sm_scale, main_block_size, main_block_stride, main_num_blocks,
+             extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
+             num_ctas):
         with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
                       prelude=FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE) as (row, hg, split):
             st = WarpSpecializedState(HB, BI, D, split=False)
@@ -176,4 +154,4 @@ def _build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: in
                 produce_halves(st, ss, regs, p, main, extra,
                                TileRange(r_b, r_s, t_begin, t_end, main_tiles), pairs)
 
-    return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+    return decode_prim_func(shape_vars, num_heads, S, body)
