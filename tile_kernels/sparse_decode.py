@@ -266,7 +266,7 @@ def build_sparse_decode(
         if consumers == "seesaw":
             from .sparse_decode_seesaw import _build_seesaw_decode
             return _build_seesaw_decode(num_heads, has_extra, fp8_format, S, BI, _shape_vars(),
-                                       store_row_splits, producer_slots)
+                                       producer_slots)
         # Q, two K buffers and their flags, two P tiles (WarpSpecializedState)
         check_shared_budget(HB * D * 2 + 2 * (BI * D * 2 + BI) + 2 * HB * BI * 2, raw_ring)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,

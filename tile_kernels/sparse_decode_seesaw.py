@@ -34,7 +34,7 @@ from .fp8_producer import (HALF_PRODUCER_PRELUDE, CacheScope, TileRange,
                            alloc_half_producer_registers, make_fp8_half_producer)
 from .layout import HEAD_DIM
 from .seesaw import SeesawState, seesaw_consumer_0, seesaw_consumer_1
-from .sparse_decode import decode_prim_func
+from .sparse_decode import decode_prim_func, store_row_splits
 
 # Registers of the roles (consumer 0, consumer 1, producer; rules in
 # attention_tile.WS_LAUNCH_REGS), per (tile size, producer slots): each consumer holds its
@@ -49,10 +49,9 @@ SEESAW_DECODE_REGS = {(32, 2): check_ws_regs((184, 184, 136)),
 
 
 def _build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
-                        shape_vars: tuple, store_row_splits, slots: int = 2):
-    """The prim_func (``sparse_decode``'s arguments); ``shape_vars``: its symbolic sizes
-    (``sparse_decode._shape_vars()``), ``store_row_splits``: the fixed grids' split-table
-    macro; ``slots``: the producer's register slots of raw bytes (``slots - 1`` steps of
+                        shape_vars: tuple, slots: int = 2):
+    """The prim_func (``sparse_decode.decode_prim_func`` around this schedule's body);
+    ``shape_vars``: its symbolic sizes (``sparse_decode._shape_vars()``); ``slots``: the producer's register slots of raw bytes (``slots - 1`` steps of
     32 tokens x one K half in flight while it dequantises one)."""
     if (BI, slots) not in SEESAW_DECODE_REGS:
         raise ValueError("consumers 'seesaw': (block_tokens, producer_slots) must be one of "
