@@ -4,9 +4,9 @@
 # `export OUT && source scripts/device_setup.sh`: precompile, in 16 processes, the variants of
 # decode_grid_ab.py's crossover rows for $IMPLS (default fixed,seesaw,crossover,flashmla: 6
 # decode variants) and of the crossover GPU tests (4 more, and the h128 combines of 2 and 8
-# splits), run those tests (-k crossover, at most 80 s), then the A/B on $ROWS (default
+# splits), run those tests (-k crossover, at most 75 s), then the A/B on $ROWS (default
 # crossover: five h128 rows; interleaved, medians of $ROUNDS rounds, every row
-# reference-checked; at most 70 s). ~230 s in all. Writes $OUT/precompile.log,
+# reference-checked; at most 65 s). ~200 s in all, 240 at most. Writes $OUT/precompile.log,
 # $OUT/tests.txt, $OUT/ab.log (a JSON line per row as it is measured) and
 # $OUT/decode_grid_ab.{json,txt}.
 set -uo pipefail
@@ -39,9 +39,9 @@ extra += [("sparse_decode_combine", dict(num_heads=128, num_splits=s),
 ab.precompile(ab.goal_rows(os.environ["ROWS"]), 16, extra, tuple(os.environ["IMPLS"].split(",")))
 PY
 tail -2 "$OUT/precompile.log"
-timeout 80 python3 -m pytest -q -p no:cacheprovider -n 4 -rfE \
+timeout 75 python3 -m pytest -q -p no:cacheprovider -n 4 -rfE \
   tests/sparse_decode/test_sparse_decode_gpu.py -k crossover > "$OUT/tests.txt" 2>&1
 tail -3 "$OUT/tests.txt"
-timeout 70 python3 scripts/decode_grid_ab.py --out "$OUT" --rows "$ROWS" --rounds "${ROUNDS:-3}" \
+timeout 65 python3 scripts/decode_grid_ab.py --out "$OUT" --rows "$ROWS" --rounds "${ROUNDS:-3}" \
   --impls "$IMPLS" > "$OUT/ab.log" 2>&1
 tail -12 "$OUT/ab.log"
