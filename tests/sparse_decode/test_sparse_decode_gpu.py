@@ -783,7 +783,7 @@ def _crossover(**over):
         (7, 1, "c128a256", {"num_splits": 8}),
         (16, 1, "c128a8192", {"num_splits": 2}),
     ],
-    ids=lambda v: _seesaw_id(v) if isinstance(v, dict) else str(v),
+    ids=_seesaw_id,
 )
 def test_decode_crossover_matches_reference(b, s_q, extra_kind, over, seed):
     """h128 on the 2-CTA crossover: b 1 / 32 / 128, both scopes, SWA-only, MTP rows, split-KV
