@@ -35,6 +35,7 @@ from .attention_tile import (
     ws_set_regs,
     ws_store_rows,
 )
+from .bf16_producer import gather_half, read_ahead, resolve_rows
 from .layout import HEAD_DIM
 from .seesaw import SeesawState, seesaw_consumer_0, seesaw_consumer_1
 from .work import cta_work_range, walk_items, walk_strided
@@ -290,44 +291,21 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
         entries for the next pair are read right after, a pair ahead of their use.
         ``ahead`` / ``rows``: local int32 [2 * R] (the index entries read ahead; the resolved
         KV rows, -1 invalid); ``pair0``: the tile pairs of the CTA's earlier work items."""
+        index_of = lambda col: index_at(Indices, Lengths, row, col)  # noqa: E731
         if pairs > 0:  # (the row's window is not empty: clamped columns stay inside it)
             for buf in (0, 1):
-                for r in T.unroll(R):
-                    ahead[buf * R + r] = index_at(
-                        Indices, Lengths, row, T.min(buf * BI + r * 16 + p // 8, length - 1))
+                read_ahead(ahead, buf * R, index_of, buf, length, p, BI)
         for pair in T.serial(pairs):
             for buf, half in ((0, 0), (1, 1), (0, 1), (1, 0)):
                 T.barrier_wait(ss.k_free[buf][half], ((pair0 + pair) & 1) ^ 1)
                 if half == buf:
-                    for r in T.unroll(R):
-                        j = r * 16 + p // 8
-                        col = (pair * 2 + buf) * BI + j
-                        kv = ahead[buf * R + r]
-                        ok = (col < length) and (kv >= 0) and (kv < s_kv)
-                        st.valid[buf][j] = ok
-                        rows[buf * R + r] = T.if_then_else(ok, kv, -1)
-                for r in T.unroll(R):
-                    j = r * 16 + p // 8
-                    ok = rows[buf * R + r] >= 0
-                    # 8 threads per row, 16-byte cp.async copies, all in flight at once; an
-                    # invalid row is zero-filled without being read (address clamped to 0).
-                    src = T.max(rows[buf * R + r], 0)
-                    for u in T.serial(DH // 64):
-                        c = 64 * u + (p % 8) * 8
-                        dst = st.K_l[buf] if half == 0 else st.K_r[buf]
-                        T.ptx_cp_async(T.access_ptr(dst[j, c], "w", 8),
-                                       T.access_ptr(KV[src, half * DH + c], "r", 8), 8, ok)
-                # Two arrivals per thread: one when its copies have landed, one releasing
-                # its plain stores of the validity flags.
-                T.cp_async_barrier_noinc(ss.k_ready[buf][half])
-                T.barrier_arrive(ss.k_ready[buf][half])
+                    resolve_rows(st.valid[buf], rows, ahead, buf * R, pair * 2 + buf, length,
+                                 s_kv, p, BI)
+                gather_half(st.K_l[buf] if half == 0 else st.K_r[buf], KV, rows, buf * R, half,
+                            p, ss.k_ready[buf][half])
                 if half == buf:
                     if pair + 1 < pairs:
-                        for r in T.unroll(R):
-                            ahead[buf * R + r] = index_at(
-                                Indices, Lengths, row,
-                                T.min(((pair + 1) * 2 + buf) * BI + r * 16 + p // 8,
-                                      length - 1))
+                        read_ahead(ahead, buf * R, index_of, (pair + 1) * 2 + buf, length, p, BI)
 
     @T.prim_func
     def sparse_prefill(
