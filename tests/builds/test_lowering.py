@@ -159,10 +159,6 @@ def test_raw_ring_producer_source(kwargs, tmp_path):
     would lock the producer's four warps together); one commit per round of 32 tokens, N - 1
     before the loop; every wait before a dequantisation leaves N - 1 groups in flight; the
     dynamic shared memory within the 227 KB of a CTA; and, where nvcc is here, no spills."""
-    import os
-    import shutil
-    import subprocess
-
     from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
 
     n = kwargs["raw_ring"]
@@ -179,6 +175,16 @@ def test_raw_ring_producer_source(kwargs, tmp_path):
     waits = re.findall(r"dsv4_cp_async_wait<(\d+)>\(\);", loop)
     assert waits == [str(n - 1)] * steps, waits
     assert "dsv4_ldg16" not in loop  # every raw byte comes through the ring
+    _assert_fits_without_spills(kernel, tmp_path)
+
+
+def _assert_fits_without_spills(kernel, tmp_path):
+    """The kernel's dynamic shared memory within the 227 KB of an sm_90a CTA and, where nvcc
+    is here, ``ptxas -v`` on its CUDA source reporting no spills."""
+    import os
+    import shutil
+    import subprocess
+
     # The dynamic shared memory is a launch argument of the host code (an int64 literal; the
     # only one above 100 KB).
     sizes = [int(x) for x in re.findall(r"\(\(int64_t\)(\d+)\)", kernel.get_host_source())
@@ -190,7 +196,7 @@ def test_raw_ring_producer_source(kwargs, tmp_path):
         return
     root = os.path.dirname(tilelang.__file__)
     cu = tmp_path / "kernel.cu"
-    cu.write_text(source)
+    cu.write_text(kernel.get_kernel_source())
     out = subprocess.run([nvcc, "--cubin", "-O3", "-arch=sm_90a", "-std=c++20",
                           f"-I{root}/src", f"-I{root}/3rdparty/cutlass/include", "-Xptxas", "-v",
                           "-o", str(tmp_path / "kernel.cubin"), str(cu)],
@@ -232,3 +238,41 @@ def test_raw_ring_tokens_in_m_budget():
         build_sparse_decode(num_heads=8, has_extra=True, tokens_in_m=True, heads_per_block=8,
                             threads=256, block_tokens=64, num_stages=1, ctas_per_sm=2,
                             raw_ring=2)
+
+
+# ------------------------------------------------- tokens-in-M prefill with K by halves
+def _k_halves_examples():
+    from dsv4_tl.tile_kernels.sparse_prefill import LOWERING_EXAMPLES
+
+    kwargs = [e["kwargs"] for e in LOWERING_EXAMPLES if e["kwargs"].get("k_halves")]
+    return [pytest.param(k, id=f"k_halves-h{k['num_heads']}-t{k['threads']}-nb{k['num_stages']}")
+            for k in kwargs]
+
+
+def test_k_halves_has_examples():
+    assert len(_k_halves_examples()) >= 2
+
+
+@pytest.mark.parametrize("kwargs", _k_halves_examples())
+def test_k_halves_prefill_source(kwargs, tmp_path):
+    """The generated CUDA of a tokens-in-M prefill with K by halves (sparse_prefill's
+    LOWERING_EXAMPLES, from TileLang's cache when test_lowering compiled it): every K half
+    of every buffer signalled by its own cp.async arrival; the producer's branch (the last
+    role, from its first tile loop) free of barriers that TileLang inserted (one would
+    lock its warps to another role's); warpgroup 0 issues Sᵀ's first product between the
+    waits for the two halves of a buffer; shared memory within 227 KB and no spills."""
+    from dsv4_tl.tile_kernels.sparse_prefill import build_sparse_prefill
+
+    kernel = tilelang.compile(build_sparse_prefill(**kwargs), target=TARGET,
+                              execution_backend="tvm_ffi", out_idx=None)
+    source = kernel.get_kernel_source()
+    arrivals = re.findall(r"tl::mbarrier_cp_async_arrive_noinc\((\w+)\[0\]\)", source)
+    assert len(arrivals) == len(set(arrivals)) == 2 * kwargs["num_stages"], arrivals
+    producer = source[source.rfind("for (int rnd", 0, source.index("cp_async_gs_conditional")):]
+    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\(|bar\.sync", producer)
+    assert not inserted, f"barriers in the producer's branch: {inserted}"
+    left, right = arrivals[0], arrivals[1]  # buffer 0's halves, in the producer's order
+    scores = re.search(rf"{left}\[0\]\.wait\(\(rnd & 1\)\);(.*?)"
+                       rf"{right}\[0\]\.wait\(\(rnd & 1\)\);", source, re.S)
+    assert scores and "wgmma_ss" in scores.group(1), "no Sᵀ product between the halves' waits"
+    _assert_fits_without_spills(kernel, tmp_path)
