@@ -9,8 +9,11 @@ against FlashMLA, and the consumer ceiling, in one process on the lent GPU.
 the seesaw consumers (``consumers="seesaw"``), 64- / 32- / 32-token tiles and 2 / 2 / 4
 producer slots (``SEESAW_IMPLS``); ``ring2`` / ``ring3`` / ``ring4`` the row's resolved split
 count with the split consumers, 32-token tiles and the FP8 producer's raw ring of 2 / 3 / 4
-shared slots (``raw_ring``, ``RAW_RING_IMPLS``). ``--rows ring``: the rows of the raw ring's
-A/B (full waves at h64 / h128 on both compressed scopes, SWA, MTP, below one wave, b8).
+shared slots (``raw_ring``, ``RAW_RING_IMPLS``); ``crossover`` the row's resolved split count
+with the seesaw consumers, 64-token tiles and the 2-CTA crossover (``cluster_crossover``,
+h128 rows only; ``CROSSOVER_IMPLS``). ``--rows ring``: the rows of the raw ring's A/B (full
+waves at h64 / h128 on both compressed scopes, SWA, MTP, below one wave, b8); ``--rows
+crossover``: the crossover's (h128: full waves on both compressed scopes and SWA, MTP).
 
 Per row (``--rows``): the same input sets run through ``ops.sparse_decode`` with the resolved
 schedule (fixed grid: the buckets' split counts), with the persistent grid forced
@@ -52,8 +55,10 @@ PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_sp
 SEESAW_IMPLS = {"seesaw": (64, 2), "seesaw32": (32, 2), "seesaw32s4": (32, 4)}
 # raw-ring implementation -> raw_ring (shared slots of the FP8 producer's raw bytes)
 RAW_RING_IMPLS = {"ring2": 2, "ring3": 3, "ring4": 4}
+# crossover implementation -> (block_tokens, producer_slots) of its seesaw schedule (h128 only)
+CROSSOVER_IMPLS = {"crossover": (64, 2)}
 IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", *SEESAW_IMPLS, *RAW_RING_IMPLS,
-         "flashmla")
+         *CROSSOVER_IMPLS, "flashmla")
 DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
 
 
@@ -64,6 +69,11 @@ def seesaw_schedule(shape, block_tokens: int, producer_slots: int = 2) -> dict:
     return {**schedule_for(TARGET.dirname, "sparse_decode"), **dict(fixed.schedule),
             "consumers": "seesaw", "block_tokens": block_tokens, "persistent": False,
             "producer_slots": producer_slots}
+
+
+def crossover_schedule(shape, block_tokens: int, producer_slots: int) -> dict:
+    """The row's seesaw schedule (``seesaw_schedule``) with the 2-CTA crossover."""
+    return {**seesaw_schedule(shape, block_tokens, producer_slots), "cluster_crossover": True}
 
 
 def raw_ring_schedule(shape, raw_ring: int) -> dict:
@@ -84,6 +94,10 @@ def goal_rows(which: str) -> list:
             DecodeShape(128, 64, "swa"), DecodeShape(128, 32, "c4a"), DecodeShape(128, 32, "c128a"),
             DecodeShape(128, 64, "c4a", s_q=2), DecodeShape(64, 32, "c4a", s_q=4),
             DecodeShape(64, 8, "c4a")]
+    if which == "crossover":
+        return [DecodeShape(128, 128, "c4a"), DecodeShape(128, 256, "c4a"),
+                DecodeShape(128, 128, "c128a"), DecodeShape(128, 64, "swa"),
+                DecodeShape(128, 64, "c4a", s_q=2)]
     if which == "quick":
         rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (32, 128) for k in ("c4a", "c128a")]
         rows += [DecodeShape(128, 64, "swa"), DecodeShape(128, 64, "c4a", s_q=2),
@@ -130,6 +144,10 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
             if name in impls:
                 out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
                                      raw_ring_schedule(shape, ring)))
+        for name, (bt, slots) in CROSSOVER_IMPLS.items():
+            if name in impls and shape.h == 128:
+                out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
+                                     crossover_schedule(shape, bt, slots)))
     if "persistent" in impls or "persistent_inv" in impls:
         for h in sorted({s.h for s in rows}):
             for n in (2, 4, 8, 16, 32, 64, 128):
@@ -195,6 +213,9 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS) -> lis
                for name, (bt, slots) in SEESAW_IMPLS.items() if name in chosen},
             **{name: (_forced(raw_ring_schedule(shape, ring)), False)
                for name, ring in RAW_RING_IMPLS.items() if name in chosen},
+            **{name: (_forced(crossover_schedule(shape, bt, slots)), False)
+               for name, (bt, slots) in CROSSOVER_IMPLS.items()
+               if name in chosen and shape.h == 128},
         }
         impls = {k: v for k, v in impls.items() if k in chosen}
         entry = {"shape": shape.name, "h": shape.h, "b": shape.b, "s_q": shape.s_q,
@@ -267,8 +288,13 @@ def impl_table(results: list, chosen) -> str:
     ours = [k for k in chosen if k != "flashmla"]
     head = f"{'shape':66s} " + " ".join(f"{k[:9]:>9s}" for k in chosen)
     head += " " + " ".join(f"{'FM/' + k[:6]:>9s}" for k in ours)
-    seesaws = [k for k in ours if k.startswith(("seesaw", "ring")) and "fixed" in ours]
-    head += " " + " ".join(f"{'fx/' + k.replace('seesaw', 'ss'):>9s}" for k in seesaws)
+    seesaws = [k for k in ours if k.startswith(("seesaw", "ring", "crossover"))
+               and "fixed" in ours]
+    head += " " + " ".join(f"{'fx/' + k.replace('seesaw', 'ss').replace('crossover', 'xo'):>9s}"
+                           for k in seesaws)
+    # the crossover against the same consumers without it (the seesaw with 64-token tiles)
+    pairs = [("seesaw", "crossover")] if {"seesaw", "crossover"} <= set(ours) else []
+    head += "".join(f" {'ss/xo':>9s}" for _ in pairs)
     lines = [head]
     for e in results:
         t = e["times"]
@@ -282,6 +308,7 @@ def impl_table(results: list, chosen) -> str:
         lines.append(f"{e['shape'][:66]:66s} " + " ".join(f(k) for k in chosen) + " "
                      + " ".join(r("flashmla", k) for k in ours) + " "
                      + " ".join(r("fixed", k) for k in seesaws)
+                     + "".join(" " + r(a, c) for a, c in pairs)
                      + (f"  FAILED {bad}" if bad else "")
                      + (f"  ERROR {e['error']}" if "error" in e else ""))
     return "\n".join(lines)
@@ -309,7 +336,7 @@ def table(results: list) -> str:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--rows", choices=("quick", "goal", "ring"), default="quick")
+    ap.add_argument("--rows", choices=("quick", "goal", "ring", "crossover"), default="quick")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ceilings", action="store_true")
     ap.add_argument("--precompile", type=int, default=0)

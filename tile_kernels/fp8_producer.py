@@ -507,20 +507,42 @@ def alloc_half_producer_registers(block_tokens: int, slots: int) -> ProducerRegi
     return ProducerRegisters(**regs)
 
 
-def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, slots: int):
+@T.macro
+def announce_half(st, ss, buf: int, half: int):
+    """The default announcement of a filled K half: every producer thread fences its stores
+    for the async proxy (the consumers' wgmma read the half) and arrives on its ready
+    barrier."""
+    T.fence_proxy_async()
+    T.barrier_arrive(ss.k_ready[buf][half])
+
+
+def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, slots: int,
+                           halves: tuple = (0, 1), announce=announce_half):
     """The macro ``produce_halves(st, ss, regs, p, main, extra, rng, pairs)``: the ``2 *
     pairs`` tiles of ``rng`` (``TileRange``; tiles past ``t_end`` all-invalid) into the two
     K buffers of ``st`` (``WarpSpecializedState``) by halves, behind the barriers of ``ss``
-    (``SeesawState``); ``regs``: ``alloc_half_producer_registers``; ``p``: the lane."""
+    (``SeesawState``); ``regs``: ``alloc_half_producer_registers``; ``p``: the lane.
+
+    ``halves``: the K halves this producer fills, (0, 1) both; ``(h,)`` only half ``h`` of
+    each buffer (the 2-CTA crossover, ``sparse_decode_seesaw``: the cluster's CTA of rank
+    ``h`` fills half ``h`` and copies it into its peer; a buffer's validity flags are written
+    with the buffer's first half in ``HALF_ORDER``, half ``buf``, by the producer that fills
+    it). ``announce(st, ss, buf, half)``: the macro run by every producer thread once its
+    stores of half ``(buf, half)`` are done (default ``announce_half``)."""
     BI = block_tokens
     DH = HEAD_DIM // 2
     R = BI // TOKENS_PER_ROUND  # rounds per tile (and per half)
     NS = slots
     if R not in (1, 2):
         raise ValueError(f"block_tokens: the FP8 producer takes 32 or 64, got {BI}")
+    if not halves or any(h not in (0, 1) for h in halves) or len(set(halves)) != len(halves):
+        raise ValueError(f"halves: expected (0, 1), (0,) or (1,), got {halves!r}")
     # (buffer, half, round) steps of one tile pair; register slot = step number % slots, the
     # same in every pair when the steps are a multiple of the slots.
-    steps = tuple((buf, half, r) for buf, half in HALF_ORDER for r in range(R))
+    order = tuple((buf, half) for buf, half in HALF_ORDER if half in halves)
+    steps = tuple((buf, half, r) for buf, half in order for r in range(R))
+    # a buffer's index entries move on after its last half in this producer's order
+    last_half = {buf: [h for b, h in order if b == buf][-1] for buf in (0, 1)}
     if NS < 2 or len(steps) % NS:
         raise ValueError(f"producer_slots: must be >= 2 and divide {len(steps)} (the steps of "
                          f"a tile pair of {BI}-token tiles), got {NS}")
@@ -562,8 +584,9 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
         """Step ``step`` (buffer, half, round) of tile pair ``pair`` into register slot
         ``slot`` (its scope picked at run time; past the range all-invalid). A buffer's
         index entries wait in a queue two pairs deep (``nxt[0 ..]``: this pair's, ``nxt[2R
-        ..]``: the next one's): after the tile's second half the queue moves on and the
-        entry of the pair after next is fetched, a whole pair before the move waits for it."""
+        ..]``: the next one's): after the buffer's last half in this producer's order the queue
+        moves on and the entry of the pair after next is fetched, a whole pair before the
+        move waits for it."""
         buf, half, r = step
         k = pair * 2 + buf
         t = rng.t_begin + k
@@ -578,7 +601,7 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
                           (t - rng.main_tiles) * BI + j, half)
             else:
                 load_half(regs.raw, regs.ok, slot, q, idx, main, 0, 0, half)
-        if half != buf:
+        if half == last_half[buf]:
             regs.nxt[buf * R + r] = regs.nxt[2 * R + buf * R + r]
             regs.nxt[2 * R + buf * R + r] = token_index(main, extra, rng, k + 4, j)
 
@@ -639,8 +662,7 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
                     T.barrier_wait(ss.k_free[buf][half], (pair & 1) ^ 1)
                 dequant_step(st, regs, n % NS, step, p)
                 if r == R - 1:
-                    T.fence_proxy_async()  # the consumers' wgmma read the half (async proxy)
-                    T.barrier_arrive(ss.k_ready[buf][half])
+                    announce(st, ss, buf, half)
 
     def produce_halves(st, ss, regs, p, main, extra, rng, pairs):
         produce_bound(st, ss, regs, p, main, extra, *rng, pairs)

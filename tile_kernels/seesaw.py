@@ -21,13 +21,23 @@ class SeesawState:
     they pass row maxima (every tile pair) and softmax sums (once, at the end)."""
 
     def __init__(self, heads: int, block_tokens: int, q_read_ahead: bool = False,
-                 ready_arrivals: int = 256):
+                 ready_arrivals=256, crossover: bool = False):
         """``q_read_ahead``: the persistent grid's ``q_free`` barrier (both consumers arrive
         once their last QKᵀ of a work item is done, so the producer may load the next
         item's Q under the item's last tile pair). ``ready_arrivals``: arrivals that fill a
         K half (prefill: 128 cp.async arrivals + 128 plain ones for the validity flags;
-        decode's FP8 producer: one plain arrival per producer thread after its stores)."""
+        decode's FP8 producer: one plain arrival per producer thread after its stores), or
+        per half ``[buffer][half]``.
+
+        ``crossover``: the 2-CTA crossover (``sparse_decode_seesaw``): K half ``h`` of every
+        buffer is filled by the cluster's CTA of rank ``h`` and copied into its peer's, so
+        that CTA may refill it only once the consumers of both CTAs released it. Its free
+        barrier there counts one release per reading consumer warp of either CTA
+        (``seesaw_release``: lane 0 of each warp, after the warp's wgmma are done, arrives
+        on the barrier of CTA ``h``, its own or its peer's); the barriers are cluster
+        barriers (the peer's arrivals and copies land on them)."""
         HB, BI = heads, block_tokens
+        self.crossover = crossover
         self.acc_s = tuple(T.alloc_fragment([HB, BI], T.float32) for _ in range(2))
         self.p_regs = tuple(T.alloc_fragment([HB, BI], T.bfloat16) for _ in range(2))
         self.m_i, self.m_prev, self.m_peer, self.l_i, self.l_tile, self.alpha = (
@@ -43,11 +53,22 @@ class SeesawState:
         # as its last reader is done. Filled: ``ready_arrivals``. Free: half 0 of buffer 0
         # and half 1 of buffer 1 are read by one consumer only (QKᵀ and its own P·V), the
         # two others by both.
-        self.k_ready = tuple(tuple(T.alloc_barrier(arrive_count=ready_arrivals)
-                                   for _ in range(2))
-                             for _ in range(2))
-        self.k_free = ((T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=256)),
-                       (T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=128)))
+        ready = (ready_arrivals if isinstance(ready_arrivals, tuple)
+                 else ((ready_arrivals,) * 2,) * 2)
+        if crossover:
+            # readers per half: 128 threads = 4 warps (one consumer), 8 (both); x 2 CTAs
+            self.k_ready = tuple(tuple(T.alloc_cluster_barrier(ready[b][h]) for h in range(2))
+                                 for b in range(2))
+            self.k_free = ((T.alloc_cluster_barrier(8), T.alloc_cluster_barrier(16)),
+                           (T.alloc_cluster_barrier(16), T.alloc_cluster_barrier(8)))
+        else:
+            self.k_ready = tuple(tuple(T.alloc_barrier(arrive_count=ready[b][h])
+                                       for h in range(2))
+                                 for b in range(2))
+            self.k_free = ((T.alloc_barrier(arrive_count=128),
+                            T.alloc_barrier(arrive_count=256)),
+                           (T.alloc_barrier(arrive_count=256),
+                            T.alloc_barrier(arrive_count=128)))
         self.q_free = T.alloc_barrier(arrive_count=256) if q_read_ahead else None
 
 
@@ -65,7 +86,7 @@ class SeesawState:
 # m_shared[0] after reading m_shared[1] of the previous pair, which consumer 1 wrote after
 # reading m_shared[0]; a P tile is rewritten after the other consumer's next maxima
 # arrive, which it publishes after its previous pair's wgmma have all completed.
-# A K half is released by each of its readers once (SeesawState.k_free).
+# A K half is released by each of its readers once (SeesawState.k_free, seesaw_release).
 
 
 @T.macro
@@ -120,7 +141,7 @@ def seesaw_scored(st, ss, me: int, parity):
     seesaw_scores(st, ss, ss.acc_s[me], me, parity)
     T.copy(ss.m_i[me], ss.m_prev[me])
     T.wait_wgmma(0)
-    T.barrier_arrive(ss.k_free[me][1 - me])
+    seesaw_release(ss, me, 1 - me)
 
 
 @T.macro
@@ -147,7 +168,7 @@ def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2, pair0=0, stats0=0, q_pha
         T.copy(acc_s, p_regs)
         T.wgmma_gemm(p_regs, st.K_l[0], acc_o)
         T.wait_wgmma(0)
-        T.barrier_arrive(ss.k_free[0][0])
+        seesaw_release(ss, 0, 0)
         # The pair's max from consumer 1: rescale P (for consumer 1), the output and the sum.
         T.barrier_wait(ss.stats_ready[1], (stats0 + pair) & 1)
         T.copy(ss.m_shared[1], m_peer)
@@ -165,7 +186,7 @@ def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2, pair0=0, stats0=0, q_pha
         T.barrier_wait(st.p_ready[1], (pair0 + pair) & 1)
         T.wgmma_gemm(st.P_shared[1], st.K_l[1], acc_o)
         T.wait_wgmma(0)
-        T.barrier_arrive(ss.k_free[1][0])
+        seesaw_release(ss, 1, 0)
     seesaw_sum_exchange(ss, 0, stats0 + pairs)
 
 
@@ -198,10 +219,23 @@ def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2, pair0=0, stats0=0, q_pha
         T.barrier_wait(st.p_ready[0], (pair0 + pair) & 1)
         T.wgmma_gemm(st.P_shared[0], st.K_r[0], acc_o)
         T.wait_wgmma(1)
-        T.barrier_arrive(ss.k_free[1][1])
+        seesaw_release(ss, 1, 1)
         T.wait_wgmma(0)
-        T.barrier_arrive(ss.k_free[0][1])
+        seesaw_release(ss, 0, 1)
     seesaw_sum_exchange(ss, 1, stats0 + pairs)
+
+
+@T.macro
+def seesaw_release(ss, buf: int, half: int):
+    """This consumer thread is done with K half ``(buf, half)`` (its wgmma reading it are
+    complete): a plain arrival on the half's free barrier, or with the crossover one arrival
+    per warp on the free barrier of the CTA that refills the half (rank ``half``; the warp
+    is converged after the ``.aligned`` wgmma wait)."""
+    if ss.crossover:
+        if T.get_thread_binding() % 32 == 0:
+            T.mbarrier_arrive(ss.k_free[buf][half], half)
+    else:
+        T.barrier_arrive(ss.k_free[buf][half])
 
 
 @T.macro
