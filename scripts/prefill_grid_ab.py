@@ -2,9 +2,10 @@
 process on the lent GPU. Lever 1: the persistent grid (Q reloaded after the TMA output; Q
 read ahead under the last tile pair; the strided walk). Lever 3: the TP rows' tokens-in-M
 schedule with K by halves (``k_halves``; ``k_halves_nb3``: with 3 K buffers, 16 heads only).
+Lever 2: at 128 heads one K gather per row through a 2-CTA cluster (``cluster_gather``).
 
     python scripts/prefill_grid_ab.py --out $OUT [--rounds 3] [--precompile 16]
-        [--precompile-only] [--modes persistent,...] [--rows goal|tp]
+        [--precompile-only] [--modes persistent,...] [--rows goal|tp|levers]
 
 Per row (issue 26's goal rows: h64 / h128 at s_q 4096 and top-k 640 / 1152, width 8320
 with per-row lengths on a 256 MiB workspace, short chunks s_q 64-512, two ragged twins and
@@ -12,7 +13,8 @@ the TP head counts against FlashMLA padded to 64) the same input sets run throug
 ``ops.sparse_prefill`` (``_ragged``) with the resolved schedule (``fixed``), with each
 mode's knobs forced on top of it where the resolved schedule has that form (``persistent``:
 ``q_ahead`` false; ``persistent_qa``: true; ``strided``: the strided walk, ``q_ahead`` false
--- the seesaw rows; ``k_halves`` / ``k_halves_nb3`` -- the tokens-in-M rows) and through
+-- the seesaw rows; ``k_halves`` / ``k_halves_nb3`` -- the tokens-in-M rows;
+``cluster_gather`` -- the 128-head seesaw rows) and through
 FlashMLA's prefill; every
 implementation's output is checked against the float32 reference first (on the first
 set); times (µs, graph replay, median over ``--rounds`` interleaved rounds of the median of
@@ -20,7 +22,7 @@ set); times (µs, graph replay, median over ``--rounds`` interleaved rounds of t
 ``--precompile N`` first compiles every variant the rows and modes (and the GPU tests of
 the selected modes in tests/sparse_prefill/test_sparse_prefill_gpu.py) need, in N processes.
 ``--rows tp``: only the TP rows (h16 / h32, s_q 4096, top-k 640 with per-row lengths and
-1152).
+1152); ``--rows levers``: those and h128's s_q 4096 top-k 1152 and width-8320 rows.
 """
 
 import argparse
@@ -56,12 +58,17 @@ def _tokens_in_m_16(schedule: dict, shape) -> bool:  # 3 K buffers fit beside 16
     return _tokens_in_m(schedule, shape) and schedule.get("heads_per_block") == 16
 
 
+def _seesaw_128(schedule: dict, shape) -> bool:  # the cluster gather: a row's two head groups
+    return _seesaw(schedule, shape) and shape.h == 128 and not schedule.get("persistent")
+
+
 # mode: (knobs forced over the resolved schedule, the rows whose schedule has that form)
 MODES = {"persistent": ({"persistent": True, "q_ahead": False}, _seesaw),
          "persistent_qa": ({"persistent": True, "q_ahead": True}, _seesaw),
          "strided": ({"persistent": True, "q_ahead": False, "walk": "strided"}, _seesaw),
          "k_halves": ({"k_halves": True}, _tokens_in_m),
-         "k_halves_nb3": ({"k_halves": True, "num_stages": 3}, _tokens_in_m_16)}
+         "k_halves_nb3": ({"k_halves": True, "num_stages": 3}, _tokens_in_m_16),
+         "cluster_gather": ({"cluster_gather": True}, _seesaw_128)}
 PERSISTENT_MODES = ("persistent", "persistent_qa", "strided")
 
 
@@ -70,6 +77,13 @@ def tp_rows() -> list:
     of PERF_NOTES item 28 (top-k 1152, full rows)."""
     return ([PrefillShape(h, 4096, 640, 32768, varying=True) for h in (16, 32)]
             + [PrefillShape(h, 4096, 1152, 32768) for h in (16, 32)])
+
+
+def lever_rows() -> list:
+    """The rows levers 2 and 3 target: the TP rows and h128's goal rows (s_q 4096 top-k
+    1152; width 8320 with per-row lengths on a 256 MiB workspace)."""
+    return tp_rows() + [PrefillShape(128, 4096, 1152, 32768),
+                        PrefillShape(128, 1024, 8320, 262144, varying=True)]
 
 
 def goal_rows() -> list:
@@ -101,8 +115,10 @@ def _mode_schedule(shape, mode: str):
 # The GPU tests' forced k_halves configurations (test_prefill_tokens_in_m_k_halves_*):
 # (h, num_stages, threads, k_halves, ragged forms)
 K_HALVES_TESTS = [(32, 2, 384, True, (False, True)), (32, 2, 384, False, (False,)),
-                  (16, 3, 256, True, (False, True)), (16, 3, 256, False, (False,)),
-                  (16, 3, 384, True, (False, True)), (16, 3, 384, False, (False,))]
+                  (16, 3, 256, True, (False,)), (16, 3, 256, False, (False,)),
+                  (16, 3, 384, True, (False,)), (16, 3, 384, False, (False,))]
+# ... and the cluster gather's (test_prefill_cluster_gather_*): (cluster_gather, ragged forms)
+CLUSTER_TESTS = [(True, (False, True)), (False, (False,))]
 
 
 def _variants(rows: list) -> list:
@@ -123,6 +139,15 @@ def _variants(rows: list) -> list:
                                       "heads_per_block": 16 if h <= 16 else 32,
                                       "num_stages": nb, "threads": threads,
                                       "k_halves": halves}))
+    if "cluster_gather" in MODES:
+        base = dict(_fixed(PrefillShape(128, 45, 1152, 6000)).schedule)
+        for cluster, forms in CLUSTER_TESTS:
+            for ragged in forms:
+                out.add(Variant.make("sparse_prefill", dict(num_heads=128, ragged=ragged),
+                                     {**base, "warp_specialized": True, "tokens_in_m": False,
+                                      "threads": 384, "heads_per_block": 64,
+                                      "block_tokens": 64, "num_stages": 0,
+                                      "persistent": False, "cluster_gather": cluster}))
     if not set(PERSISTENT_MODES) & set(MODES):
         return sorted(out, key=lambda v: v.key)
     # the GPU tests' few-CTA walks (test_prefill_persistent_grid_matches_reference)
@@ -243,10 +268,11 @@ def main():
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--modes", default=",".join(PERSISTENT_MODES),
                     help=f"the modes to time, of {list(MODES)} (comma-separated; '' for none)")
-    ap.add_argument("--rows", choices=("goal", "tp"), default="goal",
-                    help="goal: issue 26's goal rows; tp: only the TP rows (h16 / h32)")
+    ap.add_argument("--rows", choices=("goal", "tp", "levers"), default="goal",
+                    help="goal: issue 26's goal rows; tp: only the TP rows (h16 / h32); "
+                         "levers: the TP rows and h128's s_q 4096 / width 8320 rows")
     args = ap.parse_args()
-    rows = goal_rows() if args.rows == "goal" else tp_rows()
+    rows = {"goal": goal_rows, "tp": tp_rows, "levers": lever_rows}[args.rows]()
     asked = set(filter(None, args.modes.split(",")))
     if asked - set(MODES):
         ap.error(f"--modes: unknown {sorted(asked - set(MODES))}, known {list(MODES)}")

@@ -919,4 +919,11 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 16, "ragged": True, "tokens_in_m": True, "heads_per_block": 16,
                 "threads": 256, "num_stages": 3, "k_halves": True}},
+    # the 2-CTA cluster gather at 128 heads (issue 26 lever 2), both index forms
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 128, "ragged": False, "warp_specialized": True, "threads": 384,
+                "cluster_gather": True}},
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 128, "ragged": True, "warp_specialized": True, "threads": 384,
+                "cluster_gather": True}},
 ]

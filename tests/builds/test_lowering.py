@@ -276,3 +276,44 @@ def test_k_halves_prefill_source(kwargs, tmp_path):
                        rf"{right}\[0\]\.wait\(\(rnd & 1\)\);", source, re.S)
     assert scores and "wgmma_ss" in scores.group(1), "no Sᵀ product between the halves' waits"
     _assert_fits_without_spills(kernel, tmp_path)
+
+
+# ------------------------------------------------- prefill's 2-CTA cluster gather (128 heads)
+def _cluster_gather_examples():
+    from dsv4_tl.tile_kernels.sparse_prefill import LOWERING_EXAMPLES
+
+    kwargs = [e["kwargs"] for e in LOWERING_EXAMPLES if e["kwargs"].get("cluster_gather")]
+    return [pytest.param(k, id=f"cluster_gather-ragged{int(k['ragged'])}") for k in kwargs]
+
+
+def test_cluster_gather_has_examples():
+    assert len(_cluster_gather_examples()) >= 2
+
+
+@pytest.mark.parametrize("kwargs", _cluster_gather_examples())
+def test_cluster_gather_prefill_source(kwargs, tmp_path):
+    """The generated CUDA of the cluster gather (sparse_prefill's LOWERING_EXAMPLES): the
+    barriers initialised before a cluster-wide sync (the peer arrives on them), each rank's
+    producer (the branches on the CTA's cluster rank) free of barriers that TileLang
+    inserted, sending each of its two K halves (32 KB) by one bulk shared::cluster copy from
+    one thread after its own named barrier (id 10); the consumers' releases remote, from one
+    lane per warp; a cluster sync before the exit; shared memory and no spills."""
+    from dsv4_tl.tile_kernels.sparse_prefill import build_sparse_prefill
+
+    kernel = tilelang.compile(build_sparse_prefill(**kwargs), target=TARGET,
+                              execution_backend="tvm_ffi", out_idx=None)
+    source = kernel.get_kernel_source()
+    init = source.index("tl::fence_barrier_init();")
+    assert source.index("tl::cluster_sync();") > init
+    producers = source[source.index("tl::block_rank_in_cluster() == 0"):
+                       source.rindex("tl::cluster_sync();")]
+    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\((?!10, 128)", producers)
+    assert not inserted, f"barriers in the producers' branches: {inserted}"
+    copies = re.findall(r"tma_store_cluster\([^;]*\(uint\)(\d+)\)", producers)
+    assert copies == ["32768"] * 4, copies  # two halves per rank
+    assert producers.count("dsv4_cp_async_wait<0>();") == 4
+    assert "cp_async_gs_conditional" not in producers  # every copy a declared-read call
+    consumers = source[:source.index("tl::block_rank_in_cluster() == 0")]
+    # one remote release per (consumer, K half it reads): 3 + 3
+    assert len(re.findall(r"\.arrive\([01]u\);", consumers)) == 6
+    _assert_fits_without_spills(kernel, tmp_path)

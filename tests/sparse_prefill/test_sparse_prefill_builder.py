@@ -80,3 +80,32 @@ def test_k_halves_barriers_per_half(threads, extra):
     plain = _barrier_counts(build_sparse_prefill(32, False, **kw))
     halves = _barrier_counts(build_sparse_prefill(32, False, **kw, k_halves=True))
     assert halves - plain == collections.Counter(extra) and not plain - halves
+
+
+@pytest.mark.parametrize("num_heads,kwargs", [
+    (128, dict(cluster_gather=True)),  # the plain schedule
+    (64, dict(WS, cluster_gather=True)),  # one head group: no pair to cluster
+    (96, dict(WS, cluster_gather=True)),
+    (256, dict(WS, cluster_gather=True)),
+    (128, dict(WS, persistent=True, cluster_gather=True)),
+    (128, dict(TIM, heads_per_block=32, cluster_gather=True)),
+])
+def test_cluster_gather_where_it_cannot_apply(num_heads, kwargs):
+    with pytest.raises(ValueError, match="cluster_gather"):
+        build_sparse_prefill(num_heads, False, **kwargs)
+
+
+def test_cluster_gather_off_is_todays_kernel():
+    assert (build_sparse_prefill(128, True, **WS).script()
+            == build_sparse_prefill(128, True, **WS, cluster_gather=False).script())
+
+
+def test_cluster_gather_barriers():
+    """The crossover's barriers: each K half's ready barrier counts its one copy (the
+    filler's arrival or the peer's bulk copy) plus, on a buffer's first half, the 128
+    producer threads' flag releases; free barriers count consumer warps of both CTAs."""
+    plain = _barrier_counts(build_sparse_prefill(128, False, **WS))
+    cluster = _barrier_counts(build_sparse_prefill(128, False, **WS, cluster_gather=True))
+    # plain: ready 256 x4, free 128 x2 + 256 x2; cluster: ready 129 x2 + 1 x2, free 8 x2 + 16 x2
+    assert plain - cluster == collections.Counter({256: 6, 128: 2})
+    assert cluster - plain == collections.Counter({129: 2, 1: 2, 8: 2, 16: 2})
