@@ -9,11 +9,14 @@ against FlashMLA, and the consumer ceiling, in one process on the lent GPU.
 the seesaw consumers (``consumers="seesaw"``), 64- / 32- / 32-token tiles and 2 / 2 / 4
 producer slots (``SEESAW_IMPLS``); ``ring2`` / ``ring3`` / ``ring4`` the row's resolved split
 count with the split consumers, 32-token tiles and the FP8 producer's raw ring of 2 / 3 / 4
-shared slots (``raw_ring``, ``RAW_RING_IMPLS``); ``crossover`` the row's resolved split count
-with the seesaw consumers, 64-token tiles and the 2-CTA crossover (``cluster_crossover``,
-h128 rows only; ``CROSSOVER_IMPLS``). ``--rows ring``: the rows of the raw ring's A/B (full
-waves at h64 / h128 on both compressed scopes, SWA, MTP, below one wave, b8); ``--rows
-crossover``: the crossover's (h128: full waves on both compressed scopes and SWA, MTP).
+shared slots (``raw_ring``, ``RAW_RING_IMPLS``); ``merge_elements`` / ``merge_splits`` the row's
+resolved schedule with the combine's ``merge`` forced (``COMBINE_IMPLS``); ``crossover`` the
+row's resolved split count with the seesaw consumers, 64-token tiles and the 2-CTA crossover
+(``cluster_crossover``, h128 rows only; ``CROSSOVER_IMPLS``). ``--rows ring``: the rows of the
+raw ring's A/B (full waves at h64 / h128 on both compressed scopes, SWA, MTP, below one wave,
+b8); ``--rows splits``: rows whose buckets split (b1 / b8 / b32, both scopes and SWA, C128A
+4096 / 8192 with per-row lengths at b2 / b32); ``--rows crossover``: the crossover's (h128:
+full waves on both compressed scopes and SWA, MTP).
 
 Per row (``--rows``): the same input sets run through ``ops.sparse_decode`` with the resolved
 schedule (fixed grid: the buckets' split counts), with the persistent grid forced
@@ -55,10 +58,12 @@ PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_sp
 SEESAW_IMPLS = {"seesaw": (64, 2), "seesaw32": (32, 2), "seesaw32s4": (32, 4)}
 # raw-ring implementation -> raw_ring (shared slots of the FP8 producer's raw bytes)
 RAW_RING_IMPLS = {"ring2": 2, "ring3": 3, "ring4": 4}
+# combine implementation -> the combine's merge order (the decode kernel is the row's resolved one)
+COMBINE_IMPLS = {"merge_elements": "elements", "merge_splits": "splits"}
 # crossover implementation -> (block_tokens, producer_slots) of its seesaw schedule (h128 only)
 CROSSOVER_IMPLS = {"crossover": (64, 2)}
 IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", *SEESAW_IMPLS, *RAW_RING_IMPLS,
-         *CROSSOVER_IMPLS, "flashmla")
+         *COMBINE_IMPLS, *CROSSOVER_IMPLS, "flashmla")
 DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
 
 
@@ -85,9 +90,19 @@ def raw_ring_schedule(shape, raw_ring: int) -> dict:
             "producer_slots": 2, "raw_ring": raw_ring}
 
 
+def combine_schedule(merge: str) -> dict:
+    """The schedule file's combine with ``merge`` forced."""
+    return {**schedule_for(TARGET.dirname, "sparse_decode_combine"), "merge": merge}
+
+
 def goal_rows(which: str) -> list:
-    """Issue 23's goal rows (``goal``), a subset (``quick``) or the raw ring's rows (``ring``:
-    few variants, shared with its GPU tests)."""
+    """Issue 23's goal rows (``goal``), a subset (``quick``), the raw ring's rows (``ring``:
+    few variants, shared with its GPU tests) or rows whose buckets split (``splits``)."""
+    if which == "splits":
+        rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (1, 8, 32)
+                for k in ("swa", "c4a", "c128a")]
+        return rows + [DecodeShape(h, b, "c128a", extra_width=w, varying=True) for h in (64, 128)
+                       for w in (4096, 8192) for b in (2, 32)]
     if which == "ring":
         return [DecodeShape(h, b, k) for h in (128, 64) for b in (128, 256) for k in ("c4a",)] + [
             DecodeShape(128, 128, "c128a"), DecodeShape(64, 128, "c128a"),
@@ -134,6 +149,12 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
         if splits > 1:
             out.add(Variant.make("sparse_decode_combine", dict(num_heads=shape.h, num_splits=splits),
                                  schedule_for(tdir, "sparse_decode_combine")))
+            for name, merge in COMBINE_IMPLS.items():
+                if name in impls:
+                    out.add(fixed)
+                    out.add(Variant.make("sparse_decode_combine",
+                                         dict(num_heads=shape.h, num_splits=splits),
+                                         combine_schedule(merge)))
         if "persistent" in impls or "persistent_inv" in impls:
             out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call), PERSISTENT))
         for name, (bt, slots) in SEESAW_IMPLS.items():
@@ -196,8 +217,8 @@ def _nothing():
     yield
 
 
-def _forced(config: dict):
-    return lambda: forced_schedule(TARGET.dirname, "sparse_decode", config)
+def _forced(config: dict, op: str = "sparse_decode"):
+    return lambda: forced_schedule(TARGET.dirname, op, config)
 
 
 def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS) -> list:
@@ -213,6 +234,8 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS) -> lis
                for name, (bt, slots) in SEESAW_IMPLS.items() if name in chosen},
             **{name: (_forced(raw_ring_schedule(shape, ring)), False)
                for name, ring in RAW_RING_IMPLS.items() if name in chosen},
+            **{name: (_forced(combine_schedule(merge), "sparse_decode_combine"), False)
+               for name, merge in COMBINE_IMPLS.items() if name in chosen},
             **{name: (_forced(crossover_schedule(shape, bt, slots)), False)
                for name, (bt, slots) in CROSSOVER_IMPLS.items()
                if name in chosen and shape.h == 128},
@@ -288,7 +311,7 @@ def impl_table(results: list, chosen) -> str:
     ours = [k for k in chosen if k != "flashmla"]
     head = f"{'shape':66s} " + " ".join(f"{k[:9]:>9s}" for k in chosen)
     head += " " + " ".join(f"{'FM/' + k[:6]:>9s}" for k in ours)
-    seesaws = [k for k in ours if k.startswith(("seesaw", "ring", "crossover"))
+    seesaws = [k for k in ours if k.startswith(("seesaw", "ring", "merge", "crossover"))
                and "fixed" in ours]
     head += " " + " ".join(f"{'fx/' + k.replace('seesaw', 'ss').replace('crossover', 'xo'):>9s}"
                            for k in seesaws)
@@ -336,7 +359,8 @@ def table(results: list) -> str:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--rows", choices=("quick", "goal", "ring", "crossover"), default="quick")
+    ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover"),
+                    default="quick")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ceilings", action="store_true")
     ap.add_argument("--precompile", type=int, default=0)

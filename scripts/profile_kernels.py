@@ -7,7 +7,14 @@ s_q 1024, top-k 1152) after a warm-up, for `ncu` (the profile evidence in bench/
 
 Per-instruction stall samples: add ``--section SourceCounters -o rep``, then
 ``ncu -i rep.ncu-rep --page source --csv --print-source sass``.
+
+``--decode H,B,KIND`` (KIND swa / c4a / c128a) picks the decode row, ``--schedule JSON``
+forces the decode schedule (keys over the row's resolved one, e.g. '{"raw_ring": 4}'),
+``--decode-only`` leaves prefill out (then ``--launch-count 1``).
 """
+
+import argparse
+import json
 
 import torch
 
@@ -15,14 +22,40 @@ from dsv4_tl.bench import DecodeShape, PrefillShape, decode_inputs, ours_decode,
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--decode", default="128,128,c4a")
+    ap.add_argument("--schedule", default="")
+    ap.add_argument("--decode-only", action="store_true")
+    args = ap.parse_args()
+    h, b, kind = args.decode.split(",")
+    shape = DecodeShape(int(h), int(b), kind)
     gen = torch.Generator("cuda").manual_seed(0)
-    dec = ours_decode(decode_inputs(DecodeShape(128, 128, "c4a"), gen, 1, "cuda")[0])
-    pre = ours_prefill(prefill_inputs(PrefillShape(128, 1024, 1152, 32768), gen, 1, "cuda")[0])
-    for fn in (dec, pre):  # warm-up: loads the kernels (launches 1-2)
+    x = decode_inputs(shape, gen, 1, "cuda")[0]
+    calls = []
+    if args.schedule:
+        from dsv4_tl.kernels import SPARSE_DECODE
+        from dsv4_tl.targets import parse_target
+        from dsv4_tl.tune import forcing
+        target = parse_target("cuda:sm_90a")
+        resolved = dict(SPARSE_DECODE.variant(target.dirname, h=shape.h, b=shape.b, s_q=1,
+                                              scope=kind).schedule)
+        config = {**resolved, **json.loads(args.schedule)}
+        plain = ours_decode(x)
+
+        def dec():
+            with forcing(target, "sparse_decode", config):
+                plain()
+        calls.append(dec)
+    else:
+        calls.append(ours_decode(x))
+    if not args.decode_only:
+        calls.append(ours_prefill(prefill_inputs(PrefillShape(128, 1024, 1152, 32768), gen, 1,
+                                                 "cuda")[0]))
+    for fn in calls:  # warm-up: loads the kernels (launches 1-2)
         fn()
     torch.cuda.synchronize()
-    dec()  # profiled
-    pre()  # profiled
+    for fn in calls:  # profiled
+        fn()
     torch.cuda.synchronize()
 
 

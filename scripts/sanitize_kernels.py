@@ -6,9 +6,15 @@ index width and negative; malformed CSR indptr; block tables with garbage block 
 kernels must never read or write out of bounds whatever these hold. Each kernel is also
 checked against its reference so that a "clean" run is not a run that did nothing.
 
+    python3 scripts/sanitize_kernels.py --precompile 16   # first: compile in 16 processes
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 scripts/sanitize_kernels.py
+
+``--precompile N`` runs every step once with the loader recording the variants it is asked
+for (no kernel runs: the steps' checks fail and are ignored), then compiles those variants
+in N processes into the JIT directory, so the sanitised run does not compile one at a time.
 """
 
+import concurrent.futures
 import math
 import sys
 
@@ -74,8 +80,8 @@ def run_decode(gen, h: int, b: int, splits_hint: str, batch_invariant: bool = Fa
     print(f"decode h{h} b{b} ({splits_hint}): ok")
 
 
-def run_prefill(gen) -> None:
-    s_q, h, s_kv, topk = 8, 64, 300, 192
+def run_prefill(gen, h: int = 64, label: str = "") -> None:
+    s_q, s_kv, topk = 8, 300, 192
     q = torch.randn((s_q, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
     kv = random_k(s_kv, gen, DEV).view(s_kv, 1, 512)
     idx = garbage_indices((s_q, 1, topk), s_kv, gen)
@@ -94,7 +100,7 @@ def run_prefill(gen) -> None:
     dense, dense_lens = clamped_csr_as_dense(flat, indptr)  # the documented clamping
     ref = sparse_prefill_ref(q, kv, dense, SCALE, 512, None, dense_lens)
     assert torch.allclose(out.float(), ref[0], atol=5e-2, rtol=5e-2), "prefill ragged out"
-    print("prefill dense + ragged: ok")
+    print(f"prefill h{h} dense + ragged{label}: ok")
 
 
 def run_gather(gen, max_tokens: int) -> None:
@@ -154,27 +160,100 @@ def run_indices(gen) -> None:
     print("index helpers: ok")
 
 
-def main() -> int:
-    gen = torch.Generator(DEV).manual_seed(1234)
-    run_decode(gen, 64, 8, "8 splits + combine")
-    run_decode(gen, 128, 8, "split-KV, two head groups")
-    run_decode(gen, 16, 3, "padded heads")
-    run_decode(gen, 128, 72, "one split per row, warp-specialised producer")
-    # the persistent grid (tile_kernels/work.py): CTAs walking several items, split rows
-    # merged by the combine, rows of one split stored directly, both modes
+def steps() -> list:
+    """``(function, args, kwargs, forced)`` of every kernel run: ``forced`` is ``None`` or
+    ``(op, config)`` pinned for the step (tune.forcing)."""
     persistent = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 1,
                   "warp_specialized": True, "persistent": True, "item_cost": 3,
                   "tiles_per_split_min": 2, "invariant_tiles_per_split": 3}
-    with forcing(parse_target("cuda:sm_90a"), "sparse_decode", persistent):
-        run_decode(gen, 128, 8, "persistent grid, split rows")
-        run_decode(gen, 64, 300, "persistent grid, several items per CTA")
-        run_decode(gen, 96, 5, "padded heads: the fixed grid under the persistent schedule")
-        run_decode(gen, 128, 9, "persistent grid, batch-invariant", batch_invariant=True)
-    run_prefill(gen)
-    run_gather(gen, 200)
-    run_gather(gen, 4000)
-    run_insert(gen)
-    run_indices(gen)
+    raw_ring = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 2,
+                "warp_specialized": True, "persistent": False, "item_cost": 3,
+                "tiles_per_split_min": 4, "invariant_tiles_per_split": 16, "tokens_in_m": False,
+                "num_stages": 2, "ctas_per_sm": 1, "consumers": "split", "producer_slots": 2,
+                "raw_ring": 4}
+    prefill_persistent = {"block_tokens": 64, "heads_per_block": 64, "threads": 384,
+                          "num_stages": 0, "warp_specialized": True, "tokens_in_m": False,
+                          "persistent": True, "num_ctas": 3, "item_cost": 2, "q_ahead": True,
+                          "walk": "balanced"}
+    dec, pers = ("sparse_decode", None), ("sparse_decode", persistent)
+    return [
+        (run_decode, (64, 8, "8 splits + combine"), {}, None),
+        (run_decode, (128, 8, "split-KV, two head groups"), {}, None),
+        (run_decode, (16, 3, "tokens in M, one math warpgroup, 2 CTAs per SM, 8 splits, "
+                      "split-major combine"), {}, None),
+        (run_decode, (32, 8, "tokens in M, 32 heads, 8 splits"), {}, None),
+        (run_decode, (16, 130, "tokens in M unsplit"), {}, None),
+        (run_decode, (20, 3, "padded heads"), {}, None),
+        (run_decode, (128, 72, "one split per row, warp-specialised producer"), {}, None),
+        (run_decode, (128, 32, "seesaw consumers, four producer slots, 2 splits"), {}, None),
+        (run_decode, (64, 8, "the FP8 producer's raw ring (non-default knob), 2 splits"), {},
+         (dec[0], raw_ring)),
+        # the persistent grid (tile_kernels/work.py): CTAs walking several items, split rows
+        # merged by the combine, rows of one split stored directly, both modes
+        (run_decode, (128, 8, "persistent grid, split rows"), {}, pers),
+        (run_decode, (64, 300, "persistent grid, several items per CTA"), {}, pers),
+        (run_decode, (96, 5, "padded heads: the fixed grid under the persistent schedule"), {},
+         pers),
+        (run_decode, (128, 9, "persistent grid, batch-invariant"), {"batch_invariant": True},
+         pers),
+        (run_prefill, (), {}, None),
+        (run_prefill, (16, ", tokens in M"), {}, None),
+        (run_prefill, (128, ", persistent grid of 3 CTAs, next Q ahead"), {},
+         ("sparse_prefill", prefill_persistent)),
+        (run_gather, (200,), {}, None),
+        (run_gather, (4000,), {}, None),
+        (run_insert, (), {}, None),
+        (run_indices, (), {}, None),
+    ]
+
+
+def run_steps(gen, tolerate: bool) -> None:
+    target = parse_target("cuda:sm_90a")
+    for fn, args, kwargs, forced in steps():
+        try:
+            if forced is None:
+                fn(gen, *args, **kwargs)
+            else:
+                with forcing(target, *forced):
+                    fn(gen, *args, **kwargs)
+        except Exception:  # noqa: BLE001 - only while recording variants (no kernel ran)
+            if not tolerate:
+                raise
+
+
+def _compile(job):
+    from dsv4_tl.loader import compile_jit
+    variant, target, kdir = job
+    compile_jit(variant, target, kdir)
+    return variant.key
+
+
+def precompile(jobs: int) -> None:
+    """Record the variants the steps load (kernels replaced by no-ops), then compile them."""
+    from dsv4_tl import loader
+    seen = {}
+    real_get = loader.KernelLoader.get
+
+    def record(self, variant):
+        seen.setdefault(variant.key, (variant, self.target, self.kernel_dir))
+        return lambda *args: None
+
+    loader.KernelLoader.get = record
+    try:
+        run_steps(torch.Generator(DEV).manual_seed(1234), tolerate=True)
+    finally:
+        loader.KernelLoader.get = real_get
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        for key in pool.map(_compile, list(seen.values())):
+            print(f"compiled {key}", flush=True)
+    print(f"precompiled {len(seen)} variants", flush=True)
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--precompile":
+        precompile(int(sys.argv[2]))
+        return 0
+    run_steps(torch.Generator(DEV).manual_seed(1234), tolerate=False)
     print("all kernels ran")
     return 0
 

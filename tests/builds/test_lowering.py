@@ -175,28 +175,24 @@ def test_raw_ring_producer_source(kwargs, tmp_path):
     waits = re.findall(r"dsv4_cp_async_wait<(\d+)>\(\);", loop)
     assert waits == [str(n - 1)] * steps, waits
     assert "dsv4_ldg16" not in loop  # every raw byte comes through the ring
-    _assert_fits_without_spills(kernel, tmp_path)
+    assert _dynamic_shared_bytes(kernel) <= 227 * 1024
+    _check_no_spills(source, tmp_path)
 
 
-def _assert_fits_without_spills(kernel, tmp_path):
-    """The kernel's dynamic shared memory within the 227 KB of an sm_90a CTA and, where nvcc
-    is here, ``ptxas -v`` on its CUDA source reporting no spills."""
+def _check_no_spills(source: str, tmp_path) -> None:
+    """``ptxas -v`` (nvcc, sm_90a) on the generated CUDA ``source``, where nvcc is here: it
+    compiles and spills nothing."""
     import os
     import shutil
     import subprocess
 
-    # The dynamic shared memory is a launch argument of the host code (an int64 literal; the
-    # only one above 100 KB).
-    sizes = [int(x) for x in re.findall(r"\(\(int64_t\)(\d+)\)", kernel.get_host_source())
-             if 100_000 <= int(x) < 1_000_000]
-    assert sizes and max(sizes) <= 227 * 1024, sizes
     nvcc = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc")
                                     else None)
     if nvcc is None:
         return
     root = os.path.dirname(tilelang.__file__)
     cu = tmp_path / "kernel.cu"
-    cu.write_text(kernel.get_kernel_source())
+    cu.write_text(source)
     out = subprocess.run([nvcc, "--cubin", "-O3", "-arch=sm_90a", "-std=c++20",
                           f"-I{root}/src", f"-I{root}/3rdparty/cutlass/include", "-Xptxas", "-v",
                           "-o", str(tmp_path / "kernel.cubin"), str(cu)],
@@ -204,6 +200,15 @@ def _assert_fits_without_spills(kernel, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out.stderr)
     assert spills and all(s == ("0", "0") for s in spills), out.stderr[-1000:]
+
+
+def _dynamic_shared_bytes(kernel) -> int:
+    """The dynamic shared memory of a compiled kernel: a launch argument of the host code (an
+    int64 literal; the only one above 100 KB)."""
+    sizes = [int(x) for x in re.findall(r"\(\(int64_t\)(\d+)\)", kernel.get_host_source())
+             if 100_000 <= int(x) < 1_000_000]
+    assert sizes, "no dynamic shared memory size in the host code"
+    return max(sizes)
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -275,7 +280,8 @@ def test_k_halves_prefill_source(kwargs, tmp_path):
     scores = re.search(rf"{left}\[0\]\.wait\(\(rnd & 1\)\);(.*?)"
                        rf"{right}\[0\]\.wait\(\(rnd & 1\)\);", source, re.S)
     assert scores and "wgmma_ss" in scores.group(1), "no Sᵀ product between the halves' waits"
-    _assert_fits_without_spills(kernel, tmp_path)
+    assert _dynamic_shared_bytes(kernel) <= 227 * 1024
+    _check_no_spills(source, tmp_path)
 
 
 # ------------------------------------------------- prefill's 2-CTA cluster gather (128 heads)
@@ -316,4 +322,75 @@ def test_cluster_gather_prefill_source(kwargs, tmp_path):
     consumers = source[:source.index("tl::block_rank_in_cluster() == 0")]
     # one remote release per (consumer, K half it reads): 3 + 3
     assert len(re.findall(r"\.arrive\([01]u\);", consumers)) == 6
-    _assert_fits_without_spills(kernel, tmp_path)
+    assert _dynamic_shared_bytes(kernel) <= 227 * 1024
+    _check_no_spills(source, tmp_path)
+
+
+# ------------------------------------------------------------- the 2-CTA crossover (h128)
+def _crossover_examples():
+    from dsv4_tl.tile_kernels.sparse_decode import LOWERING_EXAMPLES
+
+    kwargs = [e["kwargs"] for e in LOWERING_EXAMPLES if e["kwargs"].get("cluster_crossover")]
+    return [pytest.param(k, id=f"crossover-extra{int(k['has_extra'])}-splits"
+                            f"{k.get('num_splits', 1)}") for k in kwargs]
+
+
+def test_crossover_has_examples():
+    """Both scopes, one split and split-KV."""
+    kwargs = [p.values[0] for p in _crossover_examples()]
+    assert {k["has_extra"] for k in kwargs} == {False, True}
+    assert {k.get("num_splits", 1) > 1 for k in kwargs} == {False, True}
+
+
+@pytest.mark.parametrize("kwargs", _crossover_examples())
+def test_crossover_source(kwargs, tmp_path):
+    """The generated CUDA of a crossover decode (sparse_decode.LOWERING_EXAMPLES): launched in
+    clusters of (1, 2, 1) (the device function's ``cluster_dims``); each K half reaches the
+    peer whole, by ``tl::tma_store_cluster`` (mapa, remote ``arrive.expect_tx``,
+    ``cp.async.bulk.shared::cluster``) of 32 KB, one per buffer and rank, the buffer's 64
+    validity bytes beside its first half, never by the element-wise fallback; the consumers
+    release halves by remote arrivals; no ``__syncthreads`` inside the role branches (the
+    producer meets at its own named barrier before each copy); cluster barriers fenced and a
+    cluster sync before the roles and at the end; shared memory within 227 KB; no spills."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+    from dsv4_tl.tile_kernels.sparse_decode_seesaw import CROSSOVER_PRODUCER_BAR
+
+    kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
+                              execution_backend="tvm_ffi", out_idx=None)
+    dims = [list(f.attrs["cluster_dims"]) for f in kernel.artifact.device_mod.functions.values()
+            if f.attrs is not None and "cluster_dims" in f.attrs]
+    assert dims == [[1, 2, 1]], dims
+    source = kernel.get_kernel_source()
+    copies = re.findall(r"tl::tma_store_cluster\(.*?\(uint32_t\)\(\(uint\)(\d+)\)", source)
+    assert sorted(copies) == sorted(["32768"] * 4 + ["64"] * 2), copies
+    assert "map_shared_rank" not in source  # the element-wise fallback
+    # three releases per consumer and tile pair (seesaw.seesaw_release), to CTA 0 or 1
+    assert len(re.findall(r"\.arrive\([01]u\);", source)) == 6
+    roles = source.index("if (((int)threadIdx.x) < 128) {")
+    end = source.rindex("tl::cluster_sync();")
+    assert source.index("tl::cluster_sync();") < roles < end
+    assert source.index("tl::fence_barrier_init();") < roles
+    assert "__syncthreads()" not in source[roles:end]
+    bars = re.findall(r"__sync_thread_partial\((\d+), 128\)", source[roles:end])
+    assert bars.count(str(CROSSOVER_PRODUCER_BAR)) == 4  # one before each half's copies
+    assert _dynamic_shared_bytes(kernel) <= 227 * 1024
+    _check_no_spills(source, tmp_path)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"num_heads": 64}, "cluster_crossover: needs num_heads 128"),
+    ({"num_heads": 96}, "cluster_crossover: needs num_heads 128"),
+    ({"num_heads": 256}, "cluster_crossover: needs num_heads 128"),
+    ({"block_tokens": 32}, "cluster_crossover: .*block_tokens 64"),
+    ({"consumers": "split"}, "cluster_crossover: needs .*consumers 'seesaw'"),
+    ({"persistent": True}, "cluster_crossover: needs .*persistent False"),
+    ({"cluster_crossover": 1}, "cluster_crossover: expected True or False"),
+])
+def test_crossover_refused(kwargs, message):
+    """Where the crossover cannot apply: a clear ValueError naming it."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+
+    base = {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+            "block_tokens": 64, "consumers": "seesaw", "cluster_crossover": True}
+    with pytest.raises(ValueError, match=message):
+        build_sparse_decode(**{**base, **kwargs})

@@ -56,6 +56,13 @@ def _case(b, s_q, h, extra_kind, gen, *, sink="mixed", fp8_format="e4m3fn"):
         (32, 64, "c128a256"),
         (96, 7, "c4a512"),
         (8, 7, "c128a128"),
+        # the tokens-in-M buckets of few rows (split, merged split-major by the combine)
+        (16, 1, "swa"),
+        (16, 8, "c128a256"),
+        (32, 1, "c4a512"),
+        (32, 8, "c128a128"),
+        (32, 16, "swa"),
+        (16, 16, "c4a512"),
     ],
     ids=lambda v: str(v),
 )
@@ -396,8 +403,9 @@ def test_decode_persistent_batch_invariant(h, b, s_q, extra_kind, seed):
 # and O). N = 8 .. 32.
 TIM_A8, TIM_D8 = (8, 8, 384, 2, 1), (8, 8, 256, 1, 2)
 TIM_A16, TIM_A32 = (16, 16, 384, 2, 1), (32, 32, 384, 2, 1)
+TIM_D16 = (16, 16, 256, 1, 2)
 SCOPES = [("swa", 1), ("c4a512", 1), ("c128a256", 8)]  # unsplit, both scopes; split-KV
-TOKENS_IN_M = ([(*c, *sc) for c in (TIM_A8, TIM_D8, TIM_A16, TIM_A32) for sc in SCOPES]
+TOKENS_IN_M = ([(*c, *sc) for c in (TIM_A8, TIM_D8, TIM_A16, TIM_D16, TIM_A32) for sc in SCOPES]
                + [(20, 24, 256, 2, 1, "swa", 1)])
 
 
@@ -489,7 +497,6 @@ def test_decode_tokens_in_m_split_edges(splits, seed):
 # tune.resources) at 16 and 32 heads, 2 and 8 splits, both scopes, with either merge order of
 # the combine (knob ``merge``); h20 in a group of 24: padded heads in the partials and in the
 # combine's last group of 8 (both merges read a real head for them and never store them).
-TIM_D16 = (16, 16, 256, 1, 2)
 TIM_SPLITS = ([(*c, sc, n) for c in (TIM_A16, TIM_D16, TIM_A32) for sc in ("swa", "c4a512")
                for n in (2, 8)] + [(20, 24, 256, 2, 1, "c4a512", 2)])
 

@@ -74,6 +74,9 @@ def _dsv4_suite() -> dict:
     for kind, width in (("swa", None), ("c4a", 512), ("c128a", 1024)):
         decode[f"h16_{kind}_ctas67_up"] = DecodeShape(16, 128, kind, extra_width=width,
                                                       varying=kind == "c128a")
+        for h in (16, 32):
+            decode[f"h{h}_{kind}_ctas1_16"] = DecodeShape(h, 8, kind, extra_width=width,
+                                                          varying=kind == "c128a")
     # TP head counts (V4-Pro TP8 = 16 heads, TP4 = 32), Flash C4A width
     prefill = {"h16_tp": PrefillShape(16, 4096, 640, 32768),
                "h32_tp": PrefillShape(32, 4096, 640, 32768)}
