@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 26's prefill levers on a lent H100/H200 (device tool), from the repository root, after
 # `export OUT && source scripts/device_setup.sh`:
-#   lever 3 (bench/PERF_NOTES.md item 39): the TP rows' tokens-in-M schedule with K by halves
+#   lever 3 (bench/PERF_NOTES.md item 41): the TP rows' tokens-in-M schedule with K by halves
 #   (modes k_halves, k_halves_nb3) against today's schedule (fixed) and FlashMLA padded to 64;
-#   lever 2 (item 41): h128's one K gather per row through a 2-CTA cluster (cluster_gather)
+#   lever 2 (item 42): h128's one K gather per row through a 2-CTA cluster (cluster_gather)
 #   on the s_q 4096 top-k 1152 and width-8320 rows against today's and FlashMLA.
 # Precompiles, in 12 processes, the variants of the A/B's rows and modes and of the levers'
 # GPU tests (12), runs those tests (-k "k_halves or cluster_gather": poisoned outputs, dense
