@@ -18,11 +18,12 @@ mode's knobs forced on top of it where the resolved schedule has that form (``pe
 FlashMLA's prefill; every
 implementation's output is checked against the float32 reference first (on the first
 set); times (µs, graph replay, median over ``--rounds`` interleaved rounds of the median of
-20 replays) go to ``prefill_grid_ab.json`` (rewritten after each row) and a table.
+20 replays) go to ``<name>.json`` (rewritten after each row) and a table.
 ``--precompile N`` first compiles every variant the rows and modes (and the GPU tests of
 the selected modes in tests/sparse_prefill/test_sparse_prefill_gpu.py) need, in N processes.
 ``--rows tp``: only the TP rows (h16 / h32, s_q 4096, top-k 640 with per-row lengths and
-1152); ``--rows levers``: those and h128's s_q 4096 top-k 1152 and width-8320 rows.
+1152); ``--rows h128``: h128's s_q 4096 top-k 1152 and width-8320 rows; ``--rows levers``:
+both. ``--name``: the output files' stem.
 """
 
 import argparse
@@ -79,11 +80,11 @@ def tp_rows() -> list:
             + [PrefillShape(h, 4096, 1152, 32768) for h in (16, 32)])
 
 
-def lever_rows() -> list:
-    """The rows levers 2 and 3 target: the TP rows and h128's goal rows (s_q 4096 top-k
-    1152; width 8320 with per-row lengths on a 256 MiB workspace)."""
-    return tp_rows() + [PrefillShape(128, 4096, 1152, 32768),
-                        PrefillShape(128, 1024, 8320, 262144, varying=True)]
+def h128_rows() -> list:
+    """The h128 goal rows lever 2 targets: s_q 4096 top-k 1152, width 8320 with per-row
+    lengths on a 256 MiB workspace."""
+    return [PrefillShape(128, 4096, 1152, 32768),
+            PrefillShape(128, 1024, 8320, 262144, varying=True)]
 
 
 def goal_rows() -> list:
@@ -268,11 +269,14 @@ def main():
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--modes", default=",".join(PERSISTENT_MODES),
                     help=f"the modes to time, of {list(MODES)} (comma-separated; '' for none)")
-    ap.add_argument("--rows", choices=("goal", "tp", "levers"), default="goal",
+    ap.add_argument("--name", default="prefill_grid_ab",
+                    help="stem of the output files (<name>.json, <name>.txt)")
+    ap.add_argument("--rows", choices=("goal", "tp", "levers", "h128"), default="goal",
                     help="goal: issue 26's goal rows; tp: only the TP rows (h16 / h32); "
-                         "levers: the TP rows and h128's s_q 4096 / width 8320 rows")
+                         "h128: h128's s_q 4096 / width 8320 rows; levers: tp and h128")
     args = ap.parse_args()
-    rows = {"goal": goal_rows, "tp": tp_rows, "levers": lever_rows}[args.rows]()
+    rows = {"goal": goal_rows, "tp": tp_rows, "h128": h128_rows,
+            "levers": lambda: tp_rows() + h128_rows()}[args.rows]()
     asked = set(filter(None, args.modes.split(",")))
     if asked - set(MODES):
         ap.error(f"--modes: unknown {sorted(asked - set(MODES))}, known {list(MODES)}")
@@ -288,9 +292,9 @@ def main():
     if errors:
         print("peer errors:", errors, flush=True)
     results = measure_rows(rows, args.rounds, flashmla,
-                           os.path.join(args.out, "prefill_grid_ab.json"))
+                           os.path.join(args.out, f"{args.name}.json"))
     text = f"{torch.cuda.get_device_name()}\n" + table(results)
-    with open(os.path.join(args.out, "prefill_grid_ab.txt"), "w") as fh:
+    with open(os.path.join(args.out, f"{args.name}.txt"), "w") as fh:
         fh.write(text + "\n")
     print(text)
 
