@@ -35,15 +35,14 @@ def read_ahead(ahead, base: int, index_of, tile, length, p, BI: int):
 @T.macro
 def resolve_rows(valid, rows, ahead, base: int, tile, length, s_kv, p, BI: int):
     """The thread's rows of ``tile``: the validity flags into ``valid`` (shared, released to
-    the consumers by the first half's plain arrivals; None: not stored, the cluster peer
-    sends them) and the KV rows into ``rows[base:]`` (-1 for an invalid one)."""
+    the consumers by the first half's plain arrivals) and the KV rows into ``rows[base:]``
+    (-1 for an invalid one)."""
     for r in T.unroll(BI // 16):
         j = r * 16 + p // 8
         col = tile * BI + j
         kv = ahead[base + r]
         ok = (col < length) and (kv >= 0) and (kv < s_kv)
-        if valid is not None:
-            valid[j] = ok
+        valid[j] = ok
         rows[base + r] = T.if_then_else(ok, kv, -1)
 
 

@@ -859,7 +859,8 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                                 for r in rows_of_thread:
                                     j = r * 16 + p // 8
                                     col = t * BI + j
-                                    ok = (col < length) and (kv_rows[r] >= 0) and (kv_rows[r] < s_kv)
+                                    ok = ((col < length) and (kv_rows[r] >= 0)
+                                          and (kv_rows[r] < s_kv))
                                     valid[b][j] = ok
                                     kv_row[0] = T.if_then_else(ok, kv_rows[r], 0)
                                     # 8 threads per row, each 16 bytes per step: a warp reads
