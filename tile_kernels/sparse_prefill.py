@@ -35,8 +35,12 @@ from .attention_tile import (
     ws_set_regs,
     ws_store_rows,
 )
+from .bf16_producer import (CLUSTER_PRODUCER_BAR, copy_half, gather_half, read_ahead,
+                            resolve_rows, send_half)
 from .layout import HEAD_DIM
 from .seesaw import SeesawState, seesaw_consumer_0, seesaw_consumer_1
+from .fp8_producer import RAW_RING_PRELUDE
+from .sparse_decode_seesaw import CROSSOVER_CLUSTER
 from .work import cta_work_range, walk_items, walk_strided
 
 # Registers of the warp-specialised roles (rules in attention_tile.WS_LAUNCH_REGS): both
@@ -46,6 +50,14 @@ PREFILL_WS_REGS = check_ws_regs((216, 216, 72))
 # every (row, head group) is one work item (prefill has no combine).
 ONE_SPLIT = 1 << 30
 PERSISTENT_WALKS = ("balanced", "strided")
+# cluster_gather: the row's two head groups (grid dim 1) in one cluster, rank = head group,
+# the decode crossover's shape
+CLUSTER_GATHER_DIMS = CROSSOVER_CLUSTER
+# cluster_gather: arrivals on the ready barrier of K half [buffer][half] in either CTA: the
+# half itself once (the filling CTA's thread 0 after its copies landed, or in the peer the
+# bulk copy's remote arrival) and, on the buffer's first half, every producer thread of the
+# CTA once for its validity flags (each CTA writes its own)
+CLUSTER_READY = tuple(tuple(1 + (128 if half == buf else 0) for half in (0, 1)) for buf in (0, 1))
 
 
 def build_sparse_prefill(
@@ -64,6 +76,8 @@ def build_sparse_prefill(
     item_cost: int = 2,
     q_ahead: bool = False,
     walk: str = "balanced",
+    k_halves: bool = False,
+    cluster_gather: bool = False,
 ):
     """Return the prim_func of sparse prefill.
 
@@ -98,6 +112,14 @@ def build_sparse_prefill(
         walk: the persistent grid's partition: "balanced" (contiguous cost-balanced ranges,
             ``work.cta_work_range``) or "strided" (CTA ``c`` takes units ``c, c + G, ...``:
             the CTAs running together stay on neighbouring rows, as on the fixed grid).
+        k_halves: with ``tokens_in_m``, each K buffer is filled and released by halves (dims
+            [0, 256) then [256, 512), each with its own ready and free barriers), so Sᵀ of a
+            tile starts on the half that has landed and the producer refills a half as soon
+            as its last reader is done (the seesaw's K halves, in the tokens-in-M schedule).
+        cluster_gather: with ``warp_specialized`` at 128 heads on the fixed grid, the row's
+            two head-group CTAs form a 2-CTA cluster and each gathers one K half of every
+            tile and sends it into its peer's shared memory, so the row's K rows are read
+            from L2 once instead of twice (``_build_warp_specialized``).
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
     ``indices``, ``lengths`` (dense: ``topk_length [s_q] int32``; ragged: ``indptr [s_q+1]
@@ -139,10 +161,21 @@ def build_sparse_prefill(
     if (persistent or q_ahead) and not warp_specialized:
         raise ValueError("persistent / q_ahead: need the warp-specialised schedule "
                          f"(warp_specialized True), got {warp_specialized}")
+    if k_halves and not tokens_in_m:
+        # (the seesaw's K buffers already go by halves; the plain schedule has no producer)
+        raise ValueError("k_halves: needs the tokens-in-M schedule (tokens_in_m True), got "
+                         f"tokens_in_m {tokens_in_m}")
+    if cluster_gather and not (warp_specialized and not tokens_in_m and num_heads == 128
+                               and not persistent):
+        raise ValueError("cluster_gather: needs the warp-specialised schedule on the fixed grid "
+                         "(warp_specialized True, persistent False) at num_heads 128 (the "
+                         f"row's two 64-head groups form the cluster), got warp_specialized "
+                         f"{warp_specialized}, tokens_in_m {tokens_in_m}, persistent "
+                         f"{persistent}, num_heads {num_heads}")
     if tokens_in_m:
         _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
         return _build_tokens_in_m(num_heads, BI, HB, num_stages, threads, row_length,
-                                  index_at, idx_shape, len_shape, s_q, s_kv)
+                                  index_at, idx_shape, len_shape, s_q, s_kv, k_halves)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -160,7 +193,7 @@ def build_sparse_prefill(
         return _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape,
                                        len_shape, s_q, s_kv,
                                        persistent and num_heads % HB == 0, num_ctas,
-                                       item_cost, q_ahead, walk)
+                                       item_cost, q_ahead, walk, cluster_gather)
 
     @T.prim_func
     def sparse_prefill(
@@ -252,7 +285,7 @@ def row_epilogue(m_i, l_i, inv, write_stats: bool, Sink, MaxLogits, Lse, row, h0
 
 def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv,
                             persistent=False, num_ctas=132, item_cost=2, q_ahead=False,
-                            walk="balanced"):
+                            walk="balanced", cluster_gather=False):
     """The warp-specialised Hopper schedule of the same kernel (attention_tile's
     WarpSpecializedState, the consumers of seesaw.py). The producer warpgroup resolves the tile's
     indices (clamped reads, validity flags) and gathers the rows with per-thread cp.async
@@ -260,6 +293,16 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
     read. Its loads overlap the consumers' math because the roles live in different warps.
     Tiles past the row's last one are produced all-invalid, so the consumers always process
     buffers in pairs.
+
+    ``cluster_gather`` (128 heads, fixed grid): the row's two head-group CTAs form a cluster
+    (``cluster_dims`` (1, 2, 1): rank = head group). The producer of rank ``h`` gathers K half
+    ``h`` of both buffers (every row of the tile; buffer ``h``'s first, with its validity
+    flags) and, once its copies landed, sends each half (and flags) into the same buffers of
+    its peer (``bf16_producer.send_half``), so each K row is read from L2 once per row
+    instead of once per head group. The consumers are the seesaw's, their barriers the
+    decode crossover's (``SeesawState(crossover=True)``: a half is refilled once the
+    consumers of both CTAs released it; ``sparse_decode_seesaw.crossover_ready_arrivals``).
+    Both CTAs of a cluster have the same row, so the same tile pairs.
     """
     D = HEAD_DIM
     DH = D // 2
@@ -290,44 +333,58 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
         entries for the next pair are read right after, a pair ahead of their use.
         ``ahead`` / ``rows``: local int32 [2 * R] (the index entries read ahead; the resolved
         KV rows, -1 invalid); ``pair0``: the tile pairs of the CTA's earlier work items."""
+        index_of = lambda col: index_at(Indices, Lengths, row, col)  # noqa: E731
         if pairs > 0:  # (the row's window is not empty: clamped columns stay inside it)
             for buf in (0, 1):
-                for r in T.unroll(R):
-                    ahead[buf * R + r] = index_at(
-                        Indices, Lengths, row, T.min(buf * BI + r * 16 + p // 8, length - 1))
+                read_ahead(ahead, buf * R, index_of, buf, length, p, BI)
         for pair in T.serial(pairs):
             for buf, half in ((0, 0), (1, 1), (0, 1), (1, 0)):
                 T.barrier_wait(ss.k_free[buf][half], ((pair0 + pair) & 1) ^ 1)
                 if half == buf:
-                    for r in T.unroll(R):
-                        j = r * 16 + p // 8
-                        col = (pair * 2 + buf) * BI + j
-                        kv = ahead[buf * R + r]
-                        ok = (col < length) and (kv >= 0) and (kv < s_kv)
-                        st.valid[buf][j] = ok
-                        rows[buf * R + r] = T.if_then_else(ok, kv, -1)
-                for r in T.unroll(R):
-                    j = r * 16 + p // 8
-                    ok = rows[buf * R + r] >= 0
-                    # 8 threads per row, 16-byte cp.async copies, all in flight at once; an
-                    # invalid row is zero-filled without being read (address clamped to 0).
-                    src = T.max(rows[buf * R + r], 0)
-                    for u in T.serial(DH // 64):
-                        c = 64 * u + (p % 8) * 8
-                        dst = st.K_l[buf] if half == 0 else st.K_r[buf]
-                        T.ptx_cp_async(T.access_ptr(dst[j, c], "w", 8),
-                                       T.access_ptr(KV[src, half * DH + c], "r", 8), 8, ok)
-                # Two arrivals per thread: one when its copies have landed, one releasing
-                # its plain stores of the validity flags.
-                T.cp_async_barrier_noinc(ss.k_ready[buf][half])
-                T.barrier_arrive(ss.k_ready[buf][half])
+                    resolve_rows(st.valid[buf], rows, ahead, buf * R, pair * 2 + buf, length,
+                                 s_kv, p, BI)
+                gather_half(st.K_l[buf] if half == 0 else st.K_r[buf], KV, rows, buf * R, half,
+                            p, ss.k_ready[buf][half])
                 if half == buf:
                     if pair + 1 < pairs:
-                        for r in T.unroll(R):
-                            ahead[buf * R + r] = index_at(
-                                Indices, Lengths, row,
-                                T.min(((pair + 1) * 2 + buf) * BI + r * 16 + p // 8,
-                                      length - 1))
+                        read_ahead(ahead, buf * R, index_of, (pair + 1) * 2 + buf, length, p, BI)
+
+    @T.macro
+    def cluster_producer(st, ss, p, pairs, length, KV, Indices, Lengths, row, ahead, rows,
+                         rank: int):
+        """``cluster_gather``'s producer of cluster rank ``rank``: per pair, K half ``rank``
+        of buffer ``rank`` then of the other buffer, each as soon as the consumers of both
+        CTAs released it, and sent to the peer as soon as its copies landed. (Both halves'
+        copies in flight before the first is sent would make the first half's send wait for
+        the second's release: a wait on the consumers' last release of the pair before, so
+        every pair would start with a gather's latency.) Both CTAs resolve every row (the
+        same query row) and write their own validity flags of both buffers, each thread
+        releasing its stores by a plain arrival on the buffer's first-half ready barrier
+        (``CLUSTER_READY``); a buffer's flags are rewritten only after the free wait of this
+        CTA's half of it, which the buffer's scoring consumer releases after reading them.
+        The index entries are read a pair ahead, as the seesaw's."""
+        index_of = lambda col: index_at(Indices, Lengths, row, col)  # noqa: E731
+        if pairs > 0:
+            for buf in (0, 1):
+                read_ahead(ahead, buf * R, index_of, buf, length, p, BI)
+        for pair in T.serial(pairs):
+            for buf in (rank, 1 - rank):
+                # (the buffers named in place: bound to a local name in a macro, a buffer is
+                # renamed in the generated code)
+                T.barrier_wait(ss.k_free[buf][rank], (pair & 1) ^ 1)
+                resolve_rows(st.valid[buf], rows, ahead, buf * R, pair * 2 + buf, length, s_kv,
+                             p, BI)
+                T.barrier_arrive(ss.k_ready[buf][buf])  # (the flags' release)
+                copy_half((st.K_l, st.K_r)[rank][buf], KV, rows, buf * R, rank, p, True)
+                T.call_extern("handle", "dsv4_cp_async_commit")
+                if pair + 1 < pairs:
+                    read_ahead(ahead, buf * R, index_of, (pair + 1) * 2 + buf, length, p, BI)
+                T.call_extern("handle", "dsv4_cp_async_wait<0>")
+                send_half((st.K_l, st.K_r)[rank][buf], ss.k_ready[buf][rank], p, 1 - rank)
+
+    # (the cluster producer's copies are RAW_RING_PRELUDE's calls)
+    launch = ({"cluster_dims": CLUSTER_GATHER_DIMS, "prelude": RAW_RING_PRELUDE}
+              if cluster_gather else {})
 
     @T.prim_func
     def sparse_prefill(
@@ -341,9 +398,12 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
         Lse: T.Tensor([s_q, num_heads], T.float32),
         sm_scale: T.float32,
     ):
-        with T.Kernel(s_q, head_groups, threads=WS_THREADS) as (row, hg):
+        with T.Kernel(s_q, head_groups, threads=WS_THREADS, **launch) as (row, hg):
             st = WarpSpecializedState(HB, BI, D, split=False)
-            ss = SeesawState(HB, BI)
+            if cluster_gather:
+                ss = SeesawState(HB, BI, ready_arrivals=CLUSTER_READY, crossover=True)
+            else:
+                ss = SeesawState(HB, BI)
             tx = T.get_thread_binding()
             h0 = hg * HB
             scale_log2 = sm_scale * LOG2E
@@ -371,8 +431,19 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                 ws_set_regs(PREFILL_WS_REGS[2])
                 ahead = T.alloc_local([2 * R], T.int32)
                 rows = T.alloc_local([2 * R], T.int32)
-                seesaw_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths, row,
-                                ahead, rows)
+                if not cluster_gather:
+                    seesaw_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths, row,
+                                    ahead, rows)
+                elif T.block_rank_in_cluster() == 0:
+                    cluster_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths,
+                                     row, ahead, rows, 0)
+                else:
+                    cluster_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths,
+                                     row, ahead, rows, 1)
+            if cluster_gather:
+                # Neither CTA leaves while its peer may still arrive on its barriers or copy
+                # into its buffers (the peer's last releases and copies precede this).
+                T.cluster_sync()
 
     if not persistent:
         return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
@@ -530,7 +601,7 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
 
 
 def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx_shape,
-                       len_shape, s_q, s_kv):
+                       len_shape, s_q, s_kv, k_halves=False):
     """Sparse prefill for few heads (TP head counts, ``heads_per_block`` 16 or 32): the heads
     are wgmma's N dimension and the KV tokens its M dimension, so no head is padded to 64.
 
@@ -555,6 +626,15 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
     The softmax sum is kept per thread in the layout of Sᵀ (``l_part``, rescaled with the
     rows) and reduced across the warpgroup once, in the epilogue: one cross-warp reduction
     (the max) per tile instead of two.
+
+    ``k_halves``: each buffer's halves ``K_l`` / ``K_r`` have their own barriers
+    (``k_ready[b][h]``, ``k_free[b][h]``). The producer fills the left half, then the right
+    (``bf16_producer``: the validity flags with the left), each as soon as its readers
+    released it; warpgroup 0 issues Sᵀ's left product as soon as the left half has landed and
+    the right one when it lands. Readers: ``K_l`` warpgroup 0 (Sᵀ, then P·V's dims [0, 256));
+    ``K_r`` with two math warpgroups warpgroup 0 (Sᵀ: released right after it) and
+    warpgroup 1 (P·V's dims [256, 512)), with one warpgroup 0 alone (its P·V's second
+    product, released after the first product's wait).
     """
     D = HEAD_DIM
     DH = D // 2
@@ -575,6 +655,29 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
         for i, d in T.Parallel(HB, DH):
             if full_groups or h0 + i < num_heads:
                 Out[row, h0 + i, d0 + d] = stage[i, d]
+
+    @T.macro
+    def producer_by_halves(p, tiles, rounds, length, ahead, rows, KV, Indices, Lengths, row,
+                           K_l, K_r, valid, k_ready, k_free):
+        """``k_halves``' producer (thread ``p`` of its warpgroup): tile ``t`` into buffer
+        ``t % NB`` by halves (``bf16_producer``), the left half (with the validity flags) as
+        soon as warpgroup 0 released it, then the right one as soon as its readers did; the
+        next tile's index entries are read right after the left half's copies are issued.
+        ``ahead`` / ``rows``: local int32 [BI / 16]."""
+        index_of = lambda col: index_at(Indices, Lengths, row, col)  # noqa: E731
+        if tiles > 0:  # (the window is not empty: clamped columns stay inside it)
+            read_ahead(ahead, 0, index_of, 0, length, p, BI)
+        for rnd in T.serial(rounds):
+            for b in buffers:
+                t = rnd * NB + b
+                if t < tiles:
+                    T.barrier_wait(k_free[b][0], (rnd & 1) ^ 1)
+                    resolve_rows(valid[b], rows, ahead, 0, t, length, s_kv, p, BI)
+                    gather_half(K_l[b], KV, rows, 0, 0, p, k_ready[b][0])
+                    if t + 1 < tiles:
+                        read_ahead(ahead, 0, index_of, t + 1, length, p, BI)
+                    T.barrier_wait(k_free[b][1], (rnd & 1) ^ 1)
+                    gather_half(K_r[b], KV, rows, 0, 1, p, k_ready[b][1])
 
     @T.prim_func
     def sparse_prefill(
@@ -619,8 +722,14 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
             # k_ready: two arrivals per producer thread (its cp.async copies landed, and a
             # plain arrive releasing its stores of the validity flags). k_free: every math
             # thread. p_ready / p_free: warpgroup 0 -> 1 and back, per P tile.
-            k_ready = [T.alloc_barrier(arrive_count=256) for _ in buffers]
-            k_free = [T.alloc_barrier(arrive_count=producer0) for _ in buffers]
+            if k_halves:  # [buffer][half]; K_r's free count: its readers (see above)
+                k_ready = [[T.alloc_barrier(arrive_count=256) for _ in (0, 1)]
+                           for _ in buffers]
+                k_free = [[T.alloc_barrier(arrive_count=128),
+                           T.alloc_barrier(arrive_count=producer0)] for _ in buffers]
+            else:
+                k_ready = [T.alloc_barrier(arrive_count=256) for _ in buffers]
+                k_free = [T.alloc_barrier(arrive_count=producer0) for _ in buffers]
             p_ready = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
             p_free = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
             bar_done = T.alloc_barrier(arrive_count=256) if two else None
@@ -648,7 +757,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                 for rnd in T.serial(rounds):
                     for b in buffers:
                         if rnd * NB + b < tiles:
-                            T.barrier_wait(k_ready[b], rnd & 1)
+                            T.barrier_wait(k_ready[b][0] if k_halves else k_ready[b], rnd & 1)
                             # cp.async wrote the tile (generic proxy); wgmma reads it
                             # through the async proxy.
                             T.fence_proxy_async()
@@ -658,8 +767,13 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                             # both halves issued before one wait (a wait per half left
                             # the tensor cores idle between them)
                             T.wgmma_gemm(K_l[b], Q_l, acc_s, transpose_B=True)
+                            if k_halves:  # the right half may still be landing
+                                T.barrier_wait(k_ready[b][1], rnd & 1)
+                                T.fence_proxy_async()
                             T.wgmma_gemm(K_r[b], Q_r, acc_s, transpose_B=True)
                             T.wait_wgmma(0)
+                            if k_halves and two:  # warpgroup 0's last read of K_r
+                                T.barrier_arrive(k_free[b][1])
                             if two:
                                 # warpgroup 1 is done with this P tile of NB tiles ago
                                 # (parity 1 on the first round: a fresh barrier's previous
@@ -682,8 +796,13 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                                              transpose_B=True)
                                 T.wgmma_gemm(K_r[b], P_tiles[0], acc_o_r, transpose_A=True,
                                              transpose_B=True)
+                                if k_halves:  # K_l is read by the first product only
+                                    T.wait_wgmma(1)
+                                    T.barrier_arrive(k_free[b][0])
                                 T.wait_wgmma(0)
-                            T.barrier_arrive(k_free[b])
+                            # the buffer (without halves), else the half read last
+                            T.barrier_arrive(k_free[b] if not k_halves
+                                             else k_free[b][0] if two else k_free[b][1])
                 # Epilogue. max_logits/lse exclude the sink; out divides by Σe^s + e^sink.
                 T.reduce_sum(l_part, l_i, dim=0, batch=HB // 4)
                 row_epilogue(m_i, l_i, inv, True, Sink, MaxLogits, Lse, row, h0, num_heads,
@@ -704,7 +823,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                             T.fence_proxy_async()
                             T.copy(alpha_shared[b], alpha_r)
                             tim_pv_half(acc_o_r, alpha_r, K_r[b], P_tiles[b])
-                            T.barrier_arrive(k_free[b])
+                            T.barrier_arrive(k_free[b][1] if k_halves else k_free[b])
                             T.barrier_arrive(p_free[b])
                 # Warpgroup 0's last QKᵀ has read Q_r (its P of the last tile came after
                 # it), and bar_done brings the heads' reciprocal denominators.
@@ -721,39 +840,46 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                 # was a full memory latency before each row's copies could start); a tile's
                 # loads are only issued when the tile exists, so an empty ragged window
                 # reads nothing.
-                if tiles > 0:
-                    for r in rows_of_thread:
-                        col = r * 16 + p // 8
-                        # Address clamped into the row's window.
-                        kv_rows[r] = index_at(Indices, Lengths, row, T.min(col, length - 1))
-                for rnd in T.serial(rounds):
-                    for b in buffers:
-                        t = rnd * NB + b
-                        if t < tiles:
-                            T.barrier_wait(k_free[b], (rnd & 1) ^ 1)
-                            for r in rows_of_thread:
-                                j = r * 16 + p // 8
-                                col = t * BI + j
-                                ok = (col < length) and (kv_rows[r] >= 0) and (kv_rows[r] < s_kv)
-                                valid[b][j] = ok
-                                kv_row[0] = T.if_then_else(ok, kv_rows[r], 0)
-                                # 8 threads per row, each 16 bytes per step: a warp reads
-                                # four 128-byte segments per instruction.
-                                for u in T.unroll(DH // 64):
-                                    c = 64 * u + (p % 8) * 8
-                                    T.ptx_cp_async(T.access_ptr(K_l[b][j, c], "w", 8),
-                                                   T.access_ptr(KV[kv_row[0], c], "r", 8), 8,
-                                                   ok)
-                                    T.ptx_cp_async(T.access_ptr(K_r[b][j, c], "w", 8),
-                                                   T.access_ptr(KV[kv_row[0], DH + c], "r", 8),
-                                                   8, ok)
-                            T.cp_async_barrier_noinc(k_ready[b])
-                            T.barrier_arrive(k_ready[b])
-                            if t + 1 < tiles:
+                if k_halves:
+                    ahead = T.alloc_local([BI // 16], T.int32)  # the index entries
+                    rows = T.alloc_local([BI // 16], T.int32)  # resolved, -1 invalid
+                    producer_by_halves(p, tiles, rounds, length, ahead, rows, KV, Indices,
+                                       Lengths, row, K_l, K_r, valid, k_ready, k_free)
+                else:
+                    if tiles > 0:
+                        for r in rows_of_thread:
+                            col = r * 16 + p // 8
+                            # Address clamped into the row's window.
+                            kv_rows[r] = index_at(Indices, Lengths, row, T.min(col, length - 1))
+                    for rnd in T.serial(rounds):
+                        for b in buffers:
+                            t = rnd * NB + b
+                            if t < tiles:
+                                T.barrier_wait(k_free[b], (rnd & 1) ^ 1)
                                 for r in rows_of_thread:
-                                    col = (t + 1) * BI + r * 16 + p // 8
-                                    kv_rows[r] = index_at(Indices, Lengths, row,
-                                                          T.min(col, length - 1))
+                                    j = r * 16 + p // 8
+                                    col = t * BI + j
+                                    ok = ((col < length) and (kv_rows[r] >= 0)
+                                          and (kv_rows[r] < s_kv))
+                                    valid[b][j] = ok
+                                    kv_row[0] = T.if_then_else(ok, kv_rows[r], 0)
+                                    # 8 threads per row, each 16 bytes per step: a warp reads
+                                    # four 128-byte segments per instruction.
+                                    for u in T.unroll(DH // 64):
+                                        c = 64 * u + (p % 8) * 8
+                                        T.ptx_cp_async(T.access_ptr(K_l[b][j, c], "w", 8),
+                                                       T.access_ptr(KV[kv_row[0], c], "r", 8), 8,
+                                                       ok)
+                                        T.ptx_cp_async(T.access_ptr(K_r[b][j, c], "w", 8),
+                                                       T.access_ptr(KV[kv_row[0], DH + c], "r", 8),
+                                                       8, ok)
+                                T.cp_async_barrier_noinc(k_ready[b])
+                                T.barrier_arrive(k_ready[b])
+                                if t + 1 < tiles:
+                                    for r in rows_of_thread:
+                                        col = (t + 1) * BI + r * 16 + p // 8
+                                        kv_rows[r] = index_at(Indices, Lengths, row,
+                                                              T.min(col, length - 1))
 
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
@@ -786,4 +912,19 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 24, "ragged": True, "tokens_in_m": True, "heads_per_block": 32,
                 "threads": 384, "num_stages": 2}},
+    # tokens in M with K by halves (issue 26 lever 3): TP h32 dense, two math warpgroups;
+    # h16 ragged, one math warpgroup and 3 K buffers (the largest shared memory)
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 32, "ragged": False, "tokens_in_m": True, "heads_per_block": 32,
+                "threads": 384, "num_stages": 2, "k_halves": True}},
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 16, "ragged": True, "tokens_in_m": True, "heads_per_block": 16,
+                "threads": 256, "num_stages": 3, "k_halves": True}},
+    # the 2-CTA cluster gather at 128 heads (issue 26 lever 2), both index forms
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 128, "ragged": False, "warp_specialized": True, "threads": 384,
+                "cluster_gather": True}},
+    {"builder": "build_sparse_prefill",
+     "kwargs": {"num_heads": 128, "ragged": True, "warp_specialized": True, "threads": 384,
+                "cluster_gather": True}},
 ]

@@ -245,6 +245,87 @@ def test_raw_ring_tokens_in_m_budget():
                             raw_ring=2)
 
 
+# ------------------------------------------------- tokens-in-M prefill with K by halves
+def _k_halves_examples():
+    from dsv4_tl.tile_kernels.sparse_prefill import LOWERING_EXAMPLES
+
+    kwargs = [e["kwargs"] for e in LOWERING_EXAMPLES if e["kwargs"].get("k_halves")]
+    return [pytest.param(k, id=f"k_halves-h{k['num_heads']}-t{k['threads']}-nb{k['num_stages']}")
+            for k in kwargs]
+
+
+def test_k_halves_has_examples():
+    assert len(_k_halves_examples()) >= 2
+
+
+@pytest.mark.parametrize("kwargs", _k_halves_examples())
+def test_k_halves_prefill_source(kwargs, tmp_path):
+    """The generated CUDA of a tokens-in-M prefill with K by halves (sparse_prefill's
+    LOWERING_EXAMPLES, from TileLang's cache when test_lowering compiled it): every K half
+    of every buffer signalled by its own cp.async arrival; the producer's branch (the last
+    role, from its first tile loop) free of barriers that TileLang inserted (one would
+    lock its warps to another role's); warpgroup 0 issues Sᵀ's first product between the
+    waits for the two halves of a buffer; shared memory within 227 KB and no spills."""
+    from dsv4_tl.tile_kernels.sparse_prefill import build_sparse_prefill
+
+    kernel = tilelang.compile(build_sparse_prefill(**kwargs), target=TARGET,
+                              execution_backend="tvm_ffi", out_idx=None)
+    source = kernel.get_kernel_source()
+    arrivals = re.findall(r"tl::mbarrier_cp_async_arrive_noinc\((\w+)\[0\]\)", source)
+    assert len(arrivals) == len(set(arrivals)) == 2 * kwargs["num_stages"], arrivals
+    producer = source[source.rfind("for (int rnd", 0, source.index("cp_async_gs_conditional")):]
+    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\(|bar\.sync", producer)
+    assert not inserted, f"barriers in the producer's branch: {inserted}"
+    left, right = arrivals[0], arrivals[1]  # buffer 0's halves, in the producer's order
+    scores = re.search(rf"{left}\[0\]\.wait\(\(rnd & 1\)\);(.*?)"
+                       rf"{right}\[0\]\.wait\(\(rnd & 1\)\);", source, re.S)
+    assert scores and "wgmma_ss" in scores.group(1), "no Sᵀ product between the halves' waits"
+    assert _dynamic_shared_bytes(kernel) <= 227 * 1024
+    _check_no_spills(source, tmp_path)
+
+
+# ------------------------------------------------- prefill's 2-CTA cluster gather (128 heads)
+def _cluster_gather_examples():
+    from dsv4_tl.tile_kernels.sparse_prefill import LOWERING_EXAMPLES
+
+    kwargs = [e["kwargs"] for e in LOWERING_EXAMPLES if e["kwargs"].get("cluster_gather")]
+    return [pytest.param(k, id=f"cluster_gather-ragged{int(k['ragged'])}") for k in kwargs]
+
+
+def test_cluster_gather_has_examples():
+    assert len(_cluster_gather_examples()) >= 2
+
+
+@pytest.mark.parametrize("kwargs", _cluster_gather_examples())
+def test_cluster_gather_prefill_source(kwargs, tmp_path):
+    """The generated CUDA of the cluster gather (sparse_prefill's LOWERING_EXAMPLES): the
+    barriers initialised before a cluster-wide sync (the peer arrives on them), each rank's
+    producer (the branches on the CTA's cluster rank) free of barriers that TileLang
+    inserted, sending each of its two K halves (32 KB) by one bulk shared::cluster copy from
+    one thread after its own named barrier (id 10); the consumers' releases remote, from one
+    lane per warp; a cluster sync before the exit; shared memory and no spills."""
+    from dsv4_tl.tile_kernels.sparse_prefill import build_sparse_prefill
+
+    kernel = tilelang.compile(build_sparse_prefill(**kwargs), target=TARGET,
+                              execution_backend="tvm_ffi", out_idx=None)
+    source = kernel.get_kernel_source()
+    init = source.index("tl::fence_barrier_init();")
+    assert source.index("tl::cluster_sync();") > init
+    producers = source[source.index("tl::block_rank_in_cluster() == 0"):
+                       source.rindex("tl::cluster_sync();")]
+    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\((?!10, 128)", producers)
+    assert not inserted, f"barriers in the producers' branches: {inserted}"
+    copies = re.findall(r"tma_store_cluster\([^;]*\(uint\)(\d+)\)", producers)
+    assert copies == ["32768"] * 4, copies  # two halves per rank
+    assert producers.count("dsv4_cp_async_wait<0>();") == 4
+    assert "cp_async_gs_conditional" not in producers  # every copy a declared-read call
+    consumers = source[:source.index("tl::block_rank_in_cluster() == 0")]
+    # one remote release per (consumer, K half it reads): 3 + 3
+    assert len(re.findall(r"\.arrive\([01]u\);", consumers)) == 6
+    assert _dynamic_shared_bytes(kernel) <= 227 * 1024
+    _check_no_spills(source, tmp_path)
+
+
 # ------------------------------------------------------------- the 2-CTA crossover (h128)
 def _crossover_examples():
     from dsv4_tl.tile_kernels.sparse_decode import LOWERING_EXAMPLES

@@ -1,6 +1,9 @@
 """Schedule arguments of the sparse prefill builder that it cannot take: a clear ValueError
 naming the knob (no GPU needed: the builder raises before tracing)."""
 
+import collections
+import re
+
 import pytest
 
 pytest.importorskip("tilelang")
@@ -29,3 +32,80 @@ def test_a_padded_head_group_keeps_the_fixed_grid():
     fixed = build_sparse_prefill(96, False, **WS)
     asked = build_sparse_prefill(96, False, persistent=True, **WS)
     assert fixed.script() == asked.script()
+
+
+TIM = dict(tokens_in_m=True, heads_per_block=32, threads=384, num_stages=2)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(k_halves=True),  # the plain schedule: no producer
+    dict(WS, k_halves=True),  # the seesaw's K buffers already go by halves
+    dict(WS, persistent=True, k_halves=True),
+])
+def test_k_halves_needs_tokens_in_m(kwargs):
+    with pytest.raises(ValueError, match="k_halves"):
+        build_sparse_prefill(32, False, **kwargs)
+
+
+def test_k_halves_keeps_the_tokens_in_m_checks():
+    """k_halves adds no freedom to the tokens-in-M layout: its own checks still apply."""
+    with pytest.raises(ValueError, match="num_stages"):
+        build_sparse_prefill(32, False, **{**TIM, "num_stages": 4}, k_halves=True)
+
+
+def test_k_halves_off_is_todays_kernel():
+    """The knob's default builds the same TIR as before it existed (one and two math
+    warpgroups, dense and ragged)."""
+    for ragged, threads in ((False, 384), (True, 256)):
+        kw = {**TIM, "threads": threads}
+        assert (build_sparse_prefill(32, ragged, **kw).script()
+                == build_sparse_prefill(32, ragged, **kw, k_halves=False).script())
+
+
+def _barrier_counts(func) -> collections.Counter:
+    """Arrive counts of the kernel's mbarriers (the TIR's ``barrier_init`` attribute)."""
+    init = re.search(r'"barrier_init": \{([^}]*)\}', func.script()).group(1)
+    return collections.Counter(int(n) for n in re.findall(r"\[(\d+)\]", init))
+
+
+@pytest.mark.parametrize("threads,extra", [
+    # two math warpgroups: per buffer a second ready barrier (256 arrivals: 128 cp.async +
+    # 128 plain) and K_l's free barrier (warpgroup 0); K_r's keeps both warpgroups' 256
+    (384, {256: 2, 128: 2}),
+    # one math warpgroup: both free barriers count warpgroup 0's 128 threads
+    (256, {256: 2, 128: 2}),
+])
+def test_k_halves_barriers_per_half(threads, extra):
+    kw = {**TIM, "threads": threads}
+    plain = _barrier_counts(build_sparse_prefill(32, False, **kw))
+    halves = _barrier_counts(build_sparse_prefill(32, False, **kw, k_halves=True))
+    assert halves - plain == collections.Counter(extra) and not plain - halves
+
+
+@pytest.mark.parametrize("num_heads,kwargs", [
+    (128, dict(cluster_gather=True)),  # the plain schedule
+    (64, dict(WS, cluster_gather=True)),  # one head group: no pair to cluster
+    (96, dict(WS, cluster_gather=True)),
+    (256, dict(WS, cluster_gather=True)),
+    (128, dict(WS, persistent=True, cluster_gather=True)),
+    (128, dict(TIM, heads_per_block=32, cluster_gather=True)),
+])
+def test_cluster_gather_where_it_cannot_apply(num_heads, kwargs):
+    with pytest.raises(ValueError, match="cluster_gather"):
+        build_sparse_prefill(num_heads, False, **kwargs)
+
+
+def test_cluster_gather_off_is_todays_kernel():
+    assert (build_sparse_prefill(128, True, **WS).script()
+            == build_sparse_prefill(128, True, **WS, cluster_gather=False).script())
+
+
+def test_cluster_gather_barriers():
+    """The crossover's barriers: each K half's ready barrier counts its one copy (the
+    filler's arrival or the peer's bulk copy) plus, on a buffer's first half, the 128
+    producer threads' flag releases; free barriers count consumer warps of both CTAs."""
+    plain = _barrier_counts(build_sparse_prefill(128, False, **WS))
+    cluster = _barrier_counts(build_sparse_prefill(128, False, **WS, cluster_gather=True))
+    # plain: ready 256 x4, free 128 x2 + 256 x2; cluster: ready 129 x2 + 1 x2, free 8 x2 + 16 x2
+    assert plain - cluster == collections.Counter({256: 6, 128: 2})
+    assert cluster - plain == collections.Counter({129: 2, 1: 2, 8: 2, 16: 2})

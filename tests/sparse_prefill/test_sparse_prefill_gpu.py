@@ -240,3 +240,127 @@ def test_prefill_persistent_grid_malformed_indptr_and_few_rows(q_ahead, seed):
         torch.cuda.synchronize()
     dense, lens_t = clamped_csr_as_dense(flat, indptr)
     check_prefill(outs, sparse_prefill_ref(q, kv, dense, SCALE, 512, sink, lens_t), kv)
+
+
+# --- tokens in M with K by halves (issue 26 lever 3: k_halves) -------------------------------
+def _k_halves_config(h, num_stages, threads, k_halves=True):
+    return {**_prefill_schedule(h, 640), "tokens_in_m": True, "warp_specialized": False,
+            "heads_per_block": 16 if h <= 16 else 32, "num_stages": num_stages,
+            "threads": threads, "k_halves": k_halves}
+
+
+# (the layouts of scripts/prefill_grid_ab.py's K_HALVES_TESTS, which precompiles them: two
+# math warpgroups with 2 and 3 K buffers, one math warpgroup; the ragged form at h32)
+@pytest.mark.parametrize("h,num_stages,threads", [(32, 2, 384), (16, 3, 384), (16, 3, 256)])
+def test_prefill_tokens_in_m_k_halves_matches_reference(h, num_stages, threads, seed):
+    """k_halves forced (per-half ready / free barriers; both phases of every buffer's halves
+    over many rounds, the last one partial) into poisoned outputs: per-row
+    lengths (a full row, lonely rows, one-tile rows, a row of 65), -1 holes, out-of-range
+    entries, garbage past the lengths, sinks -inf / +inf / finite. Dense (and at h32 ragged,
+    the same bits) matches the reference and gives the same bits as the whole-buffer kernel
+    (the math and its order are the same, only the barriers differ)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the tokens-in-M schedule needs sm_90a")
+    gen = torch.Generator(DEV).manual_seed(seed)
+    s_q, topk = 45, 1152  # 18 tiles of 64 for a full row
+    q, kv, idx, lens, sink = _walk_inputs(s_q, h, topk, gen)
+    flat, indptr = to_csr(idx, lens)
+    config = _k_halves_config(h, num_stages, threads)
+    if h == 32:
+        dense, ragged = _run_both_forms(config, q, kv, idx, lens, flat, indptr, sink)
+        for name, a, b in zip(("out", "max_logits", "lse"), ragged, dense):
+            assert torch.equal(a, b), f"{name}: ragged and dense kernels differ"
+    else:
+        dense = _poisoned(s_q, h)
+        with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill", config):
+            sparse_prefill(q, kv, idx, SCALE, sink, lens, out=dense[0], max_logits=dense[1],
+                           lse=dense[2])
+            torch.cuda.synchronize()
+    check_prefill(dense, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
+    whole = _poisoned(s_q, h)
+    with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill",
+                      _k_halves_config(h, num_stages, threads, k_halves=False)):
+        sparse_prefill(q, kv, idx, SCALE, sink, lens, out=whole[0], max_logits=whole[1],
+                       lse=whole[2])
+        torch.cuda.synchronize()
+    for name, a, b in zip(("out", "max_logits", "lse"), dense, whole):
+        assert torch.equal(a, b), f"{name}: K by halves and whole K buffers differ"
+
+
+def test_prefill_tokens_in_m_k_halves_malformed_indptr(seed):
+    """k_halves with a malformed indptr (past nnz, decreasing, negative): clamped windows,
+    nothing read out of bounds, rows of empty windows lonely."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the tokens-in-M schedule needs sm_90a")
+    gen = torch.Generator(DEV).manual_seed(seed)
+    s_q, h = 6, 32
+    q, kv, idx, lens, sink = _inputs(s_q, h, 512, 192, gen)
+    flat, _ = to_csr(idx, torch.full((s_q,), 192, dtype=torch.int32, device=DEV))
+    nnz = flat.numel()
+    indptr = torch.tensor([0, 192, 10, nnz + 1000, 2**31 - 1, -7, nnz], dtype=torch.int32,
+                          device=DEV)
+    outs = _poisoned(s_q, h)
+    with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill",
+                      _k_halves_config(h, 2, 384)):
+        sparse_prefill_ragged(q, kv, flat, indptr, SCALE, sink, out=outs[0],
+                              max_logits=outs[1], lse=outs[2])
+        torch.cuda.synchronize()
+    dense, lens_t = clamped_csr_as_dense(flat, indptr)
+    check_prefill(outs, sparse_prefill_ref(q, kv, dense, SCALE, 512, sink, lens_t), kv)
+
+
+# --- the 2-CTA cluster gather at 128 heads (issue 26 lever 2: cluster_gather) ---------------
+def _cluster_config(cluster_gather=True):
+    return {**_prefill_schedule(128, 1152), "warp_specialized": True, "tokens_in_m": False,
+            "threads": 384, "heads_per_block": 64, "block_tokens": 64, "num_stages": 0,
+            "persistent": False, "cluster_gather": cluster_gather}
+
+
+def test_prefill_cluster_gather_matches_reference(seed):
+    """cluster_gather forced (each CTA of a row's pair gathers one K half and sends it to
+    its peer; the barriers' phases run over many pairs; a row of one tile is padded to a
+    pair), dense and ragged into poisoned outputs: per-row lengths (a full row, lonely rows,
+    one-tile rows, a row of 65), -1 holes, out-of-range entries, garbage past the lengths,
+    sinks -inf / +inf / finite. Both forms match the reference and give the same bits, and
+    the same bits as the fixed grid without the cluster (the same math in the same order)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialised schedule is sm_90a's")
+    gen = torch.Generator(DEV).manual_seed(seed)
+    s_q, h, topk = 45, 128, 1152
+    q, kv, idx, lens, sink = _walk_inputs(s_q, h, topk, gen)
+    flat, indptr = to_csr(idx, lens)
+    dense, ragged = _run_both_forms(_cluster_config(), q, kv, idx, lens, flat, indptr, sink)
+    check_prefill(dense, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
+    for name, a, b in zip(("out", "max_logits", "lse"), ragged, dense):
+        assert torch.equal(a, b), f"{name}: ragged and dense kernels differ"
+    fixed = _poisoned(s_q, h)
+    with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill",
+                      _cluster_config(cluster_gather=False)):
+        sparse_prefill(q, kv, idx, SCALE, sink, lens, out=fixed[0], max_logits=fixed[1],
+                       lse=fixed[2])
+        torch.cuda.synchronize()
+    for name, a, b in zip(("out", "max_logits", "lse"), dense, fixed):
+        assert torch.equal(a, b), f"{name}: the cluster gather and the fixed grid differ"
+
+
+def test_prefill_cluster_gather_malformed_indptr(seed):
+    """cluster_gather with a malformed indptr (past nnz, decreasing, negative): clamped
+    windows, nothing read out of bounds, rows of empty windows lonely (both CTAs of such a
+    row skip every pair and meet at the exit)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialised schedule is sm_90a's")
+    gen = torch.Generator(DEV).manual_seed(seed)
+    s_q, h = 6, 128
+    q, kv, idx, lens, sink = _inputs(s_q, h, 512, 192, gen)
+    flat, _ = to_csr(idx, torch.full((s_q,), 192, dtype=torch.int32, device=DEV))
+    nnz = flat.numel()
+    indptr = torch.tensor([0, 192, 10, nnz + 1000, 2**31 - 1, -7, nnz], dtype=torch.int32,
+                          device=DEV)
+    outs = _poisoned(s_q, h)
+    with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill",
+                      _cluster_config()):
+        sparse_prefill_ragged(q, kv, flat, indptr, SCALE, sink, out=outs[0],
+                              max_logits=outs[1], lse=outs[2])
+        torch.cuda.synchronize()
+    dense, lens_t = clamped_csr_as_dense(flat, indptr)
+    check_prefill(outs, sparse_prefill_ref(q, kv, dense, SCALE, 512, sink, lens_t), kv)

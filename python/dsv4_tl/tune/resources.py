@@ -122,6 +122,13 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
             return f"threads: {threads} > {arch.max_threads} per block"
     if op in ("sparse_decode", "sparse_prefill"):
         hb, bi = c["heads_per_block"], c["block_tokens"]
+        if op == "sparse_prefill" and c.get("k_halves") and not c.get("tokens_in_m"):
+            # tile_kernels/sparse_prefill.build_sparse_prefill
+            return "k_halves: needs the tokens-in-M schedule (tokens_in_m true)"
+        if op == "sparse_prefill" and c.get("cluster_gather") and (
+                not c.get("warp_specialized") or c.get("tokens_in_m") or c.get("persistent")):
+            # (and num_heads 128: a static of the call, checked by the builder)
+            return "cluster_gather: needs the warp-specialised schedule on the fixed grid"
         # (tokens in M: the heads are wgmma's N, a multiple of 8)
         if bi % 16 or hb % (8 if c.get("tokens_in_m") else 16):
             return (f"tile: block_tokens {bi} and heads_per_block {hb} must be multiples of 16 "
