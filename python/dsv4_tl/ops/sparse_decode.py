@@ -211,6 +211,12 @@ class _Plan:
         # (whole head groups only, as the builder decides: padded ones keep the fixed grid)
         self.persistent = bool(schedule.get("persistent") and schedule["warp_specialized"]
                                and h % schedule["heads_per_block"] == 0)
+        # The splits of a row merged inside a thread-block cluster (fixed grid only): the
+        # kernel stores out / lse itself, no partials and no combine (cluster_merge.py).
+        cluster_merge = bool(schedule.get("cluster_merge"))
+        if cluster_merge and schedule.get("persistent"):
+            raise ValueError("schedule: cluster_merge merges the fixed grid's splits of a row, "
+                             "it does not apply to the persistent grid (persistent true)")
         grid = {"tiles_per_split": 0, "num_ctas": 0}
         if self.persistent:
             # The persistent grid (tile_kernels/work.py): rows cut into splits of T tiles;
@@ -238,9 +244,10 @@ class _Plan:
             slots = rows * splits
             partial_shapes = ((b, s_q, splits, h, HEAD_DIM), (b, s_q, splits, h))
         self.splits = splits
-        if splits == 1:
-            self.partials = (placeholder(dev, torch.float32, (0, 0, 1, h, HEAD_DIM)),
-                             placeholder(dev, torch.float32, (0, 0, 1, h)),
+        self.direct = splits == 1 or cluster_merge  # the decode kernel stores out / lse
+        if self.direct:
+            self.partials = (placeholder(dev, torch.float32, (0, 0, splits, h, HEAD_DIM)),
+                             placeholder(dev, torch.float32, (0, 0, splits, h)),
                              placeholder(dev, torch.int32, (0, 2)))
         else:
             # (the row split table the combine reads rides in the float32 scratch as int32)
@@ -280,7 +287,7 @@ class _Plan:
             extra = self.e_none
         sink = sink_argument(attn_sink, self.sink, q.shape[2], self.device)
         q = aligned16(q)
-        if self.splits == 1:
+        if self.direct:
             self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
                         out, lse, *self.partials)
             return out, lse
