@@ -6,10 +6,10 @@ cluster (``cluster_dims (1, 1, S)``: a CTA's rank in the cluster is its split). 
 finishes its split as the split-KV path does (an fp32 output normalised by its own sum, a
 log2 partial LSE, ``-inf`` when the split is empty) and stages both in its own shared memory:
 the output's fp32 halves in the Q and K buffers, which the main loop no longer needs (no new
-shared memory). After one cluster barrier CTA ``k`` merges dims ``[k * 256 / S, (k + 1) *
-256 / S)`` of each half of every head from the ``S`` CTAs' shared memory (distributed shared
-memory loads), with the combine's weights, in split order, and the sink, and stores ``out``
-(and, rank 0, ``lse``). A second barrier keeps every CTA's shared memory alive until its peers
+shared memory). After one cluster barrier CTA ``k`` merges heads ``[k * 64 / S, (k + 1) *
+64 / S)`` of its head group from the ``S`` CTAs' shared memory (distributed shared memory
+loads), with the combine's weights, in split order, and the sink, and stores ``out`` (and,
+rank 0, ``lse``). A second barrier keeps every CTA's shared memory alive until its peers
 have read it. No fp32 partials in global memory and no second launch
 (``build_sparse_decode_combine``).
 
@@ -21,6 +21,8 @@ KB it is sent from: 192-224 KB at 4-8 splits, over the 227 KB of a CTA with Q, K
 of CUDA (``DSMEM_PRELUDE``: ``mapa`` + ``ld.shared::cluster``, ``barrier.cluster`` with a
 compiler memory barrier) give it.
 """
+
+from typing import NamedTuple
 
 import tilelang.language as T
 
@@ -40,12 +42,12 @@ __device__ __forceinline__ unsigned dsmem_peer(const void* local, int rank) {
   return peer;
 }
 // four floats (16-byte aligned) of CTA `rank`'s copy of `local` into `out`
-__device__ __forceinline__ void dsmem_load4(const float* local, int rank, float* out) {
+__device__ __forceinline__ void dsmem_load4(const void* local, int rank, float* out) {
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
                : "=f"(out[0]), "=f"(out[1]), "=f"(out[2]), "=f"(out[3])
                : "r"(dsmem_peer(local, rank)));
 }
-__device__ __forceinline__ float dsmem_load1(const float* local, int rank) {
+__device__ __forceinline__ float dsmem_load1(const void* local, int rank) {
   float v;
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dsmem_peer(local, rank)));
   return v;
@@ -54,6 +56,10 @@ __device__ __forceinline__ float dsmem_load1(const float* local, int rank) {
 // compiler memory barrier so that no shared-memory access moves across it
 __device__ __forceinline__ void dsmem_cluster_arrive() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+// (no ordering of this thread's memory accesses: for the barrier that only says "done reading")
+__device__ __forceinline__ void dsmem_cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void dsmem_cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -87,22 +93,40 @@ class ClusterMergeState:
         self.scale = [T.alloc_shared([heads], T.float32, scope="shared") for _ in (0, 1)]
 
 
+class StagingPiece(NamedTuple):
+    """Dims ``[first, first + dims)`` of a warpgroup's fp32 output half, all heads, in
+    ``view`` (fp32 ``[rows, 256]`` over a bf16 ``[2 * rows, 256]`` Q or K buffer: TileLang
+    reinterprets the buffer's swizzled layout only with whole rows); head ``h``, dim ``d``
+    at ``view[h // per_row, (h % per_row) * dims + d - first]``."""
+    view: object
+    first: int
+    dims: int
+    per_row: int  # heads per view row
+
+    def at(self, h, d):
+        return self.view[h // self.per_row, (h % self.per_row) * self.dims + d - self.first]
+
+
 def staging_pieces(q_half, k_halves, heads: int) -> tuple:
-    """Where a warpgroup's ``[heads, 256]`` fp32 output half is staged: ``(view, first head,
-    heads)`` over its Q half (bf16 ``[heads, 256]``: the first ``heads / 2`` rows in fp32),
-    then its K buffers' halves (bf16 ``[BI, 256]``: ``BI / 2`` rows each) until every head
-    has a row."""
+    """Where a warpgroup's ``[heads, 256]`` fp32 output half is staged, by columns
+    (:class:`StagingPiece`): dims 0-127 in its Q half (bf16 ``[heads, 256]``), the rest in
+    its K buffers' halves (bf16 ``[BI, 256]``: ``BI * 2`` dims each). By columns, not by
+    heads: a thread's accumulator elements cover all heads of its warp but, per unrolled
+    element, one known column range, so the staging is straight-line code (by heads it was
+    three copies of it, one per warp's piece, and spilled in warpgroup 0's main loop)."""
     DH = q_half.shape[1]
-    pieces = [(T.view(q_half, [heads // 2, DH], T.float32), 0, heads // 2)]
-    first = heads // 2
-    for k in k_halves:
-        if first < heads:
-            n = min(k.shape[0] // 2, heads - first)
-            if n * 2 != k.shape[0]:
-                raise ValueError("cluster_merge: K buffers cannot hold the staged output")
-            pieces.append((T.view(k, [n, DH], T.float32), first, n))
-            first += n
-    if first < heads:
+    pieces, first = [], 0
+    for buf in (q_half, *k_halves):
+        if first < DH:
+            rows = buf.shape[0] // 2
+            dims = rows * DH // heads
+            if first + dims > DH or dims % 32 or DH % dims:
+                raise ValueError("cluster_merge: the Q and K buffers cannot hold the staged "
+                                 "output")
+            view = T.view(buf, [rows, DH], T.float32)
+            pieces.append(StagingPiece(view, first, dims, DH // dims))
+            first += dims
+    if first < DH:
         raise ValueError("cluster_merge: the Q and K buffers cannot hold the staged output")
     return tuple(pieces)
 
@@ -113,28 +137,35 @@ def stage_half(acc_o, inv, pieces):
     (the split's fp32 partial, as the split-KV path stores it) into ``pieces``."""
     HB, DH = acc_o.shape
     for i, d in T.Parallel(HB, DH):
-        for view, first, n in pieces:
-            if i >= first and i < first + n:
-                view[i - first, d] = acc_o[i, d] * inv[i]
+        for piece in pieces:
+            if d >= piece.first and d < piece.first + piece.dims:
+                piece.view[i // piece.per_row,
+                           (i % piece.per_row) * piece.dims + d - piece.first] = (
+                    acc_o[i, d] * inv[i])
 
 
 def make_merge_half(num_heads: int, S: int, HB: int, DH: int):
-    """The macro that merges this CTA's dims of one output half over the cluster (called by
+    """The macro that merges this CTA's heads of one output half over the cluster (called by
     the 128 threads of the warpgroup that staged that half, after the first cluster
-    barrier)."""
-    DS = DH // S  # dims of a half this CTA merges
-    Q4 = DS // 4  # threads per head (four dims each)
-    HPG = 128 // Q4  # heads per pass of the warpgroup
-    passes = HB // HPG
+    barrier): CTA ``rank`` owns heads ``[rank * HB / S, (rank + 1) * HB / S)``; a thread
+    takes four dims (``4 * (t % 64)``: one staging piece per thread) of ``HB / S / 2``
+    of them."""
+    HS = HB // S  # heads this CTA merges
+    C4 = DH // 4  # threads per head row (four dims each)
+    RPP = 128 // C4  # head rows per pass of the warpgroup
+    passes = HS // RPP
+    if passes * RPP != HS:
+        raise ValueError(f"cluster_merge: {S} splits leave {HS} heads per CTA, fewer than the "
+                         f"{RPP} rows of one pass")
 
-    def piece_of(pieces, head0: int):
-        for view, first, n in pieces:
-            if first <= head0 < first + n:
-                if head0 + HPG > first + n:
-                    raise ValueError("cluster_merge: a pass of the merge spans two staging "
-                                     "buffers")
-                return view, first
-        raise ValueError(f"cluster_merge: head {head0} is not staged")
+    def peer_address(pieces, hh, c):
+        """The staged float at (head ``hh``, dim ``c``) of this thread's piece (a select of
+        the pieces' addresses: ``c`` is fixed per thread)."""
+        addr = T.address_of(pieces[-1].at(hh, c))
+        for piece in reversed(pieces[:-1]):
+            addr = T.if_then_else(c < piece.first + piece.dims, T.address_of(piece.at(hh, c)),
+                                  addr)
+        return addr
 
     @T.macro
     def merge_half(pieces, cm, which: int, t, rank, d0, bar_id: int, write_lse, Sink, Out, Lse,
@@ -142,23 +173,22 @@ def make_merge_half(num_heads: int, S: int, HB: int, DH: int):
         """Threads ``t < HB`` of the warpgroup: the weights of the splits of head ``t`` (the
         combine's: ``2^(lse_s - max)`` in split order, 0 when every split is empty), the
         final scale with the sink and, with ``write_lse``, ``lse``; then each thread merges
-        four dims of ``passes`` heads: ``Σ_s w_s o_s`` in split order from the peers' staged
-        partials, times the scale, to ``out`` (bf16). ``which``: the warpgroup's weights and
-        scales in ``cm``; ``bar_id``: a named barrier of its 128 threads."""
+        its four dims of ``passes`` heads: ``Σ_s w_s o_s`` in split order from the peers'
+        staged partials, times the scale, to ``out`` (bf16). ``which``: the warpgroup's
+        weights and scales in ``cm``; ``bar_id``: a named barrier of its 128 threads."""
         lse_stage, weight, mscale = cm.lse, cm.weight[which], cm.scale[which]
+        lse_s = T.alloc_local([S], T.float32)  # head t's split LSEs
         tmp = T.alloc_local([4], T.float32)  # a peer's four floats
         acc4 = T.alloc_local([4], T.float32)
         if t < HB:
-            # the splits' LSEs of head t, once from each peer (then the weights in place)
             for s in unrolled(S):
-                weight[t, s] = T.call_extern("float32", "dsmem_load1",
-                                             T.address_of(lse_stage[t]), s)
+                lse_s[s] = T.call_extern("float32", "dsmem_load1", T.address_of(lse_stage[t]), s)
             m = T.alloc_var(T.float32, init=-T.infinity(T.float32))
             for s in unrolled(S):
-                m = T.max(m, weight[t, s])
+                m = T.max(m, lse_s[s])
             acc = T.alloc_var(T.float32, init=0.0)
             for s in unrolled(S):
-                w = T.if_then_else(m == -T.infinity(T.float32), 0.0, T.exp2(weight[t, s] - m))
+                w = T.if_then_else(m == -T.infinity(T.float32), 0.0, T.exp2(lse_s[s] - m))
                 weight[t, s] = w
                 acc = acc + w
             has = acc > 0
@@ -171,14 +201,13 @@ def make_merge_half(num_heads: int, S: int, HB: int, DH: int):
                 1.0 / (acc * (1.0 + T.exp2(Sink[T.min(h0 + t, num_heads - 1)] * LOG2E - lse2))),
                 0.0)
         T.sync_threads(bar_id, 128)
-        c = rank * DS + (t % Q4) * 4  # first dim (of the half) of this thread's four
+        c = (t % C4) * 4  # this thread's four dims (of the half)
         for g in unrolled(passes):
-            view, first = piece_of(pieces, g * HPG)
-            hh = g * HPG + t // Q4
+            hh = rank * HS + g * RPP + t // C4
             for e in unrolled(4):
                 acc4[e] = 0.0
             for s in unrolled(S):
-                T.call_extern("handle", "dsmem_load4", T.address_of(view[hh - first, c]), s,
+                T.call_extern("handle", "dsmem_load4", peer_address(pieces, hh, c), s,
                               T.address_of(tmp[0]))
                 for e in unrolled(4):
                     acc4[e] = acc4[e] + weight[hh, s] * tmp[e]
@@ -192,6 +221,17 @@ def make_merge_half(num_heads: int, S: int, HB: int, DH: int):
 
 @T.macro
 def cluster_barrier():
-    """Every thread of every CTA of the cluster (release / acquire)."""
+    """Every thread of every CTA of the cluster; release / acquire: the staged partials
+    written before it are visible to the peers' loads after it."""
     T.call_extern("handle", "dsmem_cluster_arrive")
+    T.call_extern("handle", "dsmem_cluster_wait")
+
+
+@T.macro
+def cluster_barrier_relaxed():
+    """Every thread of every CTA of the cluster, no memory ordering: the second barrier,
+    which only keeps each CTA's shared memory alive until the peers are done loading from it
+    (a load is done when its value was used, before the arrive in program order; the
+    release of ``barrier.cluster.arrive`` is a GPU-scope fence, MEMBAR.ALL.GPU in SASS)."""
+    T.call_extern("handle", "dsmem_cluster_arrive_relaxed")
     T.call_extern("handle", "dsmem_cluster_wait")

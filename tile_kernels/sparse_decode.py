@@ -39,7 +39,8 @@ from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers, chec
                            make_fp8_producer, producer_prelude, raw_ring_bytes, unrolled)
 from .tile_math import check_tile_math
 from .cluster_merge import (DSMEM_PRELUDE, ClusterMergeState, check_cluster_merge,
-                            cluster_barrier, make_merge_half, stage_half, staging_pieces)
+                            cluster_barrier, cluster_barrier_relaxed, make_merge_half,
+                            stage_half, staging_pieces)
 from .work import cta_work_range, walk_items
 
 from .attention_tile import (
@@ -491,7 +492,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         stage_half(st.acc_o_l, inv, pieces)
         cluster_barrier()
         merge_half(pieces, cm, 0, tx, split, 0, 8, split == 0, Sink, Out, Lse, r_b, r_s, h0)
-        cluster_barrier()  # the peers have read this CTA's shared memory
+        cluster_barrier_relaxed()  # the peers have read this CTA's shared memory
 
     @T.macro
     def merge_right(st, inv, cm, t, split, Sink, Out, Lse, r_b, r_s, h0):
@@ -501,7 +502,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         stage_half(st.acc_o_r, inv, pieces)
         cluster_barrier()
         merge_half(pieces, cm, 1, t, split, DH, 9, False, Sink, Out, Lse, r_b, r_s, h0)
-        cluster_barrier()
+        cluster_barrier_relaxed()
 
     @T.macro
     def write_half(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, split, h0):
@@ -722,8 +723,8 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                     produce_tiles(st, regs, p, main, extra,
                                   TileRange(r_b, r_s, t_begin, t_end, main_tiles), pairs, 0)
                     if cluster_merge:  # (barrier.cluster counts every thread of the cluster)
-                        cluster_barrier()
-                        cluster_barrier()
+                        cluster_barrier_relaxed()
+                        cluster_barrier_relaxed()
 
     return decode_prim_func(shapes, num_heads, S, body)
 
