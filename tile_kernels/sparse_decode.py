@@ -1174,14 +1174,14 @@ LOWERING_EXAMPLES = [
      "kwargs": {"num_heads": 8, "has_extra": True, "tokens_in_m": True, "heads_per_block": 8,
                 "threads": 256, "block_tokens": 64, "num_stages": 1, "ctas_per_sm": 2}},
     # the splits of a row merged inside a thread-block cluster (cluster_merge): h64 C4A, 8
-    # splits, 32-token tiles (the b1 bucket's); h96 (a padded head group) SWA-only, 2 splits,
-    # 64-token tiles (the staged halves in one K buffer each)
+    # splits, 32-token tiles (the b1 bucket's); h96 (a padded head group) SWA-only, 2 splits
+    # (16 passes of the merge per thread)
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "num_splits": 8, "cluster_merge": True}},
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
-                "block_tokens": 64, "num_splits": 2, "cluster_merge": True}},
+                "block_tokens": 32, "num_splits": 2, "cluster_merge": True}},
     # split partials from both math warpgroups (32 heads, SWA-only, 2 splits)
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 32, "has_extra": False, "tokens_in_m": True, "heads_per_block": 32,

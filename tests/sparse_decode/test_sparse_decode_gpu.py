@@ -789,9 +789,9 @@ def _cluster_merge(num_splits):
 )
 def test_decode_cluster_merge_matches_reference(h, b, extra_kind, num_splits, seed):
     """Both compressed scopes and SWA-only, h64 / h128 (two head groups: two clusters per
-    row), 2 / 4 / 8 splits; holes, garbage past the lengths and a lonely last request (every split empty:
-    out 0, lse +inf) come with every case of several rows (decode_case); outputs NaN-poisoned
-    and fresh random inputs."""
+    row), 2 / 4 / 8 splits; holes, garbage past the lengths and a lonely last request (every
+    split empty: out 0, lse +inf) come with every case of several rows (decode_case); outputs
+    NaN-poisoned and fresh random inputs."""
     gen = torch.Generator(DEV).manual_seed(seed)
     with _cluster_merge(num_splits):
         check_decode(*decode_case(b, 1, h, extra_kind, gen))
