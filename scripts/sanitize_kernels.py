@@ -171,6 +171,8 @@ def steps() -> list:
                 "tiles_per_split_min": 4, "invariant_tiles_per_split": 16, "tokens_in_m": False,
                 "num_stages": 2, "ctas_per_sm": 1, "consumers": "split", "producer_slots": 2,
                 "raw_ring": 4}
+    # the splits of a row merged inside a thread-block cluster (non-default knob)
+    cluster_merge = {**raw_ring, "num_splits": 8, "raw_ring": 0, "cluster_merge": True}
     prefill_persistent = {"block_tokens": 64, "heads_per_block": 64, "threads": 384,
                           "num_stages": 0, "warp_specialized": True, "tokens_in_m": False,
                           "persistent": True, "num_ctas": 3, "item_cost": 2, "q_ahead": True,
@@ -188,6 +190,8 @@ def steps() -> list:
         (run_decode, (128, 32, "seesaw consumers, four producer slots, 2 splits"), {}, None),
         (run_decode, (64, 8, "the FP8 producer's raw ring (non-default knob), 2 splits"), {},
          (dec[0], raw_ring)),
+        (run_decode, (128, 8, "the splits merged in a cluster (non-default knob), 8 splits, "
+                      "two head groups"), {}, (dec[0], cluster_merge)),
         # the persistent grid (tile_kernels/work.py): CTAs walking several items, split rows
         # merged by the combine, rows of one split stored directly, both modes
         (run_decode, (128, 8, "persistent grid, split rows"), {}, pers),
