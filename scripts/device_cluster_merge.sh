@@ -8,9 +8,9 @@
 # 2. runs the GPU tests -k cluster_merge (poisoned outputs, fresh random inputs vs the
 #    reference, split edges, lonely / all-invalid rows, sinks, batch invariance), <= 100 s;
 # 3. the A/B: decode_grid_ab.py --rows cluster --impls fixed,cmerge,flashmla --rounds 3
-#    (interleaved, medians, every row reference-checked), one JSON line per row as measured.
-# Writes $OUT/run.log (precompile + tests), $OUT/ab.jsonl and $OUT/cmerge_ab.txt (plus
-# device_setup's env.txt).
+#    (interleaved, medians, every row reference-checked).
+# Writes $OUT/run.log (precompile + tests), $OUT/ab.log (a JSON line per row as measured, then
+# the table) and $OUT/cmerge_ab.txt (plus device_setup's env.txt).
 set -uo pipefail
 IMPLS=fixed,cmerge,flashmla
 python3 - > "$OUT/run.log" 2>&1 <<'PY'
@@ -37,5 +37,5 @@ timeout 100 python3 -m pytest -q -p no:cacheprovider -n 8 -rfE \
   tests/sparse_decode/test_sparse_decode_gpu.py -k cluster_merge >> "$OUT/run.log" 2>&1
 echo "pytest exit status: $?" >> "$OUT/run.log"; tail -4 "$OUT/run.log"
 mkdir -p /tmp/ab && python3 scripts/decode_grid_ab.py --out /tmp/ab --rows cluster --rounds 3 \
-  --impls "$IMPLS" 2>&1 | grep --line-buffered '^{' > "$OUT/ab.jsonl"
-cp /tmp/ab/decode_grid_ab.txt "$OUT/cmerge_ab.txt"; cat "$OUT/cmerge_ab.txt"
+  --impls "$IMPLS" > "$OUT/ab.log" 2>&1
+cp /tmp/ab/decode_grid_ab.txt "$OUT/cmerge_ab.txt"; tail -20 "$OUT/ab.log"
