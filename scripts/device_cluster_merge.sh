@@ -33,9 +33,9 @@ extra = [("sparse_decode", SPARSE_DECODE.static(h=h, scope="c4a" if e else "swa"
 ab.precompile(ab.goal_rows("cluster"), 16, extra, ("fixed", "cmerge", "flashmla"))
 PY
 tail -1 "$OUT/run.log"
-timeout 100 python3 -m pytest -q -p no:cacheprovider -n 8 -rfE \
+timeout 50 python3 -m pytest -q -p no:cacheprovider -n 8 -rfE \
   tests/sparse_decode/test_sparse_decode_gpu.py -k cluster_merge >> "$OUT/run.log" 2>&1
 echo "pytest exit status: $?" >> "$OUT/run.log"; tail -4 "$OUT/run.log"
-mkdir -p /tmp/ab && timeout 120 python3 scripts/decode_grid_ab.py --out /tmp/ab --rows cluster --rounds 3 \
+mkdir -p /tmp/ab && timeout 90 python3 scripts/decode_grid_ab.py --out /tmp/ab --rows cluster --rounds 3 \
   --impls "$IMPLS" > "$OUT/ab.log" 2>&1
 cp /tmp/ab/decode_grid_ab.txt "$OUT/cmerge_ab.txt"; tail -20 "$OUT/ab.log"
