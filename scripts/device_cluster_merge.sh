@@ -6,9 +6,10 @@
 #    (fixed, cmerge: 7 decode + 3 combines) and of the cluster-merge GPU tests (+2: 2 and 4
 #    splits at h64 with the extra scope);
 # 2. runs the GPU tests -k cluster_merge (poisoned outputs, fresh random inputs vs the
-#    reference, split edges, lonely / all-invalid rows, sinks, batch invariance), <= 100 s;
+#    reference, split edges, lonely / all-invalid rows, sinks, batch invariance), <= 50 s
+#    (run 54: 17 tests in 13 s);
 # 3. the A/B: decode_grid_ab.py --rows cluster --impls fixed,cmerge,flashmla --rounds 3
-#    (interleaved, medians, every row reference-checked).
+#    (interleaved, medians, every row reference-checked), <= 90 s.
 # Writes $OUT/run.log (precompile + tests), $OUT/ab.log (a JSON line per row as measured, then
 # the table) and $OUT/cmerge_ab.txt (plus device_setup's env.txt).
 set -uo pipefail
