@@ -12,11 +12,15 @@ count with the split consumers, 32-token tiles and the FP8 producer's raw ring o
 shared slots (``raw_ring``, ``RAW_RING_IMPLS``); ``merge_elements`` / ``merge_splits`` the row's
 resolved schedule with the combine's ``merge`` forced (``COMBINE_IMPLS``); ``crossover`` the
 row's resolved split count with the seesaw consumers, 64-token tiles and the 2-CTA crossover
-(``cluster_crossover``, h128 rows only; ``CROSSOVER_IMPLS``). ``--rows ring``: the rows of the
-raw ring's A/B (full waves at h64 / h128 on both compressed scopes, SWA, MTP, below one wave,
-b8); ``--rows splits``: rows whose buckets split (b1 / b8 / b32, both scopes and SWA, C128A
-4096 / 8192 with per-row lengths at b2 / b32); ``--rows crossover``: the crossover's (h128:
-full waves on both compressed scopes and SWA, MTP).
+(``cluster_crossover``, h128 rows only; ``CROSSOVER_IMPLS``); ``cmerge`` the row's resolved
+schedule with its splits merged inside a thread-block cluster (``cluster_merge``, no combine;
+rows whose resolved schedule is not the split consumers with 2, 4 or 8 splits are reported as
+not applicable). ``--rows ring``: the rows of the raw ring's A/B (full waves at h64 / h128 on
+both compressed scopes, SWA, MTP, below one wave, b8); ``--rows splits``: rows whose buckets
+split (b1 / b8 / b32, both scopes and SWA, C128A 4096 / 8192 with per-row lengths at b2 / b32);
+``--rows crossover``: the crossover's (h128: full waves on both compressed scopes and SWA,
+MTP); ``--rows cluster``: the b1 / b8 rows of ``splits`` (h64 / h128, SWA, C4A, C128A: 8
+splits each) and C128A 8192 with per-row lengths at b2.
 
 Per row (``--rows``): the same input sets run through ``ops.sparse_decode`` with the resolved
 schedule (fixed grid: the buckets' split counts), with the persistent grid forced
@@ -62,8 +66,10 @@ RAW_RING_IMPLS = {"ring2": 2, "ring3": 3, "ring4": 4}
 COMBINE_IMPLS = {"merge_elements": "elements", "merge_splits": "splits"}
 # crossover implementation -> (block_tokens, producer_slots) of its seesaw schedule (h128 only)
 CROSSOVER_IMPLS = {"crossover": (64, 2)}
+# the row's resolved schedule with the splits merged in a cluster (tile_kernels/cluster_merge.py)
+CLUSTER_IMPLS = ("cmerge",)
 IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", *SEESAW_IMPLS, *RAW_RING_IMPLS,
-         *COMBINE_IMPLS, *CROSSOVER_IMPLS, "flashmla")
+         *COMBINE_IMPLS, *CROSSOVER_IMPLS, *CLUSTER_IMPLS, "flashmla")
 DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
 
 
@@ -90,6 +96,19 @@ def raw_ring_schedule(shape, raw_ring: int) -> dict:
             "producer_slots": 2, "raw_ring": raw_ring}
 
 
+def cluster_merge_schedule(shape):
+    """The row's resolved schedule (fixed grid) with ``cluster_merge``, or None where it does
+    not apply (not the split consumers, a raw ring, a split count other than 2, 4, 8)."""
+    fixed = SPARSE_DECODE.variant(TARGET.dirname, **_call(shape))
+    config = {**schedule_for(TARGET.dirname, "sparse_decode"), **dict(fixed.schedule),
+              "cluster_merge": True}
+    if (not config["warp_specialized"] or config.get("consumers", "split") != "split"
+            or config.get("persistent") or config.get("raw_ring", 0)
+            or config["num_splits"] not in (2, 4, 8)):
+        return None
+    return config
+
+
 def combine_schedule(merge: str) -> dict:
     """The schedule file's combine with ``merge`` forced."""
     return {**schedule_for(TARGET.dirname, "sparse_decode_combine"), "merge": merge}
@@ -103,6 +122,11 @@ def goal_rows(which: str) -> list:
                 for k in ("swa", "c4a", "c128a")]
         return rows + [DecodeShape(h, b, "c128a", extra_width=w, varying=True) for h in (64, 128)
                        for w in (4096, 8192) for b in (2, 32)]
+    if which == "cluster":
+        rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (1, 8)
+                for k in ("swa", "c4a", "c128a")]
+        return rows + [DecodeShape(h, 2, "c128a", extra_width=8192, varying=True)
+                       for h in (64, 128)]
     if which == "ring":
         return [DecodeShape(h, b, k) for h in (128, 64) for b in (128, 256) for k in ("c4a",)] + [
             DecodeShape(128, 128, "c128a"), DecodeShape(64, 128, "c128a"),
@@ -169,6 +193,9 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
             if name in impls and shape.h == 128:
                 out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
                                      crossover_schedule(shape, bt, slots)))
+        if "cmerge" in impls and cluster_merge_schedule(shape) is not None:
+            out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
+                                 cluster_merge_schedule(shape)))
     if "persistent" in impls or "persistent_inv" in impls:
         for h in sorted({s.h for s in rows}):
             for n in (2, 4, 8, 16, 32, 64, 128):
@@ -240,6 +267,10 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS) -> lis
                for name, (bt, slots) in CROSSOVER_IMPLS.items()
                if name in chosen and shape.h == 128},
         }
+        if "cmerge" in chosen:
+            config = cluster_merge_schedule(shape)
+            if config is not None:
+                impls["cmerge"] = (_forced(config), False)
         impls = {k: v for k, v in impls.items() if k in chosen}
         entry = {"shape": shape.name, "h": shape.h, "b": shape.b, "s_q": shape.s_q,
                  "times": {}, "check": {}}
@@ -311,7 +342,7 @@ def impl_table(results: list, chosen) -> str:
     ours = [k for k in chosen if k != "flashmla"]
     head = f"{'shape':66s} " + " ".join(f"{k[:9]:>9s}" for k in chosen)
     head += " " + " ".join(f"{'FM/' + k[:6]:>9s}" for k in ours)
-    seesaws = [k for k in ours if k.startswith(("seesaw", "ring", "merge", "crossover"))
+    seesaws = [k for k in ours if k.startswith(("seesaw", "ring", "merge", "crossover", "cmerge"))
                and "fixed" in ours]
     head += " " + " ".join(f"{'fx/' + k.replace('seesaw', 'ss').replace('crossover', 'xo'):>9s}"
                            for k in seesaws)
@@ -359,7 +390,7 @@ def table(results: list) -> str:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover"),
+    ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster"),
                     default="quick")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ceilings", action="store_true")

@@ -173,6 +173,8 @@ def steps() -> list:
                 "raw_ring": 4}
     crossover = {**raw_ring, "block_tokens": 64, "consumers": "seesaw", "raw_ring": 0,
                  "cluster_crossover": True}
+    # the splits of a row merged inside a thread-block cluster (non-default knob)
+    cluster_merge = {**raw_ring, "num_splits": 8, "raw_ring": 0, "cluster_merge": True}
     prefill_persistent = {"block_tokens": 64, "heads_per_block": 64, "threads": 384,
                           "num_stages": 0, "warp_specialized": True, "tokens_in_m": False,
                           "persistent": True, "num_ctas": 3, "item_cost": 2, "q_ahead": True,
@@ -192,6 +194,8 @@ def steps() -> list:
          (dec[0], raw_ring)),
         (run_decode, (128, 8, "the 2-CTA crossover (non-default knob), 2 splits"), {},
          (dec[0], crossover)),
+        (run_decode, (128, 8, "the splits merged in a cluster (non-default knob), 8 splits, "
+                      "two head groups"), {}, (dec[0], cluster_merge)),
         # the persistent grid (tile_kernels/work.py): CTAs walking several items, split rows
         # merged by the combine, rows of one split stored directly, both modes
         (run_decode, (128, 8, "persistent grid, split rows"), {}, pers),

@@ -861,3 +861,123 @@ def test_decode_crossover_same_as_seesaw(seed):
         (o0, l0), (o1, l1) = got
         assert torch.equal(o0, o1), f"{extra_kind}: out differs from the seesaw schedule's"
         assert torch.equal(l0, l1), f"{extra_kind}: lse differs from the seesaw schedule's"
+
+
+# ------------------------------------------------- the splits of a row merged in a cluster
+# The split consumers on the fixed grid with the row's splits merged inside a thread-block
+# cluster (``cluster_merge``, tile_kernels/cluster_merge.py): no partials, no combine. The
+# configs are the b1 / b8 buckets' (the schedule file's default with the split count) with the
+# knob, so that the cases share their variants with decode_grid_ab's ``cmerge`` rows (8
+# splits at h64 / h128 with the extra scope, 4 at h64 SWA-only: the buckets' resolved
+# counts), plus 2 and 4 splits at h64 with the extra scope (scripts/device_cluster_merge.sh
+# compiles these 5).
+CLUSTER_MERGE = {**RAW_RING, "raw_ring": 0, "cluster_merge": True}
+
+
+def _cluster_merge(num_splits):
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    return forcing(parse_target("cuda:sm_90a"), "sparse_decode",
+                   {**CLUSTER_MERGE, "num_splits": num_splits})
+
+
+@pytest.mark.parametrize(
+    "h,b,extra_kind,num_splits",
+    [
+        (64, 1, "c4a512", 8),
+        (64, 7, "c128a128", 8),
+        (64, 1, "swa", 4),
+        (64, 7, "swa", 4),
+        (128, 1, "c4a1024", 8),
+        (128, 7, "c128a256", 8),
+        (64, 7, "c4a512", 2),
+        (64, 1, "c128a1024", 2),
+        (64, 7, "c4a512", 4),
+        (64, 1, "c4a512", 4),
+    ],
+    ids=lambda v: str(v),
+)
+def test_decode_cluster_merge_matches_reference(h, b, extra_kind, num_splits, seed):
+    """Both compressed scopes and SWA-only, h64 / h128 (two head groups: two clusters per
+    row), 2 / 4 / 8 splits; holes, garbage past the lengths and a lonely last request (every
+    split empty: out 0, lse +inf) come with every case of several rows (decode_case); outputs
+    NaN-poisoned and fresh random inputs."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    with _cluster_merge(num_splits):
+        check_decode(*decode_case(b, 1, h, extra_kind, gen))
+
+
+@pytest.mark.parametrize("num_splits", [2, 4, 8])
+def test_decode_cluster_merge_split_edges(num_splits, seed):
+    """The split-boundary lengths (empty splits, padding tiles, window-to-compressed
+    crossings) with block 0's slot 0 poisoned, through the merge in the cluster."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
+    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
+    with _cluster_merge(num_splits):
+        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
+            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
+            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
+            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
+
+
+@pytest.mark.parametrize("case", ["lonely", "holes", "sinks", "invariant"])
+def test_decode_cluster_merge_edge_inputs(case, seed):
+    """Every length 0 (out exactly 0, lse +inf), every entry -1 (a lonely row again), the
+    four sink kinds, and batch invariance: a row's out / lse bitwise the same alone and at
+    another position of another batch (the merge sums the splits in split order)."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    if case == "sinks":
+        with _cluster_merge(8):
+            for sink in ("none", "-inf", "+inf", "finite"):
+                _case(7, 1, 64, "c4a512", gen, sink=sink)
+        return
+    if case == "invariant":
+        b, h = 7, 64
+        q, k_cache, idx = _window_step(b, h, gen)
+        lens = lengths(b, WINDOW, gen)
+        e_cache, e_idx, width = compressed_scope(b, 1, "c4a512", gen)
+        e_lens = lengths(b, width, gen, full_rows=2)
+        main, extra, sink = (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(h, gen)
+        with _cluster_merge(8):
+            full = _decode_rows(q, main, extra, sink, list(range(b)), batch_invariant=False)
+            for r in (0, 3, 6):
+                alone = _decode_rows(q, main, extra, sink, [r], batch_invariant=False)
+                other = _decode_rows(q, main, extra, sink, [(r + 1) % b, r],
+                                     batch_invariant=False)
+                for got, pos in ((alone, 0), (other, 1)):
+                    for x, y in zip(got, full):
+                        assert torch.equal(x[pos].view(torch.int16 if x.dtype == torch.bfloat16
+                                                       else torch.int32),
+                                           y[r].view(torch.int16 if y.dtype == torch.bfloat16
+                                                     else torch.int32)), f"row {r} differs"
+        ref_out, ref_lse = sparse_decode_ref(q, k_cache, idx, lens, SCALE, sink, e_cache, e_idx,
+                                             e_lens)
+        check_attention(cache_kmax(k_cache), full[0], ref_out, lse=(full[1], ref_lse))
+        return
+    b, h = 4, 64
+    q, k_cache, idx = _window_step(b, h, gen)
+    k_cache, idx = _poison_block0(k_cache, idx)
+    lens = torch.full((b,), WINDOW, dtype=torch.int32, device=DEV)
+    if case == "lonely":
+        lens.zero_()
+        poison_past_length(idx, lens, gen)
+    else:
+        idx.fill_(-1)
+    with _cluster_merge(4):
+        check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
+
+
+def test_decode_cluster_merge_refused_on_persistent_grid(seed):
+    """The knob on the persistent grid: a ValueError naming it (no kernel is built)."""
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(1, 1, 64, "c4a512", gen)
+    with forcing(parse_target("cuda:sm_90a"), "sparse_decode",
+                 {**PERSISTENT, "cluster_merge": True}):
+        with pytest.raises(ValueError, match="cluster_merge"):
+            sparse_decode(q, main[0], main[1], main[2], SCALE, sink, *extra)

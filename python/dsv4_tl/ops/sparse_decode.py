@@ -19,8 +19,8 @@ from ..kernels import (MAX_COMBINE_SPLITS, SPARSE_DECODE, SPARSE_DECODE_COMBINE,
 from ._dispatch import (Launch, PlanCache, StreamScratch, _target, aligned16, cache_views,
                         check_aligned_output, check_output, full_lengths, meta, meta_contiguous,
                         meta_last, meta_strides, placeholder, recheck_device, resolve,
-                        reusable_full_lengths, reusable_no_sink, routed_per_call, sink_argument,
-                        stream_scratch)
+                        reusable_full_lengths, reusable_no_sink, routed_per_call, schedule_of,
+                        sink_argument, stream_scratch)
 
 
 def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
@@ -205,8 +205,18 @@ class _Plan:
 
         target = _target(dev)
         scope = decode_scope(None if e_geom is None else e_geom.block_size)
-        kernel, schedule = resolve(SPARSE_DECODE, target, h=h, b=b, s_q=s_q, scope=scope,
-                                   batch_invariant=batch_invariant, fp8_format=fp8_format)
+        call = dict(h=h, b=b, s_q=s_q, scope=scope, batch_invariant=batch_invariant)
+        # The splits of a row merged inside a thread-block cluster (fixed grid only): the
+        # kernel stores out / lse itself, no partials and no combine (cluster_merge.py).
+        # Checked before the variant is loaded (its build refuses it too, but inside a
+        # compile error).
+        planned = schedule_of("sparse_decode", dev,
+                              **SPARSE_DECODE.features(target.dirname, **call))
+        cluster_merge = bool(planned.get("cluster_merge"))
+        if cluster_merge and planned.get("persistent"):
+            raise ValueError("schedule: cluster_merge merges the fixed grid's splits of a row, "
+                             "it does not apply to the persistent grid (persistent true)")
+        kernel, schedule = resolve(SPARSE_DECODE, target, **call, fp8_format=fp8_format)
         rows = b * s_q
         # (whole head groups only, as the builder decides: padded ones keep the fixed grid)
         self.persistent = bool(schedule.get("persistent") and schedule["warp_specialized"]
@@ -238,9 +248,10 @@ class _Plan:
             slots = rows * splits
             partial_shapes = ((b, s_q, splits, h, HEAD_DIM), (b, s_q, splits, h))
         self.splits = splits
-        if splits == 1:
-            self.partials = (placeholder(dev, torch.float32, (0, 0, 1, h, HEAD_DIM)),
-                             placeholder(dev, torch.float32, (0, 0, 1, h)),
+        self.direct = splits == 1 or cluster_merge  # the decode kernel stores out / lse
+        if self.direct:
+            self.partials = (placeholder(dev, torch.float32, (0, 0, splits, h, HEAD_DIM)),
+                             placeholder(dev, torch.float32, (0, 0, splits, h)),
                              placeholder(dev, torch.int32, (0, 2)))
         else:
             # (the row split table the combine reads rides in the float32 scratch as int32)
@@ -280,7 +291,7 @@ class _Plan:
             extra = self.e_none
         sink = sink_argument(attn_sink, self.sink, q.shape[2], self.device)
         q = aligned16(q)
-        if self.splits == 1:
+        if self.direct:
             self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
                         out, lse, *self.partials)
             return out, lse
