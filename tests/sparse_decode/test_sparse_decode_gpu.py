@@ -758,7 +758,15 @@ def test_decode_raw_ring_tokens_in_m(seed):
 # into its peer (tile_kernels/sparse_decode_seesaw.py), forced for every shape (h128 only:
 # elsewhere the knob is refused). The cases reuse few variants (both scopes, splits 1 / 2 /
 # 8, FNUZ) so that one device call compiles them with the A/B's (scripts/device_crossover.sh).
-CROSSOVER = {**SEESAW, "raw_ring": 0, "cluster_crossover": True}
+def _decode_default() -> dict:
+    from dsv4_tl.schedules import schedule_for
+
+    return schedule_for("cuda_sm90a", "sparse_decode")
+
+
+# (on the schedule default, so that every knob is spelled as decode_grid_ab.py's "crossover"
+# and "seesaw" rows spell it: one variant each, compiled once by scripts/device_crossover.sh)
+CROSSOVER = {**_decode_default(), **SEESAW, "cluster_crossover": True}
 
 
 def _crossover(**over):
