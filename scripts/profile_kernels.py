@@ -34,12 +34,15 @@ def main() -> None:
     calls = []
     if args.schedule:
         from dsv4_tl.kernels import SPARSE_DECODE
+        from dsv4_tl.schedules import schedule_for
         from dsv4_tl.targets import parse_target
         from dsv4_tl.tune import forcing
         target = parse_target("cuda:sm_90a")
         resolved = dict(SPARSE_DECODE.variant(target.dirname, h=shape.h, b=shape.b, s_q=1,
                                               scope=kind).schedule)
-        config = {**resolved, **json.loads(args.schedule)}
+        # (as scripts/decode_grid_ab.py forms its forced schedules: the same variants)
+        config = {**schedule_for(target.dirname, "sparse_decode"), **resolved,
+                  **json.loads(args.schedule)}
         plain = ours_decode(x)
 
         def dec():
