@@ -374,7 +374,42 @@ def test_crossover_source(kwargs, tmp_path):
     bars = re.findall(r"__sync_thread_partial\((\d+), 128\)", source[roles:end])
     assert bars.count(str(CROSSOVER_PRODUCER_BAR)) == 4  # one before each half's copies
     assert _dynamic_shared_bytes(kernel) <= 227 * 1024
+    _check_validity_ordering(source)
     _check_no_spills(source, tmp_path)
+
+
+def _check_validity_ordering(source: str) -> None:
+    """The crossover's validity bytes, the only bytes its producer stores and its consumers
+    load with plain accesses (racecheck's 4 hazards of run 56: bench/PERF_NOTES.md item 40,
+    "racecheck"), are ordered both ways: each buffer's store sites come right after a wait on
+    a free barrier that the consumers release through the cluster window (``.arrive(0u)`` /
+    ``.arrive(1u)``) with the parity of the previous pair, its load site right after a wait on
+    the ready barrier its bulk copy completes on, and that load precedes the consumer's
+    release of the free barrier."""
+    copies = re.findall(r"tl::tma_store_cluster\(\(&\(\(\(bool\*\)(\w+)\)\[0\]\)\), .*?, "
+                        r"\(uint32_t\)\(\(uint\)64\), (\w+)\[0\]\);", source)
+    assert len(copies) == 2, copies
+    waits = [(m.start(), m.group(1), m.group(2)) for m in
+             re.finditer(r"(\w+)\[0\]\.wait\(([^;]*)\);", source)]
+
+    def last_wait(pos):
+        return [w for w in waits if w[0] < pos][-1]
+
+    for valid, ready in copies:
+        stores = [m.start() for m in re.finditer(re.escape(valid) + r"\[[^\]]*\] = ", source)]
+        loads = [m.start() for m in re.finditer(r"\(bool\)" + re.escape(valid) + r"\[", source)]
+        assert len(stores) == 2 and len(loads) == 1, (valid, stores, loads)
+        frees = set()
+        for pos in stores:
+            _, free, parity = last_wait(pos)
+            assert parity.endswith("& 1) ^ 1)"), (valid, free, parity)  # the previous pair's
+            frees.add(free)
+        assert len(frees) == 1, frees
+        free = frees.pop()
+        assert free != ready
+        assert last_wait(loads[0])[1] == ready, (valid, last_wait(loads[0]))
+        release = re.search(re.escape(free) + r"\[0\]\.arrive\([01]u\);", source[loads[0]:])
+        assert release is not None, f"no release of {free} after the load of {valid}"
 
 
 @pytest.mark.parametrize("kwargs,message", [
