@@ -12,8 +12,10 @@ checked against its reference so that a "clean" run is not a run that did nothin
 ``--precompile N`` runs every step once with the loader recording the variants it is asked
 for (no kernel runs: the steps' checks fail and are ignored), then compiles those variants
 in N processes into the JIT directory, so the sanitised run does not compile one at a time.
+``--only TEXT[,TEXT]`` keeps the steps whose label contains one of the texts.
 """
 
+import argparse
 import concurrent.futures
 import math
 import sys
@@ -179,6 +181,11 @@ def steps() -> list:
                           "num_stages": 0, "warp_specialized": True, "tokens_in_m": False,
                           "persistent": True, "num_ctas": 3, "item_cost": 2, "q_ahead": True,
                           "walk": "balanced"}
+    k_halves = {**prefill_persistent, "persistent": False, "q_ahead": False, "num_ctas": 132,
+                "warp_specialized": False, "tokens_in_m": True, "heads_per_block": 16,
+                "num_stages": 3, "threads": 256, "k_halves": True, "cluster_gather": False}
+    cluster_gather = {**prefill_persistent, "persistent": False, "q_ahead": False,
+                      "num_ctas": 132, "k_halves": False, "cluster_gather": True}
     dec, pers = ("sparse_decode", None), ("sparse_decode", persistent)
     return [
         (run_decode, (64, 8, "8 splits + combine"), {}, None),
@@ -208,6 +215,10 @@ def steps() -> list:
         (run_prefill, (16, ", tokens in M"), {}, None),
         (run_prefill, (128, ", persistent grid of 3 CTAs, next Q ahead"), {},
          ("sparse_prefill", prefill_persistent)),
+        (run_prefill, (16, ", tokens in M with K by halves (non-default knob)"), {},
+         ("sparse_prefill", k_halves)),
+        (run_prefill, (128, ", one K gather per row through a 2-CTA cluster (non-default knob)"),
+         {}, ("sparse_prefill", cluster_gather)),
         (run_gather, (200,), {}, None),
         (run_gather, (4000,), {}, None),
         (run_insert, (), {}, None),
@@ -215,9 +226,12 @@ def steps() -> list:
     ]
 
 
-def run_steps(gen, tolerate: bool) -> None:
+def run_steps(gen, tolerate: bool, only: str = "") -> None:
+    """Every step, or those whose label contains one of ``only``'s comma-separated texts."""
     target = parse_target("cuda:sm_90a")
     for fn, args, kwargs, forced in steps():
+        if only and not any(t in str(a) for t in only.split(",") for a in args):
+            continue
         try:
             if forced is None:
                 fn(gen, *args, **kwargs)
@@ -236,7 +250,7 @@ def _compile(job):
     return variant.key
 
 
-def precompile(jobs: int) -> None:
+def precompile(jobs: int, only: str = "") -> None:
     """Record the variants the steps load (kernels replaced by no-ops), then compile them."""
     from dsv4_tl import loader
     seen = {}
@@ -248,7 +262,7 @@ def precompile(jobs: int) -> None:
 
     loader.KernelLoader.get = record
     try:
-        run_steps(torch.Generator(DEV).manual_seed(1234), tolerate=True)
+        run_steps(torch.Generator(DEV).manual_seed(1234), tolerate=True, only=only)
     finally:
         loader.KernelLoader.get = real_get
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -258,10 +272,14 @@ def precompile(jobs: int) -> None:
 
 
 def main() -> int:
-    if len(sys.argv) == 3 and sys.argv[1] == "--precompile":
-        precompile(int(sys.argv[2]))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--precompile", type=int, default=0, help="compile in N processes, run nothing")
+    ap.add_argument("--only", default="", help="the steps whose label contains this text")
+    args = ap.parse_args()
+    if args.precompile:
+        precompile(args.precompile, args.only)
         return 0
-    run_steps(torch.Generator(DEV).manual_seed(1234), tolerate=False)
+    run_steps(torch.Generator(DEV).manual_seed(1234), tolerate=False, only=args.only)
     print("all kernels ran")
     return 0
 
