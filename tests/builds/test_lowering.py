@@ -343,7 +343,7 @@ def test_crossover_has_examples():
 
 
 @pytest.mark.parametrize("kwargs", _crossover_examples())
-def test_crossover_source(kwargs, tmp_path):
+def test_crossover_source(kwargs, tmp_path, fresh_compiles):
     """The generated CUDA of a crossover decode (sparse_decode.LOWERING_EXAMPLES): launched in
     clusters of (1, 2, 1) (the device function's ``cluster_dims``); each K half reaches the
     peer whole, by ``tl::tma_store_cluster`` (mapa, remote ``arrive.expect_tx``,
@@ -445,7 +445,7 @@ def test_cluster_merge_has_examples():
 
 
 @pytest.mark.parametrize("kwargs", _cluster_merge_examples())
-def test_cluster_merge_source(kwargs, tmp_path):
+def test_cluster_merge_source(kwargs, tmp_path, fresh_compiles):
     """The generated CUDA of a cluster-merged decode (tile_kernels/cluster_merge.py): launched
     as clusters of ``num_splits`` CTAs along the split axis; each of the three warpgroups
     passes the two cluster barriers (barrier.cluster counts every thread of the cluster);
