@@ -108,12 +108,7 @@ def test_decode_out_of_range_slots_ignored(seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     b, h = 4, 64
     q, k_cache, idx = _window_step(b, h, gen)
-    num_slots = k_cache.shape[0] * k_cache.shape[1]
-    bad = torch.rand(idx.shape, generator=gen, device=DEV) < 0.2
-    garbage = torch.tensor([num_slots, num_slots + 63, 2**31 - 1, -2, -(2**31)],
-                           dtype=torch.int32, device=DEV)
-    pick = torch.randint(0, len(garbage), idx.shape, generator=gen, device=DEV)
-    idx[bad] = garbage[pick][bad]
+    _garbage_slots(idx, k_cache, gen)
     lens = torch.full((b,), WINDOW, dtype=torch.int32, device=DEV)
     check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
 
@@ -164,6 +159,44 @@ def _poison_block0(cache, idx):
     cache[0, 0] = 0xFF  # record bytes of token 0 (NoPE 0xFF, RoPE bf16 0xFFFF = NaN)
     cache_geometry(cache).flat[bs * 576: bs * 576 + 8] = 0xFF  # token 0's scale bytes
     return cache, idx
+
+
+def _garbage_slots(idx, k_cache, gen) -> None:
+    """Slots past the cache and negatives other than -1 in about a fifth of ``idx`` (in
+    place): entries the kernels must skip."""
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    bad = torch.rand(idx.shape, generator=gen, device=DEV) < 0.2
+    garbage = torch.tensor([num_slots, num_slots + 63, 2**31 - 1, -2, -(2**31)],
+                           dtype=torch.int32, device=DEV)
+    pick = torch.randint(0, len(garbage), idx.shape, generator=gen, device=DEV)
+    idx[bad] = garbage[pick][bad]
+
+
+def _edge_input_case(case, gen, h_case, kind, *, poison_block0):
+    """One edge-input case of a forced schedule: "sinks" (the four sink kinds) and "fnuz"
+    (FNUZ bytes) on ``h_case`` heads with the ``kind`` scope; "lonely" (every length 0: out
+    0, lse +inf), "holes" (every entry -1) and "out_of_range" (``_garbage_slots``) on window
+    steps at h128, block 0 poisoned when ``poison_block0``."""
+    if case == "sinks":
+        for sink in ("none", "-inf", "+inf", "finite"):
+            _case(7, 1, h_case, kind, gen, sink=sink)
+        return
+    if case == "fnuz":
+        _case(7, 1, h_case, kind, gen, fp8_format="e4m3fnuz")
+        return
+    b, h = 4, 128
+    q, k_cache, idx = _window_step(b, h, gen)
+    if poison_block0:
+        k_cache, idx = _poison_block0(k_cache, idx)
+    lens = torch.full((b,), WINDOW, dtype=torch.int32, device=DEV)
+    if case == "lonely":
+        lens.zero_()
+        poison_past_length(idx, lens, gen)
+    elif case == "holes":
+        idx.fill_(-1)
+    else:
+        _garbage_slots(idx, k_cache, gen)
+    check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
 
 
 @pytest.mark.parametrize("block_tokens", [32, 64])
@@ -604,30 +637,8 @@ def test_decode_seesaw_edge_inputs(case, slots4, seed):
     negatives, the four sink kinds, FNUZ bytes: the seesaw schedule's results match the
     reference."""
     gen = torch.Generator(DEV).manual_seed(seed)
-    b, h = 4, 128
     with _seesaw(**(SLOTS4 if slots4 else {})):
-        if case == "sinks":
-            for sink in ("none", "-inf", "+inf", "finite"):
-                _case(7, 1, 64, "c4a512", gen, sink=sink)
-            return
-        if case == "fnuz":
-            _case(7, 1, 64, "c4a512", gen, fp8_format="e4m3fnuz")
-            return
-        q, k_cache, idx = _window_step(b, h, gen)
-        lens = torch.full((b,), WINDOW, dtype=torch.int32, device=DEV)
-        if case == "lonely":
-            lens.zero_()
-            poison_past_length(idx, lens, gen)
-        elif case == "holes":
-            idx.fill_(-1)
-        else:
-            num_slots = k_cache.shape[0] * k_cache.shape[1]
-            bad = torch.rand(idx.shape, generator=gen, device=DEV) < 0.2
-            garbage = torch.tensor([num_slots, num_slots + 63, 2**31 - 1, -2, -(2**31)],
-                                   dtype=torch.int32, device=DEV)
-            pick = torch.randint(0, len(garbage), idx.shape, generator=gen, device=DEV)
-            idx[bad] = garbage[pick][bad]
-        check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
+        _edge_input_case(case, gen, 64, "c4a512", poison_block0=False)
 
 
 # ---------------------------------------------------------------- the producer's raw ring
@@ -706,31 +717,8 @@ def test_decode_raw_ring_edge_inputs(case, seed):
     """Every length 0 (out 0, lse +inf), every entry -1, slots past the cache and other
     negatives (block 0 poisoned), the four sink kinds, FNUZ bytes."""
     gen = torch.Generator(DEV).manual_seed(seed)
-    b, h = 4, 128
     with _raw_ring():
-        if case == "sinks":
-            for sink in ("none", "-inf", "+inf", "finite"):
-                _case(7, 1, 64, "c4a512", gen, sink=sink)
-            return
-        if case == "fnuz":
-            _case(7, 1, 64, "c4a512", gen, fp8_format="e4m3fnuz")
-            return
-        q, k_cache, idx = _window_step(b, h, gen)
-        k_cache, idx = _poison_block0(k_cache, idx)
-        lens = torch.full((b,), WINDOW, dtype=torch.int32, device=DEV)
-        if case == "lonely":
-            lens.zero_()
-            poison_past_length(idx, lens, gen)
-        elif case == "holes":
-            idx.fill_(-1)
-        else:
-            num_slots = k_cache.shape[0] * k_cache.shape[1]
-            bad = torch.rand(idx.shape, generator=gen, device=DEV) < 0.2
-            garbage = torch.tensor([num_slots, num_slots + 63, 2**31 - 1, -2, -(2**31)],
-                                   dtype=torch.int32, device=DEV)
-            pick = torch.randint(0, len(garbage), idx.shape, generator=gen, device=DEV)
-            idx[bad] = garbage[pick][bad]
-        check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
+        _edge_input_case(case, gen, 64, "c4a512", poison_block0=True)
 
 
 def test_decode_raw_ring_tokens_in_m(seed):
@@ -824,31 +812,8 @@ def test_decode_crossover_edge_inputs(case, seed):
     """Every length 0 (out 0, lse +inf; no tile, so no copy), every entry -1, slots past the
     cache and other negatives (block 0 poisoned), the four sink kinds, FNUZ bytes."""
     gen = torch.Generator(DEV).manual_seed(seed)
-    b, h = 4, 128
     with _crossover():
-        if case == "sinks":
-            for sink in ("none", "-inf", "+inf", "finite"):
-                _case(7, 1, h, "c4a1024", gen, sink=sink)
-            return
-        if case == "fnuz":
-            _case(7, 1, h, "c4a1024", gen, fp8_format="e4m3fnuz")
-            return
-        q, k_cache, idx = _window_step(b, h, gen)
-        k_cache, idx = _poison_block0(k_cache, idx)
-        lens = torch.full((b,), WINDOW, dtype=torch.int32, device=DEV)
-        if case == "lonely":
-            lens.zero_()
-            poison_past_length(idx, lens, gen)
-        elif case == "holes":
-            idx.fill_(-1)
-        else:
-            num_slots = k_cache.shape[0] * k_cache.shape[1]
-            bad = torch.rand(idx.shape, generator=gen, device=DEV) < 0.2
-            garbage = torch.tensor([num_slots, num_slots + 63, 2**31 - 1, -2, -(2**31)],
-                                   dtype=torch.int32, device=DEV)
-            pick = torch.randint(0, len(garbage), idx.shape, generator=gen, device=DEV)
-            idx[bad] = garbage[pick][bad]
-        check_decode(q, (k_cache, idx, lens), (None, None, None), make_sink(h, gen))
+        _edge_input_case(case, gen, 128, "c4a1024", poison_block0=True)
 
 
 def test_decode_crossover_same_as_seesaw(seed):

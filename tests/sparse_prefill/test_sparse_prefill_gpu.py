@@ -219,27 +219,34 @@ def test_prefill_persistent_grid_matches_reference(h, q_ahead, num_ctas, walk, s
         assert torch.equal(a, b), f"{name}: persistent and fixed grids differ"
 
 
+def _check_malformed_indptr(h, width, config, seed):
+    """Six ragged rows of ``width`` entries behind an indptr past nnz, decreasing and negative,
+    run with ``config`` forced into poisoned outputs: clamped windows, nothing read out of
+    bounds, rows of empty windows lonely; checked against the reference of the clamped
+    windows."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    s_q = 6
+    q, kv, idx, lens, sink = _inputs(s_q, h, 512, width, gen)
+    flat, _ = to_csr(idx, torch.full((s_q,), width, dtype=torch.int32, device=DEV))
+    nnz = flat.numel()
+    indptr = torch.tensor([0, width, 10, nnz + 1000, 2**31 - 1, -7, nnz], dtype=torch.int32,
+                          device=DEV)
+    outs = _poisoned(s_q, h)
+    with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill", config):
+        sparse_prefill_ragged(q, kv, flat, indptr, SCALE, sink, out=outs[0],
+                              max_logits=outs[1], lse=outs[2])
+        torch.cuda.synchronize()
+    dense, lens_t = clamped_csr_as_dense(flat, indptr)
+    check_prefill(outs, sparse_prefill_ref(q, kv, dense, SCALE, 512, sink, lens_t), kv)
+
+
 @pytest.mark.parametrize("q_ahead", [False, True])
 def test_prefill_persistent_grid_malformed_indptr_and_few_rows(q_ahead, seed):
     """Fewer units than CTAs (grid = units) and a malformed indptr (past nnz, decreasing):
     clamped windows, nothing read out of bounds, rows of empty windows lonely."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the warp-specialised schedule is sm_90a's")
-    gen = torch.Generator(DEV).manual_seed(seed)
-    s_q, h = 6, 128
-    q, kv, idx, lens, sink = _inputs(s_q, h, 512, 64, gen)
-    flat, _ = to_csr(idx, torch.full((s_q,), 64, dtype=torch.int32, device=DEV))
-    nnz = flat.numel()
-    indptr = torch.tensor([0, 64, 10, nnz + 1000, 2**31 - 1, -7, nnz], dtype=torch.int32,
-                          device=DEV)
-    outs = _poisoned(s_q, h)
-    with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill",
-                      _persistent_config(h, q_ahead=q_ahead)):
-        sparse_prefill_ragged(q, kv, flat, indptr, SCALE, sink, out=outs[0],
-                              max_logits=outs[1], lse=outs[2])
-        torch.cuda.synchronize()
-    dense, lens_t = clamped_csr_as_dense(flat, indptr)
-    check_prefill(outs, sparse_prefill_ref(q, kv, dense, SCALE, 512, sink, lens_t), kv)
+    _check_malformed_indptr(128, 64, _persistent_config(128, q_ahead=q_ahead), seed)
 
 
 # --- tokens in M with K by halves (issue 26 lever 3: k_halves) -------------------------------
@@ -292,21 +299,7 @@ def test_prefill_tokens_in_m_k_halves_malformed_indptr(seed):
     nothing read out of bounds, rows of empty windows lonely."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the tokens-in-M schedule needs sm_90a")
-    gen = torch.Generator(DEV).manual_seed(seed)
-    s_q, h = 6, 32
-    q, kv, idx, lens, sink = _inputs(s_q, h, 512, 192, gen)
-    flat, _ = to_csr(idx, torch.full((s_q,), 192, dtype=torch.int32, device=DEV))
-    nnz = flat.numel()
-    indptr = torch.tensor([0, 192, 10, nnz + 1000, 2**31 - 1, -7, nnz], dtype=torch.int32,
-                          device=DEV)
-    outs = _poisoned(s_q, h)
-    with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill",
-                      _k_halves_config(h, 2, 384)):
-        sparse_prefill_ragged(q, kv, flat, indptr, SCALE, sink, out=outs[0],
-                              max_logits=outs[1], lse=outs[2])
-        torch.cuda.synchronize()
-    dense, lens_t = clamped_csr_as_dense(flat, indptr)
-    check_prefill(outs, sparse_prefill_ref(q, kv, dense, SCALE, 512, sink, lens_t), kv)
+    _check_malformed_indptr(32, 192, _k_halves_config(32, 2, 384), seed)
 
 
 # --- the 2-CTA cluster gather at 128 heads (issue 26 lever 2: cluster_gather) ---------------
@@ -349,18 +342,4 @@ def test_prefill_cluster_gather_malformed_indptr(seed):
     row skip every pair and meet at the exit)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the warp-specialised schedule is sm_90a's")
-    gen = torch.Generator(DEV).manual_seed(seed)
-    s_q, h = 6, 128
-    q, kv, idx, lens, sink = _inputs(s_q, h, 512, 192, gen)
-    flat, _ = to_csr(idx, torch.full((s_q,), 192, dtype=torch.int32, device=DEV))
-    nnz = flat.numel()
-    indptr = torch.tensor([0, 192, 10, nnz + 1000, 2**31 - 1, -7, nnz], dtype=torch.int32,
-                          device=DEV)
-    outs = _poisoned(s_q, h)
-    with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill",
-                      _cluster_config()):
-        sparse_prefill_ragged(q, kv, flat, indptr, SCALE, sink, out=outs[0],
-                              max_logits=outs[1], lse=outs[2])
-        torch.cuda.synchronize()
-    dense, lens_t = clamped_csr_as_dense(flat, indptr)
-    check_prefill(outs, sparse_prefill_ref(q, kv, dense, SCALE, 512, sink, lens_t), kv)
+    _check_malformed_indptr(128, 192, _cluster_config(), seed)
