@@ -33,6 +33,13 @@ def _import(name):
     return importlib.import_module(f"{tile_kernels.__name__}.{name}")
 
 
+def _examples_with(module: str, knob: str, id_of) -> list:
+    """pytest params of the ``LOWERING_EXAMPLES`` of ``tile_kernels.<module>`` that set
+    ``knob``, each named ``id_of(kwargs)``."""
+    return [pytest.param(e["kwargs"], id=id_of(e["kwargs"]))
+            for e in _import(module).LOWERING_EXAMPLES if e["kwargs"].get(knob)]
+
+
 def _own_builders(module) -> set:
     """``build_*`` functions defined in ``module`` itself (not imported into it)."""
     return {
@@ -140,11 +147,8 @@ def test_export_and_load(tmp_path, fresh_compiles):
 
 # ------------------------------------------------------------------ the producer's raw ring
 def _raw_ring_examples():
-    from dsv4_tl.tile_kernels.sparse_decode import LOWERING_EXAMPLES
-
-    kwargs = [e["kwargs"] for e in LOWERING_EXAMPLES if e["kwargs"].get("raw_ring")]
-    return [pytest.param(k, id=f"raw_ring{k['raw_ring']}-h{k['num_heads']}-bt{k['block_tokens']}")
-            for k in kwargs]
+    return _examples_with("sparse_decode", "raw_ring", lambda k: (
+        f"raw_ring{k['raw_ring']}-h{k['num_heads']}-bt{k['block_tokens']}"))
 
 
 def test_raw_ring_has_examples():
@@ -247,11 +251,8 @@ def test_raw_ring_tokens_in_m_budget():
 
 # ------------------------------------------------- tokens-in-M prefill with K by halves
 def _k_halves_examples():
-    from dsv4_tl.tile_kernels.sparse_prefill import LOWERING_EXAMPLES
-
-    kwargs = [e["kwargs"] for e in LOWERING_EXAMPLES if e["kwargs"].get("k_halves")]
-    return [pytest.param(k, id=f"k_halves-h{k['num_heads']}-t{k['threads']}-nb{k['num_stages']}")
-            for k in kwargs]
+    return _examples_with("sparse_prefill", "k_halves", lambda k: (
+        f"k_halves-h{k['num_heads']}-t{k['threads']}-nb{k['num_stages']}"))
 
 
 def test_k_halves_has_examples():
@@ -286,10 +287,8 @@ def test_k_halves_prefill_source(kwargs, tmp_path):
 
 # ------------------------------------------------- prefill's 2-CTA cluster gather (128 heads)
 def _cluster_gather_examples():
-    from dsv4_tl.tile_kernels.sparse_prefill import LOWERING_EXAMPLES
-
-    kwargs = [e["kwargs"] for e in LOWERING_EXAMPLES if e["kwargs"].get("cluster_gather")]
-    return [pytest.param(k, id=f"cluster_gather-ragged{int(k['ragged'])}") for k in kwargs]
+    return _examples_with("sparse_prefill", "cluster_gather",
+                          lambda k: f"cluster_gather-ragged{int(k['ragged'])}")
 
 
 def test_cluster_gather_has_examples():
@@ -328,11 +327,8 @@ def test_cluster_gather_prefill_source(kwargs, tmp_path):
 
 # ------------------------------------------------------------- the 2-CTA crossover (h128)
 def _crossover_examples():
-    from dsv4_tl.tile_kernels.sparse_decode import LOWERING_EXAMPLES
-
-    kwargs = [e["kwargs"] for e in LOWERING_EXAMPLES if e["kwargs"].get("cluster_crossover")]
-    return [pytest.param(k, id=f"crossover-extra{int(k['has_extra'])}-splits"
-                            f"{k.get('num_splits', 1)}") for k in kwargs]
+    return _examples_with("sparse_decode", "cluster_crossover", lambda k: (
+        f"crossover-extra{int(k['has_extra'])}-splits{k.get('num_splits', 1)}"))
 
 
 def test_crossover_has_examples():
@@ -433,11 +429,8 @@ def test_crossover_refused(kwargs, message):
 
 # ------------------------------------------------- the splits of a row merged in a cluster
 def _cluster_merge_examples():
-    from dsv4_tl.tile_kernels.sparse_decode import LOWERING_EXAMPLES
-
-    kwargs = [e["kwargs"] for e in LOWERING_EXAMPLES if e["kwargs"].get("cluster_merge")]
-    return [pytest.param(k, id=f"h{k['num_heads']}-splits{k['num_splits']}-bt{k['block_tokens']}")
-            for k in kwargs]
+    return _examples_with("sparse_decode", "cluster_merge", lambda k: (
+        f"h{k['num_heads']}-splits{k['num_splits']}-bt{k['block_tokens']}"))
 
 
 def test_cluster_merge_has_examples():
