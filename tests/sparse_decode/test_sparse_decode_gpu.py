@@ -64,6 +64,9 @@ def _case(b, s_q, h, extra_kind, gen, *, sink="mixed", fp8_format="e4m3fn"):
         (32, 8, "c128a128"),
         (32, 16, "swa"),
         (16, 16, "c4a512"),
+        # h16 at b >= 67: config D (2 CTAs per SM), C128A with 2 splits (run 61)
+        (16, 80, "c4a512"),
+        (16, 96, "c128a256"),
     ],
     ids=lambda v: str(v),
 )
