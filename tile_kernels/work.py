@@ -19,6 +19,22 @@ its own range at its start from the lengths (``cta_work_range``: one pass over t
 spread over the CTA's threads, a block scan, no global memory written), so the plan needs
 no launch and no host synchronisation and follows the lengths of each call (CUDA graphs).
 
+**Tile-granular balance** (``balance="tiles"``, default mode only; :func:`cta_tile_range`,
+:func:`walk_row_pieces`): the *row*, not the unit, is the thing laid out and cut. Row ``r`` of
+``t`` tiles costs ``head_groups · (t + item_cost)``; CTA ``c`` of ``G'`` takes exactly the
+cost range ``[c·W / G', (c+1)·W / G')``, each boundary cut inside a row at a tile boundary,
+so no CTA holds more than its share plus about one item cost per end (the ``"items"``
+balance snaps to whole items of a derived ``T`` tiles, about one CTA share each, and a CTA
+could get two shares). A row's pieces are numbered in CTA order and run as ``head_groups``
+consecutive items over the same tiles, so a split row has the same split points in every
+head group (the combine merges a row's partials across all heads). A boundary less than
+``q`` tiles (the ``-tiles_per_split`` floor) from a row's edge snaps to that edge (no
+sliver pieces, at most ``ceil(t / q)`` pieces a row), ``G' = min(G, W // (head_groups ·
+(q + 1)))`` keeps two cuts of a row at least ``q`` tiles apart, and when the rows alone
+balance (every row at most a quarter share, or rows within 5:4 of each other and at most
+5/4 share: uniform lengths, rows ~ CTAs) no row is cut and each boundary snaps to the
+nearest row edge (splitting every such row through the combine cost 2x in run 49).
+
 :func:`plan_reference` is the same arithmetic in Python, for tests.
 """
 
@@ -27,11 +43,22 @@ from typing import NamedTuple
 import tilelang.language as T
 
 
+BALANCES = ("items", "tiles")
+
+
 def plan_reference(tiles, s_q: int, head_groups: int, tiles_per_split: int, item_cost: int,
-                   num_ctas: int) -> dict:
-    """What ``cta_work_range`` computes, in Python: ``tiles`` per request (a list), the grid
-    of ``num_ctas``, ``tiles_per_split`` as the kernel's argument. Returns ``{"tps": T, "bounds": [(u, k)] * (num_ctas + 1), "items":
-    [[(u, k, t_begin, t_end)] per CTA], "row_splits": [(slot base, splits)] per row}``."""
+                   num_ctas: int, balance: str = "items") -> dict:
+    """What ``cta_work_range`` (``balance`` "items") or ``cta_tile_range`` ("tiles", with a
+    derived ``tiles_per_split <= 0`` only) computes, in Python: ``tiles`` per request (a
+    list), the grid of ``num_ctas``, ``tiles_per_split`` as the kernel's argument. Returns
+    ``{"tps": T, "bounds": [(u, k)] * (num_ctas + 1), "items": [[(u, k, t_begin, t_end)] per
+    CTA], "row_splits": [(slot base, splits)] per row}`` (``"tiles"``: ``tps`` the floor
+    ``q``, bounds ``(row, tile, piece)``, plus ``whole``, ``ctas`` (G') and ``share``)."""
+    if balance == "tiles":
+        return _plan_tiles_reference(tiles, s_q, head_groups, tiles_per_split, item_cost,
+                                     num_ctas)
+    if balance != "items":
+        raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
     units = len(tiles) * s_q * head_groups
 
     def unit_tiles(u):
@@ -80,6 +107,68 @@ def plan_reference(tiles, s_q: int, head_groups: int, tiles_per_split: int, item
         row_splits.append((base, n))
         base += n if n > 1 else 0
     return {"tps": tps, "bounds": bounds, "items": items, "row_splits": row_splits}
+
+
+def tile_plan_floor(tiles_per_split: int) -> int:
+    """The tile balance's ``q``: the smallest piece at a row's edge (``-tiles_per_split``)."""
+    return max(-tiles_per_split, 1)
+
+
+def _plan_tiles_reference(tiles, s_q, head_groups, tiles_per_split, item_cost, num_ctas):
+    if tiles_per_split > 0:
+        raise ValueError("balance 'tiles': needs a derived split size (tiles_per_split <= 0, "
+                         f"the batch-invariant mode keeps 'items'), got {tiles_per_split}")
+    hg, ic, q, g = head_groups, item_cost, tile_plan_floor(tiles_per_split), num_ctas
+    rows = len(tiles) * s_q
+    row_t = [tiles[r // s_q] for r in range(rows)]
+    cost = [hg * (t + ic) for t in row_t]
+    total, most, least = sum(cost), max(cost), min(cost)
+    whole = 4 * most * g <= total or (4 * most * g <= 5 * total and 5 * least >= 4 * most)
+    ctas = g if whole else max(1, min(g, total // (hg * (q + 1))))
+    starts, acc = [], 0
+    for c in cost:
+        starts.append(acc)
+        acc += c
+
+    def before(y):  # boundaries c (0..ctas) at cost positions below y
+        return min(ctas + 1, -(-(y * ctas) // total))
+
+    def pieces(p, t):
+        if whole or t < 2 * q:
+            return 1
+        return 1 + max(0, before(p + hg * (ic + t - q + 1)) - before(p + hg * (ic + q)))
+
+    splits = [pieces(starts[r], row_t[r]) for r in range(rows)]
+    row_splits, base = [], 0
+    for n in splits:
+        row_splits.append((base, n))
+        base += n if n > 1 else 0
+
+    def boundary(c):  # (row, first tile, piece) where CTA c starts
+        if c >= ctas:
+            return (rows, 0, 0)
+        x = c * total // ctas
+        r = max(i for i in range(rows) if starts[i] <= x)
+        o, t = x - starts[r], row_t[r]
+        tau = max(o - hg * ic, 0) // hg
+        if not whole and t >= 2 * q:
+            if q <= tau <= t - q:
+                return (r, tau, c - before(starts[r] + hg * (ic + q)) + 1)
+            return (r + (tau > t - q), 0, 0)
+        return (r + (2 * o >= cost[r]), 0, 0)
+
+    bounds = [boundary(c) for c in range(g + 1)]
+    items = []
+    for c in range(g):
+        (r0, t0, k0), (r1, t1, _) = bounds[c], bounds[c + 1]
+        mine = []
+        for r in range(r0, min(r1 + (t1 > 0), rows)):
+            for h in range(hg):
+                mine.append((r * hg + h, k0 if r == r0 else 0, t0 if r == r0 else 0,
+                             t1 if r == r1 else row_t[r]))
+        items.append(mine)
+    return {"tps": q, "bounds": bounds, "items": items, "row_splits": row_splits,
+            "whole": whole, "ctas": ctas, "share": total / ctas}
 
 
 class WorkItem(NamedTuple):

@@ -102,3 +102,115 @@ def test_fixed_split_boundaries_do_not_follow_the_batch():
             pos = rng.randrange(b)
             tiles[pos] = row
             assert items_of(tiles, pos, s_q, hg, ctas) == alone
+
+
+# --- the tile-granular balance (balance="tiles", derived split size only) ---------------
+
+def _check_tile_plan(tiles, s_q, hg, plan):
+    """Every tile of every unit once; a row's pieces numbered 0.. in CTA order, each run by
+    every head group over the same tiles; slots of split rows consecutive, unique, and the
+    same in every head group (the combine merges a row across all heads)."""
+    flat = [item for items in plan["items"] for item in items]
+    rows = len(tiles) * s_q
+    pieces = {}
+    for u, k, t0, t1 in flat:
+        assert t0 < t1 or (t0 == 0 and t1 == 0), f"unit {u}: empty piece {t0}..{t1}"
+        pieces.setdefault(u // hg, {}).setdefault(k, []).append((u % hg, t0, t1))
+    assert sorted(pieces) == list(range(rows)), "a row has no item"
+    used = set()
+    for r in range(rows):
+        n_tiles = tiles[r // s_q]
+        base, n = plan["row_splits"][r]
+        assert sorted(pieces[r]) == list(range(n)), f"row {r}: pieces {pieces[r]} of {n}"
+        ranges = []
+        for k in range(n):
+            groups = pieces[r][k]
+            assert sorted(g for g, _, _ in groups) == list(range(hg)), f"row {r} piece {k}"
+            assert len({(t0, t1) for _, t0, t1 in groups}) == 1, f"row {r} piece {k}: {groups}"
+            ranges.append(groups[0][1:])
+        covered = [t for t0, t1 in ranges for t in range(t0, t1)]
+        assert covered == list(range(n_tiles)), f"row {r}: tiles {ranges} of {n_tiles}"
+        if n > 1:
+            slots = set(range(base, base + n))
+            assert not slots & used, f"row {r}: slots {slots} reused"
+            used |= slots
+    assert used == set(range(len(used))), "split rows' slots are not consecutive from 0"
+
+
+def _tile_bound(plan, hg):
+    # the share plus, at the start, a continuation piece's item cost or a snap back to the
+    # row's start (under q tiles and the row's item cost), at the end a snap on to the row's
+    # end (under q tiles), and a tile's rounding
+    return plan["share"] + hg * (ITEM_COST + 2 * plan["tps"] + 1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_tile_balance_every_tile_once_and_balanced(seed):
+    """Random per-row lengths (C128A-like 0..width, some rows empty or full), b 2-128, h64 /
+    h128 (1 / 2 head groups), s_q 1-2: coverage, slots, and the balance bound."""
+    rng = random.Random(1000 + seed)
+    b = rng.choice([2, 3, 8, 32, 64, 100, 128])
+    s_q = rng.choice([1, 1, 2])
+    hg = rng.choice([1, 2])
+    width = rng.choice([36, 132, 260])
+    tiles = [rng.randint(0, width) for _ in range(b)]
+    if b > 2:
+        tiles[0], tiles[1] = 0, width
+    q = rng.choice([1, 4, 8])
+    plan = plan_reference(tiles, s_q, hg, -q, ITEM_COST, 132, balance="tiles")
+    assert len(plan["items"]) == 132
+    _check_tile_plan(tiles, s_q, hg, plan)
+    loads = _loads(plan)
+    assert max(loads) <= _tile_bound(plan, hg), (max(loads), plan["share"])
+    assert all(n <= -(-max(tiles) // q) for _, n in plan["row_splits"])
+
+
+@pytest.mark.parametrize("hg", [1, 2])
+@pytest.mark.parametrize("b", [2, 32, 128])
+def test_tile_balance_beats_items_on_varlen(b, hg):
+    """C128A 8192 with per-row lengths (32-token tiles + 4 window tiles): the item balance
+    gives a CTA up to ~2 shares (the lead's diagnosis, issue 23), the tile balance its
+    share plus about one item."""
+    rng = random.Random(b)
+    tiles = [4 + rng.randint(0, 256) for _ in range(b)]
+    items = plan_reference(tiles, 1, hg, -4, ITEM_COST, 132)
+    plan = plan_reference(tiles, 1, hg, -4, ITEM_COST, 132, balance="tiles")
+    _check_tile_plan(tiles, 1, hg, plan)
+    assert not plan["whole"]
+    assert max(_loads(plan)) <= _tile_bound(plan, hg)
+    if b >= 32:
+        assert max(_loads(plan)) < 0.7 * max(_loads(items)), (_loads(plan), _loads(items))
+
+
+@pytest.mark.parametrize("b,hg,width", [(128, 1, 36), (128, 1, 260), (256, 1, 36),
+                                        (128, 2, 36), (256, 2, 4), (128, 1, 4)])
+def test_tile_balance_keeps_uniform_rows_whole(b, hg, width):
+    """Uniform lengths with rows ~ CTAs or more: no row is cut (no combine), a CTA holds at
+    most what whole rows force."""
+    tiles = [width] * b
+    plan = plan_reference(tiles, 1, hg, -4, ITEM_COST, 132, balance="tiles")
+    _check_tile_plan(tiles, 1, hg, plan)
+    assert plan["whole"] and all(n == 1 for _, n in plan["row_splits"])
+    row = hg * (width + ITEM_COST)
+    assert max(_loads(plan)) == row * -(-b // 132)
+
+
+def test_tile_balance_lonely_rows_and_small_work():
+    """One long row among empty ones, a single row, all-empty rows: every CTA range valid,
+    pieces at least q tiles at a row's edges, the used CTAs G' shrink with the work."""
+    for tiles, s_q, hg in (([0] * 31 + [260], 1, 1), ([260], 2, 2), ([0, 0, 0], 1, 2),
+                           ([5], 1, 1), ([260, 0], 2, 1)):
+        plan = plan_reference(tiles, s_q, hg, -4, ITEM_COST, 132, balance="tiles")
+        _check_tile_plan(tiles, s_q, hg, plan)
+        for items in plan["items"]:
+            for _, k, t0, t1 in items:
+                assert t1 - t0 >= min(4, t1) or t1 == 0
+    single = plan_reference([260], 1, 1, -4, ITEM_COST, 132, balance="tiles")
+    assert single["ctas"] == (260 + ITEM_COST) // 5 and single["row_splits"][0][1] > 1
+
+
+def test_tile_balance_refuses_fixed_split_sizes():
+    with pytest.raises(ValueError, match="tiles_per_split"):
+        plan_reference([36], 1, 1, 16, ITEM_COST, 132, balance="tiles")
+    with pytest.raises(ValueError, match="balance"):
+        plan_reference([36], 1, 1, -4, ITEM_COST, 132, balance="rows")
