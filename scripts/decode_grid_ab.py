@@ -22,7 +22,9 @@ buckets (h64 / h128 b1 / b8 SWA and C4A, h64 C128A, h16 b1 / b8, C128A 8192 per-
 at b2). ``--rows ring``: the rows of the raw ring's A/B (full waves at h64 / h128 on
 both compressed scopes, SWA, MTP, below one wave, b8); ``--rows splits``: rows whose buckets
 split (b1 / b8 / b32, both scopes and SWA, C128A 4096 / 8192 with per-row lengths at b2 / b32);
-``--rows crossover``: the crossover's (h128: full waves on both compressed scopes and SWA,
+``--rows balance``: the tile balance's (``ptiles``: the persistent grid
+with ``balance="tiles"``, PERF_NOTES item 48): C128A 4096 / 8192 with per-row lengths at b2 /
+b32 / b128, h64 / h128, and h64 b128 C4A 1024 as a control. ``--rows crossover``: the crossover's (h128: full waves on both compressed scopes and SWA,
 MTP); ``--rows cluster``: the b1 / b8 rows of ``splits`` (h64 / h128, SWA, C4A, C128A: 8
 splits each) and C128A 8192 with per-row lengths at b2.
 
@@ -58,6 +60,8 @@ TARGET = parse_target("cuda:sm_90a")
 PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 1,
               "warp_specialized": True, "persistent": True, "item_cost": 3,
               "tiles_per_split_min": 4, "invariant_tiles_per_split": 16}
+# the persistent grid with the tile-granular balance (tile_kernels/work.py, PERF_NOTES item 48)
+PERSISTENT_TILES = {**PERSISTENT, "balance": "tiles"}
 
 
 # Implementations a row can run (--impls); the seesaw ones replace the consumers and tile
@@ -74,7 +78,7 @@ CROSSOVER_IMPLS = {"crossover": (64, 2)}
 CLUSTER_IMPLS = ("cmerge",)
 # programmatic dependent launch -> the decode kernel's pdl_trigger (the combine has pdl on)
 PDL_IMPLS = {"pdl": True, "pdl_wait": False}
-IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", *SEESAW_IMPLS, *RAW_RING_IMPLS,
+IMPLS = ("fixed", "persistent", "ptiles", "persistent_inv", "fixed_inv", *SEESAW_IMPLS, *RAW_RING_IMPLS,
          *COMBINE_IMPLS, *CROSSOVER_IMPLS, *CLUSTER_IMPLS, *PDL_IMPLS, "flashmla")
 DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
 
@@ -144,6 +148,10 @@ def goal_rows(which: str) -> list:
                 for k in ("swa", "c4a", "c128a")]
         return rows + [DecodeShape(h, b, "c128a", extra_width=w, varying=True) for h in (64, 128)
                        for w in (4096, 8192) for b in (2, 32)]
+    if which == "balance":  # the tile balance's (item 48): C128A per-row lengths + a control
+        rows = [DecodeShape(h, b, "c128a", extra_width=w, varying=True) for h in (64, 128)
+                for w in (4096, 8192) for b in (2, 32, 128)]
+        return rows + [DecodeShape(64, 128, "c4a")]
     if which == "cluster":
         rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (1, 8)
                 for k in ("swa", "c4a", "c128a")]
@@ -208,6 +216,8 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
                                          combine_schedule(merge)))
         if "persistent" in impls or "persistent_inv" in impls:
             out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call), PERSISTENT))
+        if "ptiles" in impls:
+            out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call), PERSISTENT_TILES))
         for name, (bt, slots) in SEESAW_IMPLS.items():
             if name in impls:
                 out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
@@ -231,7 +241,7 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
                     out.add(Variant.make("sparse_decode_combine",
                                          dict(num_heads=shape.h, num_splits=splits),
                                          combine_schedule(pdl=True)))
-    if "persistent" in impls or "persistent_inv" in impls:
+    if {"persistent", "persistent_inv", "ptiles"} & set(impls):
         for h in sorted({s.h for s in rows}):
             for n in (2, 4, 8, 16, 32, 64, 128):
                 out.add(Variant.make("sparse_decode_combine", dict(num_heads=h, num_splits=n),
@@ -290,6 +300,7 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS) -> lis
         impls = {
             "fixed": (_nothing, False),
             "persistent": (_forced(PERSISTENT), False),
+            "ptiles": (_forced(PERSISTENT_TILES), False),
             "persistent_inv": (_forced(PERSISTENT), True),
             "fixed_inv": (_nothing, True),
             **{name: (_forced(seesaw_schedule(shape, bt, slots)), False)
@@ -430,7 +441,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
-                                       "pdl"),
+                                       "pdl", "balance"),
                     default="quick")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ceilings", action="store_true")

@@ -41,7 +41,7 @@ from .tile_math import check_tile_math
 from .cluster_merge import (DSMEM_PRELUDE, ClusterMergeState, check_cluster_merge,
                             cluster_barrier, cluster_barrier_relaxed, make_merge_half,
                             stage_half, staging_pieces)
-from .work import cta_work_range, walk_items
+from .work import BALANCES, PLAN_WORDS, plan_cta_range, walk_plan
 
 from .attention_tile import (
     LN2,
@@ -158,6 +158,7 @@ def build_sparse_decode(
     cluster_crossover: bool = False,
     cluster_merge: bool = False,
     pdl_trigger: bool = False,
+    balance: str = "items",
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -182,6 +183,10 @@ def build_sparse_decode(
             ``-m``: ``max(m, ceil(tiles of the call / num_ctas))``), a row of one split is
             stored directly and the splits of a split row write partials at the row's slots
             (``RowSplits``). ``item_cost``: an item's fixed cost in tiles, for the balance.
+            ``balance``: how the work is cut over the CTAs (``tile_kernels/work.py``):
+            "items" (splits of T tiles, whole items per CTA) or "tiles" (each CTA exactly
+            its share of the rows' tiles, rows cut at tile boundaries; a derived T only: the
+            front end runs batch-invariant calls with "items").
         consumers: the warp-specialised schedule's consumer pair on the fixed grid: "split"
             (warpgroup 0 scores every tile, warpgroup 1 only accumulates; 32- or 64-token
             tiles) or "seesaw" (prefill's pair, ``seesaw.py``: each consumer scores
@@ -290,6 +295,8 @@ def build_sparse_decode(
         if HB != 64 or threads != WS_THREADS or BI not in (32, 64):
             raise ValueError("warp_specialized: needs heads_per_block 64, threads 384 and "
                              f"block_tokens 32 or 64, got {HB}, {threads}, {BI}")
+        if balance not in BALANCES:
+            raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
         if persistent and (S != 1 or item_cost < 1):
             raise ValueError("persistent: needs num_splits 1 and item_cost >= 1, got "
                              f"{S}, {item_cost}")
@@ -306,7 +313,7 @@ def build_sparse_decode(
         check_shared_budget(HB * D * 2 + 2 * (BI * D * 2 + BI) + 2 * HB * BI * 2, raw_ring)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost, raw_ring, cluster_merge,
-                                       pdl_trigger=pdl_trigger)
+                                       pdl_trigger=pdl_trigger, balance=balance)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
 
@@ -483,7 +490,8 @@ def store_row_splits(RowSplits, row, hg, split, S: int):
 
 def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                             persistent: bool = False, item_cost: int = 3, raw_ring: int = 0,
-                            cluster_merge: bool = False, *, pdl_trigger: bool = False):
+                            cluster_merge: bool = False, *, pdl_trigger: bool = False,
+                            balance: str = "items"):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``fp8_producer`` (raw FP8 token quarters into registers, dequantised
@@ -632,7 +640,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                     T.pdl_trigger()
                 # Q comes per work item, loaded and awaited by warpgroup 0 alone.
                 st = WarpSpecializedState(HB, BI, D, q_arrivals=128)
-                bounds = T.alloc_shared([6], T.int32, scope="shared")
+                bounds = T.alloc_shared([PLAN_WORDS[balance]], T.int32, scope="shared")
                 scratch = T.alloc_shared([WS_THREADS // 32, 3], T.int32, scope="shared")
                 tx = T.get_thread_binding()
                 scale_log2 = sm_scale * LOG2E
@@ -640,30 +648,31 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 lens = (MainLength, ExtraLength, topk, ew)
                 tiles = lambda r_b: row_tiles(*row_lengths(*lens, r_b, has_extra),  # noqa: E731
                                               BI, has_extra)
-                cta_work_range(bounds, scratch, lambda u: tiles((u // head_groups) // s_q),
-                               units, head_groups, tiles_per_split, item_cost, num_ctas, cta,
-                               WS_THREADS)
-                span = T.alloc_local([6], T.int32)  # u_begin, k_begin, slot base, u_end, k_end, T
-                for i in unrolled(6):
+                plan_cta_range(balance, bounds, scratch,
+                               lambda u: tiles((u // head_groups) // s_q), units, head_groups,
+                               tiles_per_split, item_cost, num_ctas, cta, WS_THREADS)
+                # (items: u_begin, k_begin, slot base, u_end, k_end, T; tiles: work.py)
+                span = T.alloc_local([PLAN_WORDS[balance]], T.int32)
+                for i in unrolled(PLAN_WORDS[balance]):
                     span[i] = bounds[i]
 
                 if tx < 128:
                     ws_set_regs(DECODE_WS_REGS[0])
                     inv = T.alloc_fragment([HB], T.float32)
-                    walk_items(span, units, head_groups, s_q, tiles, lambda item: softmax_item(
+                    walk_plan(balance, span, units, head_groups, s_q, tiles, lambda item: softmax_item(
                         st, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
                         sm_scale, scale_log2, rs))
                 elif tx < 256:
                     ws_set_regs(DECODE_WS_REGS[1])
                     inv = T.alloc_fragment([HB], T.float32)
-                    walk_items(span, units, head_groups, s_q, tiles,
+                    walk_plan(balance, span, units, head_groups, s_q, tiles,
                                lambda item: pv_item(st, item, inv, Out, OPartial))
                 else:
                     ws_set_regs(DECODE_WS_REGS[2])
                     p = tx - 256
                     regs = alloc_producer_registers(BI, raw_ring)
                     lv = T.alloc_local([2], T.int32)  # the row's lengths
-                    walk_items(span, units, head_groups, s_q, tiles, lambda item: produce_item(
+                    walk_plan(balance, span, units, head_groups, s_q, tiles, lambda item: produce_item(
                         st, item, lv, regs, p,
                         (MainU8, MainIndices, MainLength, topk, main_block_size, main_block_stride,
                          main_num_blocks),
@@ -1165,7 +1174,7 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
 
 # Representative builds for the lowering smoke test (tests/builds/test_lowering.py): the sm_90a
 # warp-specialised schedule on the fixed grid (one split; SWA-only with split-KV partials) and
-# on the persistent grid, C4A (h128) on the plain schedule,
+# on the persistent grid (item and tile balance), C4A (h128) on the plain schedule,
 # SWA-only split-KV (h64), an unpadded head count with a C128A-width extra scope, and a combine.
 LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
@@ -1174,6 +1183,11 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "persistent": True}},
+    # the persistent grid with the tile-granular balance (work.cta_tile_range), h128: a
+    # row's pieces run once per head group
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "persistent": True, "balance": "tiles"}},
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": False, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "num_splits": 8}},

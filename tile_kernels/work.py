@@ -339,3 +339,217 @@ def walk_strided(cta, num_ctas, units, head_groups: int, row_tiles, body):
                       runs[1], 0))
         runs[0] += pairs
         runs[1] += 1
+
+
+def _cuts_before(y, ctas, total):
+    """The CTA boundaries ``c`` (0..ctas) of the tile balance at cost positions below ``y``:
+    ``ceil(y · ctas / total)`` (``floor(c · total / ctas) < y``), in 64 bits."""
+    n = T.cast((T.cast(y, T.int64) * T.cast(ctas, T.int64) + T.cast(total - 1, T.int64))
+               // T.cast(total, T.int64), T.int32)
+    return T.min(ctas + 1, n)
+
+
+def _row_pieces(p, t, whole, q, hg: int, ic: int, ctas, total):
+    """A row's pieces under the tile balance (row cost starting at ``p``, ``t`` tiles): one
+    plus the CTA boundaries in its cuttable middle (at least ``q`` tiles from both edges)."""
+    return T.if_then_else(
+        T.Or(whole == 1, t < 2 * q), 1,
+        1 + T.max(0, _cuts_before(p + hg * (ic + t - q + 1), ctas, total)
+                  - _cuts_before(p + hg * (ic + q), ctas, total)))
+
+
+# The shared words of a CTA's range under each balance (``bounds`` / the walk's ``span``).
+PLAN_WORDS = {"items": 6, "tiles": 8}
+
+
+@T.macro
+def cta_tile_range(bounds, scratch, row_tiles, rows, head_groups: int, tiles_per_split,
+                   item_cost: int, num_ctas, cta, threads: int):
+    """This CTA's range under the tile-granular balance (module docstring) into ``bounds``
+    (shared int32 [8]): ``r_begin, t_begin, k_begin, slot_base, r_end, t_end, n_begin,
+    n_end``: from row ``r_begin`` tile ``t_begin`` (its piece ``k_begin`` of ``n_begin``;
+    ``slot_base`` the row's first partial slot) up to row ``r_end`` tile ``t_end`` (its
+    piece count ``n_end``; ``t_end`` 0: up to the row's start). Every thread of the CTA
+    calls it; ``scratch``: shared int32 [threads // 32, 3]; ``row_tiles(r)``: the KV tiles
+    of query row ``r`` (an int32 expression); ``tiles_per_split`` <= 0: ``q`` is its
+    negation (at least 1). :func:`_plan_tiles_reference` is the same in Python."""
+    warps = threads // 32
+    hg = head_groups
+    ic = item_cost
+    tx = T.get_thread_binding()
+    lane = tx % 32
+    warp = tx // 32
+    chunk = T.ceildiv(rows, threads)
+    lo = T.min(tx * chunk, rows)
+    hi = T.min(lo + chunk, rows)
+    q = T.alloc_var(T.int32)
+    q = T.max(-tiles_per_split, 1)
+    # Pass 1: this thread's rows' cost (scanned), largest and smallest row cost.
+    own_c = T.alloc_var(T.int32, init=0)
+    own_max = T.alloc_var(T.int32, init=0)
+    own_min = T.alloc_var(T.int32, init=2147483647)
+    for r in T.serial(lo, hi):
+        c = hg * (row_tiles(r) + ic)
+        own_c += c
+        own_max = T.max(own_max, c)
+        own_min = T.min(own_min, c)
+    inc_c = T.alloc_var(T.int32, init=own_c)
+    up_c = T.alloc_var(T.int32)
+    for d in (1, 2, 4, 8, 16):
+        up_c = T.shfl_up(inc_c, d)
+        if lane >= d:
+            inc_c += up_c
+    warp_max = T.alloc_var(T.int32)
+    warp_min = T.alloc_var(T.int32)
+    warp_max = T.warp_reduce_max(own_max)
+    warp_min = T.warp_reduce_min(own_min)
+    if lane == 31:
+        scratch[warp, 0] = inc_c
+        scratch[warp, 1] = warp_max
+        scratch[warp, 2] = warp_min
+    T.sync_threads()
+    pre_c = T.alloc_var(T.int32, init=inc_c - own_c)
+    total = T.alloc_var(T.int32, init=0)
+    most = T.alloc_var(T.int32, init=0)
+    least = T.alloc_var(T.int32, init=2147483647)
+    for w in T.serial(warps):
+        total += scratch[w, 0]
+        most = T.max(most, scratch[w, 1])
+        least = T.min(least, scratch[w, 2])
+        if w < warp:
+            pre_c += scratch[w, 0]
+    # Rows alone balance: no row is cut (each boundary snaps to the nearest row edge).
+    whole = T.alloc_var(T.int32)
+    whole = T.if_then_else(
+        T.Or(4 * most * num_ctas <= total,
+             T.And(4 * most * num_ctas <= 5 * total, 5 * least >= 4 * most)), 1, 0)
+    ctas = T.alloc_var(T.int32)
+    ctas = T.if_then_else(whole == 1, num_ctas,
+                          T.max(1, T.min(num_ctas, total // (hg * (q + 1)))))
+    # Pass 2: this thread's partial slots (pieces of its split rows), scanned.
+    T.sync_threads()  # (everyone has read pass 1's scratch)
+    own_s = T.alloc_var(T.int32, init=0)
+    p = T.alloc_var(T.int32, init=pre_c)
+    for r in T.serial(lo, hi):
+        ns = _row_pieces(p, row_tiles(r), whole, q, hg, ic, ctas, total)
+        if ns > 1:
+            own_s += ns
+        p += hg * (row_tiles(r) + ic)
+    inc_s = T.alloc_var(T.int32, init=own_s)
+    up_s = T.alloc_var(T.int32)
+    for d in (1, 2, 4, 8, 16):
+        up_s = T.shfl_up(inc_s, d)
+        if lane >= d:
+            inc_s += up_s
+    if lane == 31:
+        scratch[warp, 0] = inc_s
+    T.sync_threads()
+    pre_s = T.alloc_var(T.int32, init=inc_s - own_s)
+    for w in T.serial(warps):
+        if w < warp:
+            pre_s += scratch[w, 0]
+    for side in (0, 1):
+        x = T.cast(T.cast(cta + side, T.int64) * T.cast(total, T.int64)
+                   // T.cast(ctas, T.int64), T.int32)
+        if T.And(cta + side < ctas, T.And(pre_c <= x, x < pre_c + own_c)):
+            p2 = T.alloc_var(T.int32, init=pre_c)
+            sb = T.alloc_var(T.int32, init=pre_s)
+            for r in T.serial(lo, hi):
+                t = row_tiles(r)
+                c = hg * (t + ic)
+                ns = _row_pieces(p2, t, whole, q, hg, ic, ctas, total)
+                if T.And(p2 <= x, x < p2 + c):
+                    o = x - p2
+                    tau = T.max(o - hg * ic, 0) // hg
+                    cut = T.And(whole == 0, t >= 2 * q)
+                    if T.And(cut, T.And(q <= tau, tau <= t - q)):
+                        bounds[4 * side] = r
+                        bounds[4 * side + 1] = tau
+                        if side == 0:
+                            bounds[2] = cta - _cuts_before(p2 + hg * (ic + q), ctas, total) + 1
+                            bounds[3] = sb
+                            bounds[6] = ns
+                        else:
+                            bounds[7] = ns
+                    else:
+                        # snapped to the row's start or its end (the next row's start)
+                        on = T.if_then_else(cut, T.if_then_else(tau > t - q, 1, 0),
+                                            T.if_then_else(2 * o >= c, 1, 0))
+                        bounds[4 * side] = r + on
+                        bounds[4 * side + 1] = 0
+                        if side == 0:
+                            bounds[2] = 0
+                            bounds[3] = sb + T.if_then_else(T.And(on == 1, ns > 1), ns, 0)
+                            if T.And(on == 1, r + 1 < rows):
+                                bounds[6] = _row_pieces(p2 + c, row_tiles(r + 1), whole, q,
+                                                        hg, ic, ctas, total)
+                            else:
+                                bounds[6] = ns
+                        else:
+                            bounds[7] = 1
+                p2 += c
+                if ns > 1:
+                    sb += ns
+    if tx == 0:
+        if cta >= ctas:
+            bounds[0] = rows
+            bounds[1] = 0
+            bounds[2] = 0
+            bounds[3] = 0
+            bounds[6] = 1
+        if cta + 1 >= ctas:
+            bounds[4] = rows
+            bounds[5] = 0
+            bounds[7] = 1
+    T.sync_threads()
+
+
+@T.macro
+def walk_row_pieces(span, rows, head_groups: int, s_q, row_tiles, body):
+    """Run ``body(item)`` (a :class:`WorkItem`) for each item of this CTA under the tile
+    balance, in order: per row of the range its piece, once per head group over the same
+    tiles. ``span``: a local int32 [8] copy of ``cta_tile_range``'s bounds;
+    ``row_tiles(r_b)``: the KV tiles of request ``r_b``'s rows. A row strictly inside the
+    range is whole (a cut inside it would be a CTA boundary)."""
+    unit = T.alloc_local([3], T.int32)  # r_b, r_s, tiles (variables: no repeated divisions)
+    runs = T.alloc_local([3], T.int32)  # pairs before, items before, slot base of the row
+    runs[0] = 0
+    runs[1] = 0
+    runs[2] = span[3]
+    for r in T.serial(span[0], T.min(span[4] + T.if_then_else(span[5] > 0, 1, 0), rows)):
+        unit[0] = r // s_q
+        unit[1] = r % s_q
+        unit[2] = row_tiles(unit[0])
+        ns = T.if_then_else(r == span[0], span[6], T.if_then_else(r == span[4], span[7], 1))
+        k = T.if_then_else(r == span[0], span[2], 0)
+        t_begin = T.if_then_else(r == span[0], span[1], 0)
+        t_end = T.if_then_else(r == span[4], span[5], unit[2])
+        pairs = T.ceildiv(t_end - t_begin, 2)
+        for g in T.serial(head_groups):
+            body(WorkItem(r, g, unit[0], unit[1], unit[2], ns, k, t_begin, t_end, pairs,
+                          runs[0], runs[1], runs[2] + k))
+            runs[0] += pairs
+            runs[1] += 1
+        if ns > 1:
+            runs[2] += ns
+
+
+def plan_cta_range(balance: str, bounds, scratch, unit_tiles, units, head_groups: int,
+                   tiles_per_split, item_cost: int, num_ctas, cta, threads: int):
+    """``cta_work_range`` (``balance`` "items") or ``cta_tile_range`` ("tiles") with the
+    former's arguments (``unit_tiles(u)``, ``units``); ``bounds``: ``PLAN_WORDS[balance]``
+    shared int32 words."""
+    if balance == "tiles":
+        return cta_tile_range(bounds, scratch, lambda r: unit_tiles(r * head_groups),
+                              units // head_groups, head_groups, tiles_per_split, item_cost,
+                              num_ctas, cta, threads)
+    return cta_work_range(bounds, scratch, unit_tiles, units, head_groups, tiles_per_split,
+                          item_cost, num_ctas, cta, threads)
+
+
+def walk_plan(balance: str, span, units, head_groups: int, s_q, row_tiles, body):
+    """``walk_items`` ("items") or ``walk_row_pieces`` ("tiles") of ``plan_cta_range``'s
+    range, with the former's arguments."""
+    if balance == "tiles":
+        return walk_row_pieces(span, units // head_groups, head_groups, s_q, row_tiles, body)
+    return walk_items(span, units, head_groups, s_q, row_tiles, body)

@@ -176,6 +176,13 @@ def resolve(spec: KernelSpec, target: Target, **call) -> Tuple[Callable, dict]:
                     tuple(sorted(features.items())))
 
 
+def resolve_with(spec: KernelSpec, target: Target, schedule: dict, **call) -> Callable:
+    """The loaded kernel of ``spec`` for ``call`` on ``target`` with ``schedule`` (a schedule
+    ``resolve`` returned, changed by the caller in a knob the call rules out)."""
+    return _loaded(spec.op, target, tuple(sorted(spec.static(**call).items())),
+                   tuple(sorted(schedule.items())))
+
+
 class Launch:
     """A kernel with its arguments filled by name (``spec.params``, the prim_func's): the
     ``fixed`` ones resolved with the plan, the rest passed per call, as ``dynamic`` names

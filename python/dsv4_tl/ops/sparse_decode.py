@@ -19,8 +19,8 @@ from ..kernels import (MAX_COMBINE_SPLITS, SPARSE_DECODE, SPARSE_DECODE_COMBINE,
 from ._dispatch import (Launch, PlanCache, StreamScratch, _target, aligned16, cache_views,
                         check_aligned_output, check_output, full_lengths, meta, meta_contiguous,
                         meta_last, meta_strides, placeholder, recheck_device, resolve,
-                        reusable_full_lengths, reusable_no_sink, routed_per_call, schedule_of,
-                        sink_argument, stream_scratch)
+                        resolve_with, reusable_full_lengths, reusable_no_sink, routed_per_call,
+                        schedule_of, sink_argument, stream_scratch)
 
 
 def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
@@ -217,6 +217,12 @@ class _Plan:
             raise ValueError("schedule: cluster_merge merges the fixed grid's splits of a row, "
                              "it does not apply to the persistent grid (persistent true)")
         kernel, schedule = resolve(SPARSE_DECODE, target, **call, fp8_format=fp8_format)
+        if batch_invariant and schedule.get("balance", "items") != "items":
+            # The tile balance cuts rows where the batch's work puts the CTA boundaries; a
+            # batch-invariant row needs splits of a fixed T (the item balance).
+            schedule = {**schedule, "balance": "items"}
+            kernel = resolve_with(SPARSE_DECODE, target, schedule, **call,
+                                  fp8_format=fp8_format)
         rows = b * s_q
         # (whole head groups only, as the builder decides: padded ones keep the fixed grid)
         self.persistent = bool(schedule.get("persistent") and schedule["warp_specialized"]
