@@ -29,8 +29,8 @@ could get two shares). A row's pieces are numbered in CTA order and run as ``hea
 consecutive items over the same tiles, so a split row has the same split points in every
 head group (the combine merges a row's partials across all heads). A boundary less than
 ``q`` tiles (the ``-tiles_per_split`` floor) from a row's edge snaps to that edge (no
-sliver pieces, at most ``ceil(t / q)`` pieces a row), ``G' = min(G, W // (head_groups ·
-(q + 1)))`` keeps two cuts of a row at least ``q`` tiles apart, and when the rows alone
+sliver pieces, at most ``ceil(t / q)`` pieces a row), ``G' = min(G, W // (head_groups · q))``
+keeps two cuts of a row at least ``q`` tiles apart, and when the rows alone
 balance (every row at most a quarter share, or rows within 5:4 of each other and at most
 5/4 share: uniform lengths, rows ~ CTAs) no row is cut and each boundary snaps to the
 nearest row edge (splitting every such row through the combine cost 2x in run 49).
@@ -124,7 +124,7 @@ def _plan_tiles_reference(tiles, s_q, head_groups, tiles_per_split, item_cost, n
     cost = [hg * (t + ic) for t in row_t]
     total, most, least = sum(cost), max(cost), min(cost)
     whole = 4 * most * g <= total or (4 * most * g <= 5 * total and 5 * least >= 4 * most)
-    ctas = g if whole else max(1, min(g, total // (hg * (q + 1))))
+    ctas = g if whole else max(1, min(g, total // (hg * q)))
     starts, acc = [], 0
     for c in cost:
         starts.append(acc)
@@ -425,7 +425,7 @@ def cta_tile_range(bounds, scratch, row_tiles, rows, head_groups: int, tiles_per
              T.And(4 * most * num_ctas <= 5 * total, 5 * least >= 4 * most)), 1, 0)
     ctas = T.alloc_var(T.int32)
     ctas = T.if_then_else(whole == 1, num_ctas,
-                          T.max(1, T.min(num_ctas, total // (hg * (q + 1)))))
+                          T.max(1, T.min(num_ctas, total // (hg * q))))
     # Pass 2: this thread's partial slots (pieces of its split rows), scanned.
     T.sync_threads()  # (everyone has read pass 1's scratch)
     own_s = T.alloc_var(T.int32, init=0)
@@ -525,7 +525,9 @@ def walk_row_pieces(span, rows, head_groups: int, s_q, row_tiles, body):
         t_begin = T.if_then_else(r == span[0], span[1], 0)
         t_end = T.if_then_else(r == span[4], span[5], unit[2])
         pairs = T.ceildiv(t_end - t_begin, 2)
-        for g in T.serial(head_groups):
+        # (a run-time extent: a loop of one would be folded away, and at one head group
+        # TileLang then wants a thread sync inside a divergent region of the producer)
+        for g in T.serial(T.min(head_groups, rows)):
             body(WorkItem(r, g, unit[0], unit[1], unit[2], ns, k, t_begin, t_end, pairs,
                           runs[0], runs[1], runs[2] + k))
             runs[0] += pairs

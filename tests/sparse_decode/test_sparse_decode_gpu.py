@@ -449,7 +449,7 @@ def test_decode_persistent_batch_invariant(h, b, s_q, extra_kind, seed):
         (64, 1, 1, "c4a1024", False, 1),
         (128, 9, 2, "c128a1024", False, 3),
         (64, 128, 1, "c4a1024", True, 4),
-        (128, 64, 1, "swa", True, 4),
+        (128, 128, 1, "c4a1024", True, 4),
     ],
     ids=lambda v: str(v),
 )

@@ -206,7 +206,7 @@ def test_tile_balance_lonely_rows_and_small_work():
             for _, k, t0, t1 in items:
                 assert t1 - t0 >= min(4, t1) or t1 == 0
     single = plan_reference([260], 1, 1, -4, ITEM_COST, 132, balance="tiles")
-    assert single["ctas"] == (260 + ITEM_COST) // 5 and single["row_splits"][0][1] > 1
+    assert single["ctas"] == (260 + ITEM_COST) // 4 and single["row_splits"][0][1] > 1
 
 
 def test_tile_balance_refuses_fixed_split_sizes():
