@@ -24,7 +24,8 @@ both compressed scopes, SWA, MTP, below one wave, b8); ``--rows splits``: rows w
 split (b1 / b8 / b32, both scopes and SWA, C128A 4096 / 8192 with per-row lengths at b2 / b32);
 ``--rows balance``: the tile balance's (``ptiles``: the persistent grid
 with ``balance="tiles"``, PERF_NOTES item 48): C128A 4096 / 8192 with per-row lengths at b2 /
-b32 / b128, h64 / h128, and h64 b128 C4A 1024 as a control. ``--rows crossover``: the crossover's (h128: full waves on both compressed scopes and SWA,
+b32 / b128, h64 / h128, and h64 b128 C4A 1024 as a control. ``--rows crossover``: the
+crossover's (h128: full waves on both compressed scopes and SWA,
 MTP); ``--rows cluster``: the b1 / b8 rows of ``splits`` (h64 / h128, SWA, C4A, C128A: 8
 splits each) and C128A 8192 with per-row lengths at b2.
 
@@ -78,7 +79,8 @@ CROSSOVER_IMPLS = {"crossover": (64, 2)}
 CLUSTER_IMPLS = ("cmerge",)
 # programmatic dependent launch -> the decode kernel's pdl_trigger (the combine has pdl on)
 PDL_IMPLS = {"pdl": True, "pdl_wait": False}
-IMPLS = ("fixed", "persistent", "ptiles", "persistent_inv", "fixed_inv", *SEESAW_IMPLS, *RAW_RING_IMPLS,
+IMPLS = ("fixed", "persistent", "ptiles", "persistent_inv", "fixed_inv", *SEESAW_IMPLS,
+         *RAW_RING_IMPLS,
          *COMBINE_IMPLS, *CROSSOVER_IMPLS, *CLUSTER_IMPLS, *PDL_IMPLS, "flashmla")
 DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
 
@@ -151,7 +153,7 @@ def goal_rows(which: str) -> list:
     if which == "balance":  # the tile balance's (item 48): C128A per-row lengths + a control
         rows = [DecodeShape(h, b, "c128a", extra_width=w, varying=True) for h in (64, 128)
                 for w in (4096, 8192) for b in (2, 32, 128)]
-        return rows + [DecodeShape(64, 128, "c4a")]
+        return rows + [DecodeShape(64, 128, "c4a", extra_width=1024)]
     if which == "cluster":
         rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (1, 8)
                 for k in ("swa", "c4a", "c128a")]

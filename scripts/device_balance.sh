@@ -50,7 +50,8 @@ timeout 75 python3 -m pytest -q -p no:cacheprovider -n 4 -rfE \
 echo "pytest exit status: $? at ${SECONDS} s" | tee -a "$log"
 grep -E "passed|failed|error" "$log" | tail -3
 left=$((budget - SECONDS))
-timeout $((left > 40 ? left - 5 : 35)) python3 scripts/decode_grid_ab.py --out "$OUT" --rows balance \
+timeout $((left > 40 ? left - 5 : 35)) python3 scripts/decode_grid_ab.py --out "$OUT" \
+  --rows balance \
   --impls "$impls" --rounds 3 >> "$log" 2>&1
 echo "A/B exit $? at ${SECONDS} s" | tee -a "$log"
 cat "$OUT/decode_grid_ab.txt" 2>/dev/null || tail -5 "$log"

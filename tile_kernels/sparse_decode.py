@@ -659,20 +659,22 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 if tx < 128:
                     ws_set_regs(DECODE_WS_REGS[0])
                     inv = T.alloc_fragment([HB], T.float32)
-                    walk_plan(balance, span, units, head_groups, s_q, tiles, lambda item: softmax_item(
+                    walk_plan(balance, span, units, head_groups, s_q, tiles,
+                              lambda item: softmax_item(
                         st, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
                         sm_scale, scale_log2, rs))
                 elif tx < 256:
                     ws_set_regs(DECODE_WS_REGS[1])
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
-                               lambda item: pv_item(st, item, inv, Out, OPartial))
+                              lambda item: pv_item(st, item, inv, Out, OPartial))
                 else:
                     ws_set_regs(DECODE_WS_REGS[2])
                     p = tx - 256
                     regs = alloc_producer_registers(BI, raw_ring)
                     lv = T.alloc_local([2], T.int32)  # the row's lengths
-                    walk_plan(balance, span, units, head_groups, s_q, tiles, lambda item: produce_item(
+                    walk_plan(balance, span, units, head_groups, s_q, tiles,
+                              lambda item: produce_item(
                         st, item, lv, regs, p,
                         (MainU8, MainIndices, MainLength, topk, main_block_size, main_block_stride,
                          main_num_blocks),

@@ -162,7 +162,9 @@ def test_tile_balance_every_tile_once_and_balanced(seed):
     _check_tile_plan(tiles, s_q, hg, plan)
     loads = _loads(plan)
     assert max(loads) <= _tile_bound(plan, hg), (max(loads), plan["share"])
+    # the front end's bounds: the combine's split count and 2 x CTAs partial slots
     assert all(n <= -(-max(tiles) // q) for _, n in plan["row_splits"])
+    assert sum(n for _, n in plan["row_splits"] if n > 1) <= 2 * 132
 
 
 @pytest.mark.parametrize("hg", [1, 2])
