@@ -6,7 +6,7 @@
 #    rows' fixed-grid decodes and combines, the persistent grid with the item balance and with
 #    the tile balance, h64 / h128) and of the GPU tests, each combine only at the split bounds
 #    the rows need.
-# 2. The tile balance's GPU tests (poisoned outputs, float32 reference; timeout 75 s).
+# 2. The tile balance's GPU tests (poisoned outputs, float32 reference; timeout 60 s).
 # 3. decode_grid_ab.py --rows balance: fixed / persistent / ptiles / FlashMLA, 3 interleaved
 #    rounds, medians of CUDA-graph replays, every output reference-checked.
 # Files in $OUT: env.txt, log.txt (compiles, tests, A/B rows as measured), decode_grid_ab.json,
@@ -15,7 +15,7 @@ set -uo pipefail
 budget=${1:-200}
 impls=fixed,persistent,ptiles,flashmla
 log="$OUT/log.txt"
-timeout 140 python3 - "$impls" > "$log" 2>&1 <<'PY'
+timeout 130 python3 - "$impls" > "$log" 2>&1 <<'PY'
 import sys
 from pathlib import Path
 sys.path.insert(0, "scripts")
@@ -45,7 +45,7 @@ print(f"{len(jobs)} variants: {sorted(need)}", flush=True)
 ab.precompile([], 16, jobs, ())
 PY
 echo "precompile exit $? at ${SECONDS} s: $(grep 'precompile:' "$log")"
-timeout 75 python3 -m pytest -q -p no:cacheprovider -n 4 -rfE \
+timeout 60 python3 -m pytest -q -p no:cacheprovider -n 4 -rfE \
   tests/sparse_decode/test_sparse_decode_gpu.py -k "tile_balance" >> "$log" 2>&1
 echo "pytest exit status: $? at ${SECONDS} s" | tee -a "$log"
 grep -E "passed|failed|error" "$log" | tail -3
