@@ -525,9 +525,10 @@ def walk_row_pieces(span, rows, head_groups: int, s_q, row_tiles, body):
         t_begin = T.if_then_else(r == span[0], span[1], 0)
         t_end = T.if_then_else(r == span[4], span[5], unit[2])
         pairs = T.ceildiv(t_end - t_begin, 2)
-        # (a run-time extent: a loop of one would be folded away, and at one head group
-        # TileLang then wants a thread sync inside a divergent region of the producer)
-        for g in T.serial(T.min(head_groups, rows)):
+        # (an extent known only at run time, head_groups whenever a row is walked: a loop of
+        # one would be folded away, and at one head group TileLang then wants a thread sync
+        # inside a divergent region of the producer)
+        for g in T.serial(T.min(head_groups, rows * head_groups)):
             body(WorkItem(r, g, unit[0], unit[1], unit[2], ns, k, t_begin, t_end, pairs,
                           runs[0], runs[1], runs[2] + k))
             runs[0] += pairs

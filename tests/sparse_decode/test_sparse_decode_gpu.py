@@ -446,6 +446,7 @@ def test_decode_persistent_batch_invariant(h, b, s_q, extra_kind, seed):
         (128, 32, 1, "c128a8192", False, 4),
         (64, 128, 1, "c128a4096", False, 4),
         (128, 7, 2, "c128a4096", False, 4),
+        (128, 1, 1, "c128a4096", False, 4),
         (64, 1, 1, "c4a1024", False, 1),
         (128, 9, 2, "c128a1024", False, 3),
         (64, 128, 1, "c4a1024", True, 4),
@@ -455,7 +456,8 @@ def test_decode_persistent_batch_invariant(h, b, s_q, extra_kind, seed):
 )
 def test_decode_persistent_tile_balance(h, b, s_q, extra_kind, uniform, tps_min, seed):
     """C128A-like per-row lengths anywhere in 0..width (the first row full, a lonely last
-    row, holes, garbage past the lengths) at b2 / b32, h64 / h128, MTP (s_q 2), pieces of 1
+    row, holes, garbage past the lengths) at b1 / b2 / b32, h64 / h128 (b1 h128: fewer rows
+    than head groups, each piece still run by both), MTP (s_q 2), pieces of 1
     and 3 tiles (odd: a padding tile), and uniform lengths (rows kept whole, no combine);
     outputs poisoned, checked against the float32 reference."""
     gen = torch.Generator(DEV).manual_seed(seed)
