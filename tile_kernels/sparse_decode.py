@@ -1310,4 +1310,19 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 32, "has_extra": False, "tokens_in_m": True, "heads_per_block": 32,
                 "threads": 384, "block_tokens": 64, "num_stages": 2, "num_splits": 2}},
+    # tokens in M with tma_io: 12 heads in a group of 16, one math warpgroup, 2 CTAs per SM,
+    # SWA-only, 4 splits (Q box zero-filled, partials staged, box-clipped); 20 heads in 24,
+    # two math warpgroups, C4A, unsplit (the bf16 output box-clipped); 32 heads, two math
+    # warpgroups, C4A, 8 splits (the largest partial stages)
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 12, "has_extra": False, "tokens_in_m": True, "heads_per_block": 16,
+                "threads": 256, "block_tokens": 64, "num_stages": 1, "ctas_per_sm": 2,
+                "num_splits": 4, "tma_io": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 20, "has_extra": True, "tokens_in_m": True, "heads_per_block": 24,
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "tma_io": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 32, "has_extra": True, "tokens_in_m": True, "heads_per_block": 32,
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "num_splits": 8,
+                "tma_io": True}},
 ]

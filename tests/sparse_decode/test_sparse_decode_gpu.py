@@ -558,6 +558,53 @@ def test_decode_tokens_in_m_splits(h, hb, threads, stages, per_sm, extra_kind, s
         _case(7, 1, h, extra_kind, gen)
         _case(3, 2, h, extra_kind, gen)  # s_q 2: rows of one request, their own indices
 
+# ``tma_io`` of the tokens-in-M schedule (issue 24, bench/PERF_NOTES.md item 45): Q and every
+# output through the TMA box, split partials staged and stored by TMA. The split configs of
+# scripts/device_tim_tma.sh's A/B (h8 / h16 / h32; SWA 2 splits with config D at 8 and 16
+# heads, A at 32; C4A 8 splits with A), so one device call compiles each variant once, plus
+# padded head groups whose count is not a multiple of 8: h20 in a group of 24 unsplit (two
+# math warpgroups) and h12 in a group of 16 with 4 splits (one math warpgroup, 2 CTAs per SM).
+# Unsplit whole head groups build the same kernel with or without the knob
+# (tests/builds/test_lowering.py::test_tma_io_same_kernel_when_nothing_to_clip).
+TIM_TMA = [(8, 8, 256, 1, 2, "swa", 2), (8, 8, 384, 2, 1, "c4a512", 8),
+           (16, 16, 256, 1, 2, "swa", 2), (16, 16, 384, 2, 1, "c4a512", 8),
+           (32, 32, 384, 2, 1, "swa", 2), (32, 32, 384, 2, 1, "c4a512", 8),
+           (20, 24, 384, 2, 1, "c4a512", 1), (12, 16, 256, 1, 2, "swa", 4)]
+
+
+class _PoisonedScratch:
+    """The split partials and the split table in fresh NaN-filled tensors at every call, so a
+    partial that the kernel's TMA store did not write reaches the combine as NaN (the stream's
+    pooled scratch could hold a previous call's right values)."""
+
+    @staticmethod
+    def views(device, shapes):
+        return tuple(torch.full(shape, math.nan, dtype=torch.float32, device=device)
+                     for shape in shapes)
+
+
+@pytest.mark.parametrize("h,hb,threads,stages,per_sm,extra_kind,splits", TIM_TMA,
+                         ids=[_tim_id(c) for c in TIM_TMA])
+def test_decode_tokens_in_m_tma_io(h, hb, threads, stages, per_sm, extra_kind, splits, seed,
+                                   monkeypatch):
+    """The tokens-in-M schedule with ``tma_io``: rows of 1-10 tiles (empty splits included),
+    holes, garbage past the lengths, a request with nothing valid (decode_case), s_q 1 and 2,
+    NaN-poisoned outputs and split partials, against the float32 reference."""
+    import dsv4_tl.ops.sparse_decode as front_end
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    monkeypatch.setattr(front_end, "stream_scratch", _PoisonedScratch())
+    config = {"block_tokens": 64, "heads_per_block": hb, "threads": threads,
+              "warp_specialized": False, "tokens_in_m": True, "num_stages": stages,
+              "ctas_per_sm": per_sm, "num_splits": splits, "tma_io": True}
+    gen = torch.Generator(DEV).manual_seed(seed)
+    with forcing(parse_target("cuda:sm_90a"), "sparse_decode", config):
+        _case(7, 1, h, extra_kind, gen)
+        _case(3, 2, h, extra_kind, gen)  # s_q 2: rows of one request, their own indices
+        _case(1, 1, h, extra_kind, gen)
+
+
 # ----------------------------------------------------------------------------- seesaw consumers
 # The warp-specialised schedule with prefill's seesaw consumers (tile_kernels/seesaw.py) and
 # the FP8 producer by K halves (tile_kernels/sparse_decode_seesaw.py), forced for every shape;
