@@ -572,6 +572,17 @@ TIM_TMA = [(8, 8, 256, 1, 2, "swa", 2), (8, 8, 384, 2, 1, "c4a512", 8),
            (20, 24, 384, 2, 1, "c4a512", 1), (12, 16, 256, 1, 2, "swa", 4)]
 
 
+def tim_tma_config(hb, threads, stages, per_sm, splits) -> dict:
+    """The schedule file's default with tokens in M and ``tma_io``: the same dict (so the
+    same compiled variant) as scripts/decode_grid_ab.py's ``tim_tma`` for these knobs."""
+    from dsv4_tl.schedules import schedule_for
+
+    return {**schedule_for("cuda_sm90a", "sparse_decode"), "block_tokens": 64,
+            "heads_per_block": hb, "threads": threads, "warp_specialized": False,
+            "tokens_in_m": True, "num_stages": stages, "ctas_per_sm": per_sm,
+            "num_splits": splits, "persistent": False, "tma_io": True}
+
+
 class _PoisonedScratch:
     """The split partials and the split table in fresh NaN-filled tensors at every call, so a
     partial that the kernel's TMA store did not write reaches the combine as NaN (the stream's
@@ -595,11 +606,9 @@ def test_decode_tokens_in_m_tma_io(h, hb, threads, stages, per_sm, extra_kind, s
     from dsv4_tl.tune import forcing
 
     monkeypatch.setattr(front_end, "stream_scratch", _PoisonedScratch())
-    config = {"block_tokens": 64, "heads_per_block": hb, "threads": threads,
-              "warp_specialized": False, "tokens_in_m": True, "num_stages": stages,
-              "ctas_per_sm": per_sm, "num_splits": splits, "tma_io": True}
     gen = torch.Generator(DEV).manual_seed(seed)
-    with forcing(parse_target("cuda:sm_90a"), "sparse_decode", config):
+    with forcing(parse_target("cuda:sm_90a"), "sparse_decode",
+                 tim_tma_config(hb, threads, stages, per_sm, splits)):
         _case(7, 1, h, extra_kind, gen)
         _case(3, 2, h, extra_kind, gen)  # s_q 2: rows of one request, their own indices
         _case(1, 1, h, extra_kind, gen)
