@@ -6,7 +6,7 @@
 # 1. Compiles in parallel (23 processes, decode variants first) the A/B's 14 decode variants
 #    (h8 / h16 / h32 split configs of the tokens-in-M buckets with and without tma_io, h16
 #    config A unsplit) and 6 combines, plus the GPU tests' 2 padded-head variants and their
-#    combine.
+#    combines.
 # 2. The tma_io GPU tests (tests/sparse_decode/test_sparse_decode_gpu.py -k
 #    tokens_in_m_tma_io: NaN-poisoned outputs and split partials, reference-checked).
 # 3. scripts/decode_grid_ab.py --rows tim: today's tokens-in-M config (tim) against the same

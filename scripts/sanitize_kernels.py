@@ -187,8 +187,8 @@ def steps() -> list:
     cluster_gather = {**prefill_persistent, "persistent": False, "q_ahead": False,
                       "num_ctas": 132, "k_halves": False, "cluster_gather": True}
     # tokens in M with Q and every output through the TMA box (non-default knob tma_io):
-    # 12 heads in a group of 16 (the box clips heads 12-15), one math warpgroup, 4 splits
-    # (partials staged, stored by TMA); 20 heads in 24, two math warpgroups, unsplit
+    # 20 heads in groups of 16 (the second group's box clips heads 20-31), one math warpgroup,
+    # 4 splits (partials staged, stored by TMA); 20 heads in 24, two math warpgroups, unsplit
     tma_io = {**raw_ring, "block_tokens": 64, "heads_per_block": 16, "threads": 256,
               "num_splits": 4, "warp_specialized": False, "tokens_in_m": True,
               "num_stages": 1, "ctas_per_sm": 2, "raw_ring": 0, "tma_io": True}
@@ -211,8 +211,8 @@ def steps() -> list:
          (dec[0], crossover)),
         (run_decode, (128, 8, "the splits merged in a cluster (non-default knob), 8 splits, "
                       "two head groups"), {}, (dec[0], cluster_merge)),
-        (run_decode, (12, 3, "tokens in M, Q / partials through the TMA box (non-default "
-                      "knob tma_io), padded heads, 4 splits"), {}, (dec[0], tma_io)),
+        (run_decode, (20, 3, "tokens in M, Q / partials through the TMA box (non-default "
+                      "knob tma_io), two head groups of 16, 4 splits"), {}, (dec[0], tma_io)),
         (run_decode, (20, 3, "tokens in M, Q / out through the TMA box (non-default knob "
                       "tma_io), padded heads, unsplit"), {}, (dec[0], tma_io_unsplit)),
         # the persistent grid (tile_kernels/work.py): CTAs walking several items, split rows

@@ -562,14 +562,15 @@ def test_decode_tokens_in_m_splits(h, hb, threads, stages, per_sm, extra_kind, s
 # output through the TMA box, split partials staged and stored by TMA. The split configs of
 # scripts/device_tim_tma.sh's A/B (h8 / h16 / h32; SWA 2 splits with config D at 8 and 16
 # heads, A at 32; C4A 8 splits with A), so one device call compiles each variant once, plus
-# padded head groups whose count is not a multiple of 8: h20 in a group of 24 unsplit (two
-# math warpgroups) and h12 in a group of 16 with 4 splits (one math warpgroup, 2 CTAs per SM).
+# head counts that are not a multiple of 8 with a padded last head group: h20 in one group of
+# 24 unsplit (two math warpgroups) and h20 in two groups of 16 (the second at head 16, 4 of
+# its 16 heads real) with 4 splits (one math warpgroup, 2 CTAs per SM).
 # Unsplit whole head groups build the same kernel with or without the knob
 # (tests/builds/test_lowering.py::test_tma_io_same_kernel_when_nothing_to_clip).
 TIM_TMA = [(8, 8, 256, 1, 2, "swa", 2), (8, 8, 384, 2, 1, "c4a512", 8),
            (16, 16, 256, 1, 2, "swa", 2), (16, 16, 384, 2, 1, "c4a512", 8),
            (32, 32, 384, 2, 1, "swa", 2), (32, 32, 384, 2, 1, "c4a512", 8),
-           (20, 24, 384, 2, 1, "c4a512", 1), (12, 16, 256, 1, 2, "swa", 4)]
+           (20, 24, 384, 2, 1, "c4a512", 1), (20, 16, 256, 1, 2, "swa", 4)]
 
 
 def tim_tma_config(hb, threads, stages, per_sm, splits) -> dict:
