@@ -639,7 +639,9 @@ def test_tma_io_source(kwargs, tmp_path):
     else:
         assert "Out_desc" in signature and "__restrict__ Out," not in signature
         assert "tl::tma_store(Out_desc" in body
-    assert _dynamic_shared_bytes(kernel) <= 227 * 1024 // kwargs.get("ctas_per_sm", 1)
+    (attrs,) = [fn.attrs for fn in kernel.artifact.device_mod.functions.values()]
+    smem = int(attrs["dyn_shared_memory_buf"])  # (_dynamic_shared_bytes wants > 100 KB)
+    assert smem <= 227 * 1024 // kwargs.get("ctas_per_sm", 1), smem
     if kwargs["threads"] == 256:
         _check_no_spills(source, tmp_path)
 
