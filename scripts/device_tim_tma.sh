@@ -15,14 +15,15 @@
 #    split rows (b1 / b8, where the knob changes the kernel) first, then h16 b64-b256 and the
 #    C128A 1024 per-row-lengths row at h16 b128 (same kernel either way: the noise floor).
 #    Unsplit h8 / h32 rows are left out (4 more variants, a second compile round; the knob
-#    builds the same kernel there).
+#    builds the same kernel there): TIM_UNSPLIT_HEADS=8,16,32 brings them in (then give the
+#    call ~330 s).
 # Writes into $OUT: env.txt (device_setup.sh), log.txt (compile, tests, A/B log),
 # decode_grid_ab.json, decode_grid_ab.txt.
 #   bash scripts/device_tim_tma.sh [seconds for the whole call, default 230]
 set -uo pipefail
 budget=${1:-230}
 log="$OUT/log.txt"
-ab=(--rows tim --tim-unsplit-heads 16 --impls tim,tim_tma,flashmla)
+ab=(--rows tim --tim-unsplit-heads "${TIM_UNSPLIT_HEADS:-16}" --impls tim,tim_tma,flashmla)
 variants=/tmp/tim_tma_test_variants.txt
 python3 - > "$variants" <<'PY'
 import json
