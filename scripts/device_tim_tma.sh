@@ -3,17 +3,18 @@
 # bench/PERF_NOTES.md item 45) on a lent H100/H200 (device tool), from the repository root, in
 # one call of <= 240 s:
 #   export OUT && source scripts/device_setup.sh && bash scripts/device_tim_tma.sh 230
-# 1. Compiles in parallel (23 processes, decode variants first) the A/B's 14 decode variants
-#    (h8 / h16 / h32 split configs of the tokens-in-M buckets with and without tma_io, h16
-#    config A unsplit) and 6 combines, plus the GPU tests' 2 padded-head variants and their
-#    combines.
+# 1. Compiles in parallel (25 processes, decode variants first) the A/B's 16 decode variants
+#    (h8 / h16 / h32 split configs of the tokens-in-M buckets and h16 C128A D/S2, with and
+#    without tma_io; h16 config D unsplit on both scopes) and 6 combines, plus the GPU tests'
+#    2 padded-head variants (h20) and their combine.
 # 2. The tma_io GPU tests (tests/sparse_decode/test_sparse_decode_gpu.py -k
 #    tokens_in_m_tma_io: NaN-poisoned outputs and split partials, reference-checked).
 # 3. scripts/decode_grid_ab.py --rows tim: today's tokens-in-M config (tim) against the same
 #    with tma_io (tim_tma) and FlashMLA padded to 64 heads, interleaved, medians of 3 rounds,
 #    every implementation reference-checked per row, the JSON rewritten after every row; the
-#    split rows (b1 / b8, where the knob changes the kernel) first, then h16 b64-b256 and the
-#    C128A 1024 per-row-lengths row at h16 b128 (same kernel either way: the noise floor).
+#    split rows (b1 / b8, and C128A 1024 with per-row lengths at h16 b128: 2 splits; where
+#    the knob changes the kernel) first, then h16 b64-b256 SWA / C4A (unsplit: the same kernel
+#    either way, the A/B's noise floor).
 #    Unsplit h8 / h32 rows are left out (4 more variants, a second compile round; the knob
 #    builds the same kernel there): TIM_UNSPLIT_HEADS=8,16,32 brings them in (then give the
 #    call ~330 s).
@@ -45,7 +46,7 @@ for h, hb, threads, stages, per_sm, kind, splits in t.TIM_TMA:
                         json.dumps(schedule_for("cuda_sm90a", "sparse_decode_combine"))]))
 PY
 echo "== compile" > "$log"
-timeout 130 python3 scripts/decode_grid_ab.py --out "$OUT" "${ab[@]}" --precompile 23 \
+timeout 140 python3 scripts/decode_grid_ab.py --out "$OUT" "${ab[@]}" --precompile 25 \
   --precompile-only --also-compile "$variants" >> "$log" 2>&1
 echo "compile exit $? at ${SECONDS} s: $(tail -1 "$log")" | tee -a "$log"
 echo "== tests" >> "$log"
