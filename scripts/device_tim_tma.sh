@@ -57,6 +57,6 @@ grep -E "passed|failed|error" "$log" | tail -3
 echo "== A/B" >> "$log"
 left=$((budget - SECONDS))
 timeout $((left - 3)) python3 scripts/decode_grid_ab.py --out "$OUT" "${ab[@]}" --rounds 3 \
-  --deadline $((left - 25)) >> "$log" 2>&1
+  --deadline $((left - 15)) >> "$log" 2>&1
 echo "A/B exit $? at ${SECONDS} s" | tee -a "$log"
 cat "$OUT/decode_grid_ab.txt" 2>/dev/null || tail -5 "$log"
