@@ -6,9 +6,10 @@
 #    decode_grid_ab.py --rows pq --impls fixed,persistent,flashmla (8 fixed-grid, 3 persistent)
 #    and the persistent GPU tests' 64-token-tile variant (h64, extra scope);
 # 2. runs the GPU tests -k persistent (poisoned outputs, reference-checked: the Q stages'
-#    test and the existing persistent / batch-invariance tests), <= 80 s, deselecting the
-#    four cases whose variants are not precompiled (h64 SWA-only; padded h96 / h16, which keep
-#    the fixed grid; h128 with 64-token tiles: the h64 cases cover the one-stage path);
+#    test and the existing persistent / batch-invariance tests: 25), <= 80 s, deselecting the
+#    cases whose variants are not precompiled (h64 SWA-only; padded h96 / h16, which keep the
+#    fixed grid; h128 with 64-token tiles: the h64 cases cover the one-stage path; the PDL
+#    tests of the persistent body, pdl_trigger variants);
 # 3. the A/B: decode_grid_ab.py --rows pq --impls fixed,persistent,flashmla --rounds 3
 #    (interleaved, medians, every row reference-checked, a JSON line per row as measured),
 #    <= 110 s. About 110 + 40 + 90 s in all.
@@ -34,7 +35,7 @@ PY
 tail -1 "$OUT/run.log"
 timeout 80 python3 -m pytest -q -p no:cacheprovider -n 8 -rfE \
   tests/sparse_decode/test_sparse_decode_gpu.py \
-  -k "persistent and not 64-7-1-swa and not 96-7-1 and not 16-7-1 and not 128-9-2" \
+  -k "persistent and not pdl and not 64-7-1-swa and not 96-7-1 and not 16-7-1 and not 128-9-2" \
   >> "$OUT/run.log" 2>&1
 echo "pytest exit status: $?" >> "$OUT/run.log"; tail -4 "$OUT/run.log"
 mkdir -p /tmp/ab && timeout 110 python3 scripts/decode_grid_ab.py --out /tmp/ab --rows pq --rounds 3 \
