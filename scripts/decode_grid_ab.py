@@ -30,7 +30,9 @@ both compressed scopes, SWA, MTP, below one wave, b8); ``--rows splits``: rows w
 split (b1 / b8 / b32, both scopes and SWA, C128A 4096 / 8192 with per-row lengths at b2 / b32);
 ``--rows crossover``: the crossover's (h128: full waves on both compressed scopes and SWA,
 MTP); ``--rows cluster``: the b1 / b8 rows of ``splits`` (h64 / h128, SWA, C4A, C128A: 8
-splits each) and C128A 8192 with per-row lengths at b2.
+splits each) and C128A 8192 with per-row lengths at b2; ``--rows pq``: the persistent grid's
+rows of item 44 (h64 / h128 b32-256 C4A 1024, h128 b128 SWA, MTP h128 b64 s_q 2, C128A 8192
+with per-row lengths at b2 / b32, h64 b1 / b8 C4A).
 
 Per row (``--rows``): the same input sets run through ``ops.sparse_decode`` with the resolved
 schedule (fixed grid: the buckets' split counts), with the persistent grid forced
@@ -197,6 +199,13 @@ def goal_rows(which: str) -> list:
         return [DecodeShape(128, 128, "c4a"), DecodeShape(128, 256, "c4a"),
                 DecodeShape(128, 128, "c128a"), DecodeShape(128, 64, "swa"),
                 DecodeShape(128, 64, "c4a", s_q=2)]
+    if which == "pq":  # the persistent grid's Q stages and whole rows (item 44)
+        rows = [DecodeShape(h, b, "c4a", extra_width=1024) for h in (64, 128)
+                for b in (32, 64, 128, 256)]
+        rows += [DecodeShape(128, 128, "swa"), DecodeShape(128, 64, "c4a", s_q=2)]
+        rows += [DecodeShape(h, b, "c128a", extra_width=8192, varying=True) for h in (64, 128)
+                 for b in (2, 32)]
+        return rows + [DecodeShape(64, b, "c4a") for b in (1, 8)]
     if which == "quick":
         rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (32, 128) for k in ("c4a", "c128a")]
         rows += [DecodeShape(128, 64, "swa"), DecodeShape(128, 64, "c4a", s_q=2),
@@ -488,7 +497,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
-                                       "pdl", "tim"),
+                                       "pdl", "tim", "pq"),
                     default="quick")
     ap.add_argument("--tim-unsplit-heads", default="",
                     help="with --rows tim: comma-separated head counts whose unsplit rows "

@@ -183,6 +183,8 @@ def build_sparse_decode(
             ``-m``: ``max(m, ceil(tiles of the call / num_ctas))``), a row of one split is
             stored directly and the splits of a split row write partials at the row's slots
             (``RowSplits``). ``item_cost``: an item's fixed cost in tiles, for the balance.
+            With 32-token tiles two Q stages: the producer loads the next item's Q while the
+            consumers finish this one (with 64-token tiles one, loaded by warpgroup 0).
         consumers: the warp-specialised schedule's consumer pair on the fixed grid: "split"
             (warpgroup 0 scores every tile, warpgroup 1 only accumulates; 32- or 64-token
             tiles) or "seesaw" (prefill's pair, ``seesaw.py``: each consumer scores
@@ -576,22 +578,68 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 OPartial[slot, 0, 0, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
 
 
+    # The persistent grid's Q stages: with 32-token tiles two (the next item's Q is loaded
+    # into the other stage while this item's last tiles and epilogue run: Q 2 x 64 KB, K
+    # 2 x 32 KB, P 2 x 4 KB, ~201 KB of the 227 KB), with 64-token tiles one (K alone
+    # takes 128 KB beside Q's 64: a second stage would not fit).
+    NQ = 2 if BI == 32 else 1
+
+    def first_stage(item):
+        """Whether the item's Q is in stage 0 (a trace-time True with one stage)."""
+        return True if NQ == 1 else item.index % 2 == 0
+
     @T.macro
-    def softmax_item(st, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
-                     sm_scale, scale_log2, rs):
-        """Warpgroup 0's part of one persistent-grid item: this item's Q (once both consumers
-        are done with the last item's Q buffers, which its QKᵀ read and its output was staged
-        through), QKᵀ / softmax / left P·V, the row statistics and the left output half."""
+    def consumers_meet(item):
+        """Two stages: both consumers meet before an item without tiles only (warpgroup 0
+        would otherwise run through it and overwrite the row's reciprocal denominators, and
+        arrive on ``bar_done``, before warpgroup 1 has read the previous item's; an item
+        with tiles cannot, as its tiles wait for warpgroup 1's releases). One stage: before
+        every item, then warpgroup 0 loads its Q (the one stage is also the last item's
+        output staging; loaded by the producer behind a ``q_free`` wait, the 64-token
+        producer did not lower: TileLang's thread-sync pass wanted a sync "inside a divergent
+        region with 65 participating threads")."""
+        if NQ == 1:
+            T.sync_threads(10, 256)
+        else:
+            if item.pairs == 0:
+                T.sync_threads(10, 256)
+
+    @T.macro
+    def load_q_stage(Q, stage, item, wait_free: bool = True):
+        """The load of the item's Q into ``stage`` (``(Q_l, Q_r, bar_q, q_free)``) by the
+        calling warpgroup, once both consumers have released it (``wait_free``: the item
+        ``NQ`` before; parity 1 on a stage's first use: a fresh barrier's previous phase
+        counts as complete)."""
+        r_b, r_s, h0 = item.r_b, item.r_s, item.hg * HB
+        if wait_free:
+            T.barrier_wait(stage[3], ((item.index // NQ) & 1) ^ 1)
+        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, 0:DH], stage[0], barrier=stage[2],
+                   leader_scope_threads=128)
+        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, DH:D], stage[1], barrier=stage[2],
+                   leader_scope_threads=128)
+        T.barrier_arrive(stage[2])
+
+    @T.macro
+    def softmax_item(st, qs, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial,
+                     RowSplits, sm_scale, scale_log2, rs):
+        """Warpgroup 0's part of one persistent-grid item: QKᵀ / softmax / left P·V with the
+        item's Q stage (``qs``: per stage ``(Q_l, Q_r, bar_q, q_free)``, stage ``index %
+        NQ``, loaded by the producer; with one stage by this warpgroup once both consumers
+        are done with the last item), the row statistics and the left output half, staged
+        through the stage's left Q half; then the stage is released."""
         r_b, r_s, h0 = item.r_b, item.r_s, item.hg * HB
         slot = item.slot
         direct = item.splits == 1
-        T.sync_threads(10, 256)
-        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, 0:DH], st.Q_l, barrier=st.bar_q,
-                   leader_scope_threads=128)
-        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, DH:D], st.Q_r, barrier=st.bar_q,
-                   leader_scope_threads=128)
-        T.barrier_arrive(st.bar_q)
-        ws_consumer_softmax(st, item.pairs, scale_log2, item.pairs_before, item.index & 1)
+        consumers_meet(item)
+        if NQ == 1:
+            load_q_stage(Q, qs[0], item, False)
+        q_phase = (item.index // NQ) & 1
+        if first_stage(item):
+            ws_consumer_softmax(st, item.pairs, scale_log2, item.pairs_before, q_phase,
+                                qs[0][:3])
+        else:
+            ws_consumer_softmax(st, item.pairs, scale_log2, item.pairs_before, q_phase,
+                                qs[NQ - 1][:3])
         for i in T.Parallel(HB):
             has = st.l_i[i] > 0
             if direct:
@@ -611,23 +659,48 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
             RowSplits[item.row, 1] = item.splits
         T.copy(inv, st.inv_denom_shared)
         T.barrier_arrive(st.bar_done)
-        write_half_item(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, h0, direct,
-                        slot)
+        if first_stage(item):
+            write_half_item(st.acc_o_l, inv, 0, qs[0][0], 8, Out, OPartial, r_b, r_s, h0,
+                            direct, slot)
+            if NQ == 2:  # (one stage: the consumers meet instead)
+                T.barrier_arrive(qs[0][3])
+        else:
+            write_half_item(st.acc_o_l, inv, 0, qs[NQ - 1][0], 8, Out, OPartial, r_b, r_s, h0,
+                            direct, slot)
+            if NQ == 2:  # (one stage: the consumers meet instead)
+                T.barrier_arrive(qs[NQ - 1][3])
 
     @T.macro
-    def pv_item(st, item, inv, Out, OPartial):
-        """Warpgroup 1's part of one persistent-grid item: right P·V and output half."""
+    def pv_item(st, qs, item, inv, Out, OPartial):
+        """Warpgroup 1's part of one persistent-grid item: right P·V and output half (staged
+        through the item's right Q half), then the Q stage released."""
         slot = item.slot
-        T.sync_threads(10, 256)
+        consumers_meet(item)
         ws_consumer_pv(st, item.pairs, item.pairs_before, item.index & 1)
         T.copy(st.inv_denom_shared, inv)
-        write_half_item(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, item.r_b, item.r_s,
-                        item.hg * HB, item.splits == 1, slot)
+        if first_stage(item):
+            write_half_item(st.acc_o_r, inv, DH, qs[0][1], 9, Out, OPartial, item.r_b,
+                            item.r_s, item.hg * HB, item.splits == 1, slot)
+            if NQ == 2:  # (one stage: the consumers meet instead)
+                T.barrier_arrive(qs[0][3])
+        else:
+            write_half_item(st.acc_o_r, inv, DH, qs[NQ - 1][1], 9, Out, OPartial, item.r_b,
+                            item.r_s, item.hg * HB, item.splits == 1, slot)
+            if NQ == 2:  # (one stage: the consumers meet instead)
+                T.barrier_arrive(qs[NQ - 1][3])
 
     @T.macro
-    def produce_item(st, item, lv, regs, p, main_args, extra_args):
-        """The producer's tiles of one persistent-grid item (``*_args``: a scope's cache
-        bytes, indices, lengths, width, block size, block stride, block count)."""
+    def produce_item(st, qs, Q, item, lv, regs, p, main_args, extra_args):
+        """The producer's part of one persistent-grid item: with two stages its Q into the
+        item's stage (ahead of the consumers, who are still on the previous item's last
+        tiles), then its
+        tiles (``*_args``: a scope's cache bytes, indices, lengths, width, block size, block
+        stride, block count)."""
+        if NQ == 2:
+            if item.index % 2 == 0:
+                load_q_stage(Q, qs[0], item)
+            else:
+                load_q_stage(Q, qs[1], item)
         # (indexed, not unpacked: a buffer bound to a new name is renamed in the kernel)
         lv[0], lv[1] = row_lengths(main_args[2], extra_args[2], main_args[3], extra_args[3],
                                    item.r_b, has_extra)
@@ -648,8 +721,17 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
             with T.Kernel(num_ctas, threads=WS_THREADS, prelude=producer_prelude(raw_ring)) as cta:
                 if pdl_trigger:
                     T.pdl_trigger()
-                # Q comes per work item, loaded and awaited by warpgroup 0 alone.
+                # Q comes per work item, loaded by the producer into one of NQ stages
+                # (bar_q: the loading warpgroup's 128 threads arrive; q_free: both
+                # consumers); with one stage by warpgroup 0.
                 st = WarpSpecializedState(HB, BI, D, q_arrivals=128)
+                qs = [(st.Q_l, st.Q_r, st.bar_q,
+                       T.alloc_barrier(arrive_count=256) if NQ == 2 else None)]
+                if NQ == 2:
+                    qs.append((T.alloc_shared([HB, DH], T.bfloat16),
+                               T.alloc_shared([HB, DH], T.bfloat16),
+                               T.alloc_barrier(arrive_count=128),
+                               T.alloc_barrier(arrive_count=256)))
                 bounds = T.alloc_shared([6], T.int32, scope="shared")
                 scratch = T.alloc_shared([WS_THREADS // 32, 3], T.int32, scope="shared")
                 tx = T.get_thread_binding()
@@ -669,20 +751,20 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                     ws_set_regs(DECODE_WS_REGS[0])
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_items(span, units, head_groups, s_q, tiles, lambda item: softmax_item(
-                        st, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
-                        sm_scale, scale_log2, rs))
+                        st, qs, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial,
+                        RowSplits, sm_scale, scale_log2, rs))
                 elif tx < 256:
                     ws_set_regs(DECODE_WS_REGS[1])
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_items(span, units, head_groups, s_q, tiles,
-                               lambda item: pv_item(st, item, inv, Out, OPartial))
+                               lambda item: pv_item(st, qs, item, inv, Out, OPartial))
                 else:
                     ws_set_regs(DECODE_WS_REGS[2])
                     p = tx - 256
                     regs = alloc_producer_registers(BI, raw_ring)
                     lv = T.alloc_local([2], T.int32)  # the row's lengths
                     walk_items(span, units, head_groups, s_q, tiles, lambda item: produce_item(
-                        st, item, lv, regs, p,
+                        st, qs, Q, item, lv, regs, p,
                         (MainU8, MainIndices, MainLength, topk, main_block_size, main_block_stride,
                          main_num_blocks),
                         (ExtraU8, ExtraIndices, ExtraLength, ew, extra_block_size,
@@ -1236,6 +1318,10 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "persistent": True}},
+    # the persistent grid with 64-token tiles (one Q stage, loaded by warpgroup 0)
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 64, "persistent": True}},
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": False, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "num_splits": 8}},

@@ -685,3 +685,30 @@ def test_tma_io_refused(kwargs, message):
         build_sparse_decode(**{**base, **kwargs})
     if "num_stages" in kwargs:  # (without the stages it fits)
         build_sparse_decode(**{**base, **kwargs, "tma_io": False})
+# --------------------------------------------------- the persistent decode grid's Q stages
+def _persistent_examples():
+    return _examples_with("sparse_decode", "persistent", lambda k: (
+        f"persistent-h{k['num_heads']}-bt{k['block_tokens']}"))
+
+
+def test_persistent_has_examples():
+    assert {k.values[0]["block_tokens"] for k in _persistent_examples()} == {32, 64}
+
+
+@pytest.mark.parametrize("kwargs", _persistent_examples())
+def test_persistent_q_stages_source(kwargs, fresh_compiles):
+    """The generated CUDA of a persistent-grid decode (bench/PERF_NOTES.md item 44): with
+    32-token tiles two Q stages (Q loaded by TMA in four places: two stages x two halves;
+    dynamic shared memory 2 x 64 KB of Q + 2 K buffers + 2 P tiles), with 64-token tiles one
+    (two places; one Q); within the 227 KB of a CTA either way."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+
+    bt = kwargs["block_tokens"]
+    stages = 2 if bt == 32 else 1
+    kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
+                              execution_backend="tvm_ffi", out_idx=None)
+    source = kernel.get_kernel_source()
+    assert source.count("tma_load(Q_desc") == 2 * stages
+    # Q stages (64 KB each), K buffers (2 x bt x 1 KB), P tiles (2 x 64 x bt x 2 B)
+    assert _dynamic_shared_bytes(kernel) == stages * 65536 + 2 * bt * 1024 + 2 * 64 * bt * 2
+    assert _dynamic_shared_bytes(kernel) <= 227 * 1024

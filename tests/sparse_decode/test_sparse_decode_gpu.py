@@ -433,6 +433,39 @@ def test_decode_persistent_batch_invariant(h, b, s_q, extra_kind, seed):
                 assert torch.equal(bits(got[1][pos]), bits(full_lse[r])), f"row {r}: lse differs"
 
 
+@pytest.mark.parametrize(
+    "h,b,s_q,extra_kind,batch_invariant,over",
+    [
+        # whole rows (more units than half the SMs), 2-3 items per CTA, runs of empty rows
+        (64, 300, 1, "c4a512", False, {}),
+        (128, 70, 1, "swa", False, {}),
+        # one tile per item: ~5 items per CTA, Q stages reloaded every tile pair
+        (128, 5, 2, "c4a1024", True, {"invariant_tiles_per_split": 1}),
+        (64, 40, 1, "c128a256", True, {"invariant_tiles_per_split": 1}),
+        # 64-token tiles: one Q stage, reloaded per item by the producer
+        (64, 40, 1, "c4a512", True, {"block_tokens": 64, "invariant_tiles_per_split": 1}),
+    ],
+    ids=lambda v: str(v),
+)
+def test_decode_persistent_q_stages(h, b, s_q, extra_kind, batch_invariant, over, seed):
+    """The persistent grid's Q stages (the producer loads item n+1's Q while the consumers
+    finish item n; 32-token tiles: two stages, 64-token: one), across many items per CTA,
+    with empty rows alone and in runs (items without tiles: the consumers meet first) and
+    rows split into one-tile items; outputs poisoned, checked against the reference."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen)
+    empty = [r for r in range(b) if r % 7 in (2, 3) or r % 11 == 5]  # alone and in runs
+    main[2][empty] = 0
+    if extra[2] is not None:
+        extra[2][empty] = 0
+    with _persistent(**over):
+        out, lse = _rows_of(q, main, extra, sink, list(range(b)), batch_invariant)
+        torch.cuda.synchronize()
+    ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+    check_attention(max(cache_kmax(c) for c in (main[0], extra[0]) if c is not None),
+                    out, ref_out, lse=(lse, ref_lse))
+
+
 # The tokens-in-M schedule (heads in wgmma N): (h, heads_per_block, threads, K buffers, CTAs
 # per SM), the configs the issue-24 sweep times (scripts/tim_decode_sweep.py: A = two math
 # warpgroups, 2 buffers; D = one math warpgroup, 1 buffer, 2 CTAs per SM), so that one device
