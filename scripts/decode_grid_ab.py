@@ -19,7 +19,13 @@ not applicable). ``pdl`` / ``pdl_wait``: the row's resolved schedules with the c
 programmatic dependent launch (``pdl``) after a decode kernel that signals its dependents at
 its start (``pdl_trigger``) or not at all (``PDL_IMPLS``); ``--rows pdl``: split rows of few
 buckets (h64 / h128 b1 / b8 SWA and C4A, h64 C128A, h16 b1 / b8, C128A 8192 per-row lengths
-at b2). ``--rows ring``: the rows of the raw ring's A/B (full waves at h64 / h128 on
+at b2). ``tim`` / ``tim_tma``: the tokens-in-M decode (issue 24) without and with ``tma_io``
+(``tim_schedule``: the row's tokens-in-M bucket config; h8 takes the h16 bucket's with 8 heads
+per CTA; an unsplit row without a tokens-in-M bucket the h16 b128 bucket's; ``tim_tma`` is the
+same kernel as ``tim`` where the knob changes nothing: unsplit whole head groups); ``--rows
+tim``: issue 24's rows h8 / h16 / h32 x b1 / b8 / b64 / b128 / b256 x SWA / C4A 512 and C128A
+1024 with per-row lengths at h16 b128, the split rows (b1 / b8) first; ``--tim-unsplit-heads``
+keeps the unsplit rows (b >= 64) of those head counts only. ``--rows ring``: the rows of the raw ring's A/B (full waves at h64 / h128 on
 both compressed scopes, SWA, MTP, below one wave, b8); ``--rows splits``: rows whose buckets
 split (b1 / b8 / b32, both scopes and SWA, C128A 4096 / 8192 with per-row lengths at b2 / b32);
 ``--rows balance``: the tile balance's (``ptiles``: the persistent grid
@@ -27,7 +33,9 @@ with ``balance="tiles"``, PERF_NOTES item 48): C128A 4096 / 8192 with per-row le
 b32 / b128, h64 / h128, and h64 b128 C4A 1024 as a control. ``--rows crossover``: the
 crossover's (h128: full waves on both compressed scopes and SWA,
 MTP); ``--rows cluster``: the b1 / b8 rows of ``splits`` (h64 / h128, SWA, C4A, C128A: 8
-splits each) and C128A 8192 with per-row lengths at b2.
+splits each) and C128A 8192 with per-row lengths at b2; ``--rows pq``: the persistent grid's
+rows of item 44 (h64 / h128 b32-256 C4A 1024, h128 b128 SWA, MTP h128 b64 s_q 2, C128A 8192
+with per-row lengths at b2 / b32, h64 b1 / b8 C4A).
 
 Per row (``--rows``): the same input sets run through ``ops.sparse_decode`` with the resolved
 schedule (fixed grid: the buckets' split counts), with the persistent grid forced
@@ -79,9 +87,11 @@ CROSSOVER_IMPLS = {"crossover": (64, 2)}
 CLUSTER_IMPLS = ("cmerge",)
 # programmatic dependent launch -> the decode kernel's pdl_trigger (the combine has pdl on)
 PDL_IMPLS = {"pdl": True, "pdl_wait": False}
+# tokens-in-M implementation -> tma_io (tim_schedule)
+TIM_IMPLS = {"tim": False, "tim_tma": True}
 IMPLS = ("fixed", "persistent", "ptiles", "persistent_inv", "fixed_inv", *SEESAW_IMPLS,
          *RAW_RING_IMPLS,
-         *COMBINE_IMPLS, *CROSSOVER_IMPLS, *CLUSTER_IMPLS, *PDL_IMPLS, "flashmla")
+         *COMBINE_IMPLS, *CROSSOVER_IMPLS, *CLUSTER_IMPLS, *PDL_IMPLS, *TIM_IMPLS, "flashmla")
 DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
 
 
@@ -127,6 +137,24 @@ def combine_schedule(merge: str = None, pdl: bool = False) -> dict:
     return {**config, "merge": merge} if merge else config
 
 
+def tim_schedule(shape, tma_io: bool) -> dict:
+    """The tokens-in-M decode for the row: its bucket's config where the row's bucket takes
+    tokens in M (h8: the h16 bucket's, with 8 heads per CTA); an unsplit row without one
+    (h16 b17-66, h32 b > 16) the h16 b128 bucket's; with ``tma_io`` where the knob changes
+    the kernel (splits or a padded head group; elsewhere the same kernel)."""
+    like = max(16, shape.h)
+    fixed = SPARSE_DECODE.variant(TARGET.dirname, **{**_call(shape), "h": like})
+    if not dict(fixed.schedule).get("tokens_in_m"):
+        fixed = SPARSE_DECODE.variant(TARGET.dirname, **{**_call(shape), "h": 16, "b": 128,
+                                                         "s_q": 1})
+    config = {**schedule_for(TARGET.dirname, "sparse_decode"), **dict(fixed.schedule)}
+    config["heads_per_block"] = hb = min(32, -(-shape.h // 8) * 8)
+    if config["ctas_per_sm"] > 1 and hb > 16:  # (2 CTAs per SM do not fit 32 heads)
+        config.update(threads=384, num_stages=2, ctas_per_sm=1)
+    config["tma_io"] = tma_io and (config["num_splits"] > 1 or shape.h % hb != 0)
+    return config
+
+
 def pdl_schedule(shape, trigger: bool) -> dict:
     """The row's resolved decode schedule with ``pdl_trigger`` set to ``trigger``."""
     fixed = SPARSE_DECODE.variant(TARGET.dirname, **_call(shape))
@@ -164,6 +192,13 @@ def goal_rows(which: str) -> list:
         rows += [DecodeShape(64, b, "c128a") for b in (1, 8)]
         rows += [DecodeShape(16, b, k) for b in (1, 8) for k in ("swa", "c4a")]
         return rows + [DecodeShape(64, 2, "c128a", extra_width=8192, varying=True)]
+    if which == "tim":
+        rows = [DecodeShape(h, b, k) for b in (1, 8) for h in (8, 16, 32) for k in ("swa", "c4a")]
+        rows += [DecodeShape(16, 128, "c128a", varying=True)]
+        rows += [DecodeShape(16, 128, k) for k in ("swa", "c4a")]
+        rows += [DecodeShape(h, b, k) for h in (16, 8, 32) for b in (64, 128, 256)
+                 for k in ("swa", "c4a") if not (h == 16 and b == 128)]
+        return rows
     if which == "ring":
         return [DecodeShape(h, b, k) for h in (128, 64) for b in (128, 256) for k in ("c4a",)] + [
             DecodeShape(128, 128, "c128a"), DecodeShape(64, 128, "c128a"),
@@ -174,6 +209,13 @@ def goal_rows(which: str) -> list:
         return [DecodeShape(128, 128, "c4a"), DecodeShape(128, 256, "c4a"),
                 DecodeShape(128, 128, "c128a"), DecodeShape(128, 64, "swa"),
                 DecodeShape(128, 64, "c4a", s_q=2)]
+    if which == "pq":  # the persistent grid's Q stages and whole rows (item 44)
+        rows = [DecodeShape(h, b, "c4a", extra_width=1024) for h in (64, 128)
+                for b in (32, 64, 128, 256)]
+        rows += [DecodeShape(128, 128, "swa"), DecodeShape(128, 64, "c4a", s_q=2)]
+        rows += [DecodeShape(h, b, "c128a", extra_width=8192, varying=True) for h in (64, 128)
+                 for b in (2, 32)]
+        return rows + [DecodeShape(64, b, "c4a") for b in (1, 8)]
     if which == "quick":
         rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (32, 128) for k in ("c4a", "c128a")]
         rows += [DecodeShape(128, 64, "swa"), DecodeShape(128, 64, "c4a", s_q=2),
@@ -207,7 +249,7 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
         if "fixed" in impls or any(k in impls for k in SEESAW_IMPLS):
             out.add(fixed)  # (the seesaw rows' check loads the resolved schedule's combine)
         splits = dict(fixed.schedule)["num_splits"]
-        if splits > 1:
+        if splits > 1 and not set(impls) <= {*TIM_IMPLS, "flashmla"}:
             out.add(Variant.make("sparse_decode_combine", dict(num_heads=shape.h, num_splits=splits),
                                  schedule_for(tdir, "sparse_decode_combine")))
             for name, merge in COMBINE_IMPLS.items():
@@ -235,6 +277,14 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
         if "cmerge" in impls and cluster_merge_schedule(shape) is not None:
             out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
                                  cluster_merge_schedule(shape)))
+        for name, tma in TIM_IMPLS.items():
+            if name in impls:
+                config = tim_schedule(shape, tma)
+                out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call), config))
+                if config["num_splits"] > 1:
+                    out.add(Variant.make("sparse_decode_combine",
+                                         dict(num_heads=shape.h, num_splits=config["num_splits"]),
+                                         schedule_for(tdir, "sparse_decode_combine")))
         for name, trigger in PDL_IMPLS.items():
             if name in impls:
                 out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
@@ -271,6 +321,7 @@ def precompile(rows: list, jobs: int, extra: list = (), impls=DEFAULT_IMPLS) -> 
         if key not in seen:  # (a variant named twice would be compiled twice)
             seen.add(key)
             todo.append(job)
+    todo.sort(key=lambda job: job[0] != "sparse_decode")  # the long compiles first
     t = time.time()
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
         for key, dt in pool.map(_compile, todo):
@@ -295,10 +346,16 @@ def _forced(config: dict, op: str = "sparse_decode"):
     return lambda: forced_schedule(TARGET.dirname, op, config)
 
 
-def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS) -> list:
+def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS, flush=None,
+                 deadline=None) -> list:
+    """Each row's implementations (checked once, then ``rounds`` interleaved rounds); after
+    each row ``flush(results)``; no row is started after ``deadline`` (time.monotonic())."""
     gen = torch.Generator("cuda").manual_seed(0)
     results = []
     for shape in rows:
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"deadline: {len(rows) - len(results)} rows not started", flush=True)
+            break
         impls = {
             "fixed": (_nothing, False),
             "persistent": (_forced(PERSISTENT), False),
@@ -318,6 +375,9 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS) -> lis
         for name, trigger in PDL_IMPLS.items():
             if name in chosen:
                 impls[name] = (lambda s=shape, t=trigger: _pdl_forced(s, t), False)
+        for name, tma in TIM_IMPLS.items():
+            if name in chosen:
+                impls[name] = (_forced(tim_schedule(shape, tma)), False)
         if "cmerge" in chosen:
             config = cluster_merge_schedule(shape)
             if config is not None:
@@ -350,8 +410,13 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS) -> lis
             entry["times"] = {k: statistics.median(v) for k, v in times.items() if v}
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        if any(k in chosen for k in TIM_IMPLS):
+            entry["tim_configs"] = {k: tim_schedule(shape, tma) for k, tma in TIM_IMPLS.items()
+                                    if k in chosen}
         print(json.dumps(entry), flush=True)
         results.append(entry)
+        if flush is not None:
+            flush(results)
         del inputs
         torch.cuda.empty_cache()
     return results
@@ -400,7 +465,9 @@ def impl_table(results: list, chosen) -> str:
                            for k in seesaws)
     # the crossover against the same consumers without it (the seesaw with 64-token tiles)
     pairs = [("seesaw", "crossover")] if {"seesaw", "crossover"} <= set(ours) else []
-    head += "".join(f" {'ss/xo':>9s}" for _ in pairs)
+    # tma_io against the same tokens-in-M config without it
+    pairs += [("tim", "tim_tma")] if {"tim", "tim_tma"} <= set(ours) else []
+    head += "".join(f" {a[:4] + '/' + c[-4:]:>9s}" for a, c in pairs)
     lines = [head]
     for e in results:
         t = e["times"]
@@ -443,8 +510,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
-                                       "pdl", "balance"),
+                                       "pdl", "tim", "pq", "balance"),
                     default="quick")
+    ap.add_argument("--tim-unsplit-heads", default="",
+                    help="with --rows tim: comma-separated head counts whose unsplit rows "
+                         "(b >= 64) run (default: all)")
+    ap.add_argument("--also-compile", default="",
+                    help="a file of 'op|static json|schedule json' lines to precompile too")
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="seconds from the start after which no row is started (0: none)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ceilings", action="store_true")
     ap.add_argument("--precompile", type=int, default=0)
@@ -456,9 +530,22 @@ def main():
     unknown = [k for k in chosen if k not in IMPLS]
     if unknown or not chosen:
         ap.error(f"--impls: unknown {unknown}, expected names of {IMPLS}")
+    start = time.monotonic()
     rows = goal_rows(args.rows)
+    if args.rows == "tim" and args.tim_unsplit_heads:
+        keep = {int(h) for h in args.tim_unsplit_heads.split(",")}
+        rows = [r for r in rows if r.b <= 16 or r.h in keep]
     if args.precompile:
         extra = []
+        if args.also_compile:
+            from pathlib import Path
+            from dsv4_tl.loader import default_kernel_dir
+            with open(args.also_compile) as fh:
+                for line in fh:
+                    if line.strip():
+                        op, static, schedule = line.strip().split("|")
+                        extra.append((op, json.loads(static), json.loads(schedule),
+                                      Path(default_kernel_dir())))
         if args.ceilings:
             from dsv4_tl.kernels import SPARSE_PREFILL
             from pathlib import Path
@@ -478,9 +565,14 @@ def main():
     if args.ceilings:
         report["ceilings"] = ceilings(flashmla, args.rounds)
     report["impls"] = list(chosen)
-    report["rows"] = measure_rows(rows, args.rounds, flashmla, chosen)
-    with open(os.path.join(args.out, "decode_grid_ab.json"), "w") as fh:
-        json.dump(report, fh, indent=1)
+
+    def flush(results):
+        with open(os.path.join(args.out, "decode_grid_ab.json"), "w") as fh:
+            json.dump({**report, "rows": results}, fh, indent=1)
+
+    report["rows"] = measure_rows(rows, args.rounds, flashmla, chosen, flush,
+                                  start + args.deadline if args.deadline else None)
+    flush(report["rows"])
     text = f"{report['device']}\n" + (table(report["rows"]) if chosen == DEFAULT_IMPLS
                                        else impl_table(report["rows"], chosen))
     if report["ceilings"]:

@@ -186,6 +186,14 @@ def steps() -> list:
                 "num_stages": 3, "threads": 256, "k_halves": True, "cluster_gather": False}
     cluster_gather = {**prefill_persistent, "persistent": False, "q_ahead": False,
                       "num_ctas": 132, "k_halves": False, "cluster_gather": True}
+    # tokens in M with Q and every output through the TMA box (non-default knob tma_io):
+    # 20 heads in groups of 16 (the second group's box clips heads 20-31), one math warpgroup,
+    # 4 splits (partials staged, stored by TMA); 20 heads in 24, two math warpgroups, unsplit
+    tma_io = {**raw_ring, "block_tokens": 64, "heads_per_block": 16, "threads": 256,
+              "num_splits": 4, "warp_specialized": False, "tokens_in_m": True,
+              "num_stages": 1, "ctas_per_sm": 2, "raw_ring": 0, "tma_io": True}
+    tma_io_unsplit = {**tma_io, "heads_per_block": 24, "threads": 384, "num_splits": 1,
+                      "num_stages": 2, "ctas_per_sm": 1}
     dec, pers = ("sparse_decode", None), ("sparse_decode", persistent)
     return [
         (run_decode, (64, 8, "8 splits + combine"), {}, None),
@@ -203,6 +211,10 @@ def steps() -> list:
          (dec[0], crossover)),
         (run_decode, (128, 8, "the splits merged in a cluster (non-default knob), 8 splits, "
                       "two head groups"), {}, (dec[0], cluster_merge)),
+        (run_decode, (20, 3, "tokens in M, Q / partials through the TMA box (non-default "
+                      "knob tma_io), two head groups of 16, 4 splits"), {}, (dec[0], tma_io)),
+        (run_decode, (20, 3, "tokens in M, Q / out through the TMA box (non-default knob "
+                      "tma_io), padded heads, unsplit"), {}, (dec[0], tma_io_unsplit)),
         # the persistent grid (tile_kernels/work.py): CTAs walking several items, split rows
         # merged by the combine, rows of one split stored directly, both modes
         (run_decode, (128, 8, "persistent grid, split rows"), {}, pers),

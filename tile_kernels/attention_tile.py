@@ -153,15 +153,17 @@ class WarpSpecializedState:
 
 
 @T.macro
-def ws_load_q(st, q_rows, q_row_index, h0, num_heads: int):
+def ws_load_q(st, q_rows, q_row_index, h0, num_heads: int, tma_box: bool = False):
     """Start loading the CTA's query rows into ``st.Q_l`` / ``st.Q_r`` and arrive on
     ``st.bar_q`` (every thread calls this once). ``q_rows(h, d)`` reads element ``(h, d)`` of
     this row's ``[num_heads, 512]`` queries and ``q_row_index`` is the same row as a
     ``(..., h-slice, d-slice)`` index prefix for TMA. Whole head groups go by TMA, whose
     copies overlap the producer's first tiles; a padded last group is copied by the threads,
-    zero-filling the missing heads."""
+    zero-filling the missing heads, or, with ``tma_box``, by TMA too: the box of ``HB`` heads
+    passes the tensor's head dimension and the TMA engine fills the missing heads with zeros
+    (the transaction still counts the whole box's bytes)."""
     HB, DH = st.heads, st.half_dim
-    if num_heads % HB == 0:
+    if tma_box or num_heads % HB == 0:
         T.tma_copy(q_row_index(h0, 0, DH), st.Q_l, barrier=st.bar_q)
         T.tma_copy(q_row_index(h0, DH, 2 * DH), st.Q_r, barrier=st.bar_q)
     else:
@@ -172,16 +174,23 @@ def ws_load_q(st, q_rows, q_row_index, h0, num_heads: int):
     T.barrier_arrive(st.bar_q)
 
 
+def _q_stage(st, q) -> tuple:
+    """``(Q_l, Q_r, bar_q)``: ``q`` when given, else ``st``'s (a function, not a binding in
+    the macro: a buffer bound to a new name in a macro is renamed in the kernel)."""
+    return (st.Q_l, st.Q_r, st.bar_q) if q is None else q
+
+
 @T.macro
-def ws_consumer_softmax(st, pairs, scale_log2, pair0=0, q_phase=0):
+def ws_consumer_softmax(st, pairs, scale_log2, pair0=0, q_phase=0, q=None):
     """Warpgroup 0's loop over ``2 * pairs`` tiles. ``pair0``: the tile pairs this CTA's
     consumers went through before (barrier phases run on across work items); ``q_phase``:
-    the phase of ``st.bar_q`` that brings this item's Q."""
+    the phase of the Q barrier that brings this item's Q; ``q``: ``(Q_l, Q_r, bar_q)`` of
+    the Q stage to score with (the persistent decode's stages), else ``st``'s."""
     HB, BI, DH = st.heads, st.block_tokens, st.half_dim
     T.fill(st.l_i, 0)
     T.fill(st.m_i, M_SENTINEL)
     T.fill(st.acc_o_l, 0)
-    T.barrier_wait(st.bar_q, q_phase)
+    T.barrier_wait(_q_stage(st, q)[2], q_phase)
     for pair in T.serial(pairs):
         for buf in (0, 1):
             T.barrier_wait(st.k_ready[buf], (pair0 + pair) & 1)
@@ -190,8 +199,8 @@ def ws_consumer_softmax(st, pairs, scale_log2, pair0=0, q_phase=0):
             T.fence_proxy_async()
             for i, j in T.Parallel(HB, BI):
                 st.acc_s[i, j] = T.if_then_else(st.valid[buf][j], 0, -T.infinity(T.float32))
-            T.wgmma_gemm(st.Q_l, st.K_l[buf], st.acc_s, transpose_B=True)
-            T.wgmma_gemm(st.Q_r, st.K_r[buf], st.acc_s, transpose_B=True)
+            T.wgmma_gemm(_q_stage(st, q)[0], st.K_l[buf], st.acc_s, transpose_B=True)
+            T.wgmma_gemm(_q_stage(st, q)[1], st.K_r[buf], st.acc_s, transpose_B=True)
             T.wait_wgmma(0)
             # Warpgroup 1 is done with this buffer's P tile of two tiles ago (parity 1 on
             # the first pair: a fresh barrier's previous phase counts as complete).

@@ -158,6 +158,7 @@ def build_sparse_decode(
     cluster_crossover: bool = False,
     cluster_merge: bool = False,
     pdl_trigger: bool = False,
+    tma_io: bool = False,
     balance: str = "items",
 ):
     """Return the prim_func of sparse FP8 decode.
@@ -183,6 +184,8 @@ def build_sparse_decode(
             ``-m``: ``max(m, ceil(tiles of the call / num_ctas))``), a row of one split is
             stored directly and the splits of a split row write partials at the row's slots
             (``RowSplits``). ``item_cost``: an item's fixed cost in tiles, for the balance.
+            With 32-token tiles two Q stages: the producer loads the next item's Q while the
+            consumers finish this one (with 64-token tiles one, loaded by warpgroup 0).
             ``balance``: how the work is cut over the CTAs (``tile_kernels/work.py``):
             "items" (splits of T tiles, whole items per CTA) or "tiles" (each CTA exactly
             its share of the rows' tiles, rows cut at tile boundaries; a derived T only: the
@@ -201,6 +204,13 @@ def build_sparse_decode(
             the FP8 producer (``fp8_producer``) filling ``num_stages`` (1-4) K buffers;
             ``ctas_per_sm`` (1-3, >1 only with 256 threads) bounds the registers so that
             several CTAs share an SM. Fixed grid only (``_build_tokens_in_m``). sm_90a only.
+            ``tma_io`` (tokens in M only): every query row in and every output out through
+            the TMA box, whose bounds clip the padded heads of a last head group (Q zero-filled,
+            stores dropped) instead of per-thread copies there, and a split's fp32 partial
+            staged in shared memory (``[heads, 128]`` fp32 per math warpgroup) and stored by
+            TMA instead of per-thread stores from the accumulator. Off: whole head groups
+            already load Q and store a finished output by TMA, so unsplit rows of whole head
+            groups build the same kernel either way.
         raw_ring: the FP8 producer's staging of raw bytes (split consumers and tokens in M):
             0 in registers (about one round of 32 tokens in flight), N (2-8) in a ring of N
             shared slots of 32 tokens (~19.5 KB each), N - 1 rounds in flight
@@ -275,18 +285,28 @@ def build_sparse_decode(
         raise ValueError("consumers 'seesaw': needs warp_specialized True, persistent False and "
                          f"tokens_in_m False, got {warp_specialized}, {persistent} and "
                          f"{tokens_in_m}")
+    if type(tma_io) is not bool:
+        raise ValueError(f"tma_io: expected True or False, got {tma_io!r}")
+    if tma_io and not tokens_in_m:
+        raise ValueError("tma_io: the TMA box input / output of the tokens-in-M schedule "
+                         "(tokens_in_m True); the 64-head schedules load Q and store outputs "
+                         "by TMA already where their head groups are whole")
     if tokens_in_m:
         if persistent:
             raise ValueError("persistent: the tokens-in-M schedule runs on the fixed grid only "
                              "(bench/PERF_NOTES.md item 34)")
-        _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, ctas_per_sm)
+        _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, ctas_per_sm,
+                           tma_io and S > 1)
         # Q, the K buffers and their flags, P (one per K buffer with two math warpgroups),
-        # the rescale and denominator rows
+        # the rescale and denominator rows; with tma_io and splits the partials' stages
         two = threads == 384
         check_shared_budget(HB * D * 2 + num_stages * (BI * D * 2 + BI)
-                            + (num_stages if two else 1) * HB * BI * 2, raw_ring, ctas_per_sm)
+                            + (num_stages if two else 1) * HB * BI * 2
+                            + tim_partial_stage_bytes(HB, threads, tma_io and S > 1),
+                            raw_ring, ctas_per_sm)
         return _build_tokens_in_m(num_heads, has_extra, fp8_format, S, BI, HB, num_stages,
-                                  threads, ctas_per_sm, raw_ring, pdl_trigger=pdl_trigger)
+                                  threads, ctas_per_sm, raw_ring, tma_io,
+                                  pdl_trigger=pdl_trigger)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -566,22 +586,68 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 OPartial[slot, 0, 0, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
 
 
+    # The persistent grid's Q stages: with 32-token tiles two (the next item's Q is loaded
+    # into the other stage while this item's last tiles and epilogue run: Q 2 x 64 KB, K
+    # 2 x 32 KB, P 2 x 4 KB, ~201 KB of the 227 KB), with 64-token tiles one (K alone
+    # takes 128 KB beside Q's 64: a second stage would not fit).
+    NQ = 2 if BI == 32 else 1
+
+    def first_stage(item):
+        """Whether the item's Q is in stage 0 (a trace-time True with one stage)."""
+        return True if NQ == 1 else item.index % 2 == 0
+
     @T.macro
-    def softmax_item(st, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
-                     sm_scale, scale_log2, rs):
-        """Warpgroup 0's part of one persistent-grid item: this item's Q (once both consumers
-        are done with the last item's Q buffers, which its QKᵀ read and its output was staged
-        through), QKᵀ / softmax / left P·V, the row statistics and the left output half."""
+    def consumers_meet(item):
+        """Two stages: both consumers meet before an item without tiles only (warpgroup 0
+        would otherwise run through it and overwrite the row's reciprocal denominators, and
+        arrive on ``bar_done``, before warpgroup 1 has read the previous item's; an item
+        with tiles cannot, as its tiles wait for warpgroup 1's releases). One stage: before
+        every item, then warpgroup 0 loads its Q (the one stage is also the last item's
+        output staging; loaded by the producer behind a ``q_free`` wait, the 64-token
+        producer did not lower: TileLang's thread-sync pass wanted a sync "inside a divergent
+        region with 65 participating threads")."""
+        if NQ == 1:
+            T.sync_threads(10, 256)
+        else:
+            if item.pairs == 0:
+                T.sync_threads(10, 256)
+
+    @T.macro
+    def load_q_stage(Q, stage, item, wait_free: bool = True):
+        """The load of the item's Q into ``stage`` (``(Q_l, Q_r, bar_q, q_free)``) by the
+        calling warpgroup, once both consumers have released it (``wait_free``: the item
+        ``NQ`` before; parity 1 on a stage's first use: a fresh barrier's previous phase
+        counts as complete)."""
+        r_b, r_s, h0 = item.r_b, item.r_s, item.hg * HB
+        if wait_free:
+            T.barrier_wait(stage[3], ((item.index // NQ) & 1) ^ 1)
+        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, 0:DH], stage[0], barrier=stage[2],
+                   leader_scope_threads=128)
+        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, DH:D], stage[1], barrier=stage[2],
+                   leader_scope_threads=128)
+        T.barrier_arrive(stage[2])
+
+    @T.macro
+    def softmax_item(st, qs, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial,
+                     RowSplits, sm_scale, scale_log2, rs):
+        """Warpgroup 0's part of one persistent-grid item: QKᵀ / softmax / left P·V with the
+        item's Q stage (``qs``: per stage ``(Q_l, Q_r, bar_q, q_free)``, stage ``index %
+        NQ``, loaded by the producer; with one stage by this warpgroup once both consumers
+        are done with the last item), the row statistics and the left output half, staged
+        through the stage's left Q half; then the stage is released."""
         r_b, r_s, h0 = item.r_b, item.r_s, item.hg * HB
         slot = item.slot
         direct = item.splits == 1
-        T.sync_threads(10, 256)
-        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, 0:DH], st.Q_l, barrier=st.bar_q,
-                   leader_scope_threads=128)
-        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, DH:D], st.Q_r, barrier=st.bar_q,
-                   leader_scope_threads=128)
-        T.barrier_arrive(st.bar_q)
-        ws_consumer_softmax(st, item.pairs, scale_log2, item.pairs_before, item.index & 1)
+        consumers_meet(item)
+        if NQ == 1:
+            load_q_stage(Q, qs[0], item, False)
+        q_phase = (item.index // NQ) & 1
+        if first_stage(item):
+            ws_consumer_softmax(st, item.pairs, scale_log2, item.pairs_before, q_phase,
+                                qs[0][:3])
+        else:
+            ws_consumer_softmax(st, item.pairs, scale_log2, item.pairs_before, q_phase,
+                                qs[NQ - 1][:3])
         for i in T.Parallel(HB):
             has = st.l_i[i] > 0
             if direct:
@@ -601,23 +667,48 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
             RowSplits[item.row, 1] = item.splits
         T.copy(inv, st.inv_denom_shared)
         T.barrier_arrive(st.bar_done)
-        write_half_item(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, h0, direct,
-                        slot)
+        if first_stage(item):
+            write_half_item(st.acc_o_l, inv, 0, qs[0][0], 8, Out, OPartial, r_b, r_s, h0,
+                            direct, slot)
+            if NQ == 2:  # (one stage: the consumers meet instead)
+                T.barrier_arrive(qs[0][3])
+        else:
+            write_half_item(st.acc_o_l, inv, 0, qs[NQ - 1][0], 8, Out, OPartial, r_b, r_s, h0,
+                            direct, slot)
+            if NQ == 2:  # (one stage: the consumers meet instead)
+                T.barrier_arrive(qs[NQ - 1][3])
 
     @T.macro
-    def pv_item(st, item, inv, Out, OPartial):
-        """Warpgroup 1's part of one persistent-grid item: right P·V and output half."""
+    def pv_item(st, qs, item, inv, Out, OPartial):
+        """Warpgroup 1's part of one persistent-grid item: right P·V and output half (staged
+        through the item's right Q half), then the Q stage released."""
         slot = item.slot
-        T.sync_threads(10, 256)
+        consumers_meet(item)
         ws_consumer_pv(st, item.pairs, item.pairs_before, item.index & 1)
         T.copy(st.inv_denom_shared, inv)
-        write_half_item(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, item.r_b, item.r_s,
-                        item.hg * HB, item.splits == 1, slot)
+        if first_stage(item):
+            write_half_item(st.acc_o_r, inv, DH, qs[0][1], 9, Out, OPartial, item.r_b,
+                            item.r_s, item.hg * HB, item.splits == 1, slot)
+            if NQ == 2:  # (one stage: the consumers meet instead)
+                T.barrier_arrive(qs[0][3])
+        else:
+            write_half_item(st.acc_o_r, inv, DH, qs[NQ - 1][1], 9, Out, OPartial, item.r_b,
+                            item.r_s, item.hg * HB, item.splits == 1, slot)
+            if NQ == 2:  # (one stage: the consumers meet instead)
+                T.barrier_arrive(qs[NQ - 1][3])
 
     @T.macro
-    def produce_item(st, item, lv, regs, p, main_args, extra_args):
-        """The producer's tiles of one persistent-grid item (``*_args``: a scope's cache
-        bytes, indices, lengths, width, block size, block stride, block count)."""
+    def produce_item(st, qs, Q, item, lv, regs, p, main_args, extra_args):
+        """The producer's part of one persistent-grid item: with two stages its Q into the
+        item's stage (ahead of the consumers, who are still on the previous item's last
+        tiles), then its
+        tiles (``*_args``: a scope's cache bytes, indices, lengths, width, block size, block
+        stride, block count)."""
+        if NQ == 2:
+            if item.index % 2 == 0:
+                load_q_stage(Q, qs[0], item)
+            else:
+                load_q_stage(Q, qs[1], item)
         # (indexed, not unpacked: a buffer bound to a new name is renamed in the kernel)
         lv[0], lv[1] = row_lengths(main_args[2], extra_args[2], main_args[3], extra_args[3],
                                    item.r_b, has_extra)
@@ -638,8 +729,17 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
             with T.Kernel(num_ctas, threads=WS_THREADS, prelude=producer_prelude(raw_ring)) as cta:
                 if pdl_trigger:
                     T.pdl_trigger()
-                # Q comes per work item, loaded and awaited by warpgroup 0 alone.
+                # Q comes per work item, loaded by the producer into one of NQ stages
+                # (bar_q: the loading warpgroup's 128 threads arrive; q_free: both
+                # consumers); with one stage by warpgroup 0.
                 st = WarpSpecializedState(HB, BI, D, q_arrivals=128)
+                qs = [(st.Q_l, st.Q_r, st.bar_q,
+                       T.alloc_barrier(arrive_count=256) if NQ == 2 else None)]
+                if NQ == 2:
+                    qs.append((T.alloc_shared([HB, DH], T.bfloat16),
+                               T.alloc_shared([HB, DH], T.bfloat16),
+                               T.alloc_barrier(arrive_count=128),
+                               T.alloc_barrier(arrive_count=256)))
                 bounds = T.alloc_shared([PLAN_WORDS[balance]], T.int32, scope="shared")
                 scratch = T.alloc_shared([WS_THREADS // 32, 3], T.int32, scope="shared")
                 tx = T.get_thread_binding()
@@ -661,13 +761,13 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
                               lambda item: softmax_item(
-                        st, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
-                        sm_scale, scale_log2, rs))
+                        st, qs, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial,
+                        RowSplits, sm_scale, scale_log2, rs))
                 elif tx < 256:
                     ws_set_regs(DECODE_WS_REGS[1])
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
-                              lambda item: pv_item(st, item, inv, Out, OPartial))
+                              lambda item: pv_item(st, qs, item, inv, Out, OPartial))
                 else:
                     ws_set_regs(DECODE_WS_REGS[2])
                     p = tx - 256
@@ -675,7 +775,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                     lv = T.alloc_local([2], T.int32)  # the row's lengths
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
                               lambda item: produce_item(
-                        st, item, lv, regs, p,
+                        st, qs, Q, item, lv, regs, p,
                         (MainU8, MainIndices, MainLength, topk, main_block_size, main_block_stride,
                          main_num_blocks),
                         (ExtraU8, ExtraIndices, ExtraLength, ew, extra_block_size,
@@ -781,9 +881,19 @@ TOKENS_IN_M_REGS = DECODE_WS_REGS
 # wgmma N = heads per CTA, a multiple of 8 (8 to 32: Oᵀ [512, N] fp32 takes 4·N registers
 # per thread of one math warpgroup).
 TOKENS_IN_M_HEADS = (8, 16, 24, 32)
+# ``tma_io`` with splits: dims of an fp32 partial per TMA store, staged in a ``[HB, 128]``
+# fp32 buffer per math warpgroup (a Q half's bytes; two stores per output half)
+TIM_PARTIAL_DIMS = 128
 
 
-def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_per_sm):
+def tim_partial_stage_bytes(HB: int, threads: int, staged: bool) -> int:
+    """Shared bytes of the tokens-in-M decode's fp32 partial stages (``tma_io`` with splits):
+    one ``[HB, TIM_PARTIAL_DIMS]`` fp32 buffer per math warpgroup, else none."""
+    return (2 if threads == 384 else 1) * HB * TIM_PARTIAL_DIMS * 4 if staged else 0
+
+
+def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_per_sm,
+                       staged_partials=False):
     """ValueError naming the schedule knob that the tokens-in-M schedule cannot take."""
     if tile_math != "tensor_core" or warp_specialized:
         raise ValueError("tokens_in_m: needs tile_math 'tensor_core' and warp_specialized "
@@ -799,7 +909,8 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_pe
     # K buffers (1 KiB per token), Q (1 KiB per head), P tiles, and ~1 KiB of flags and the
     # reduction's workspace, per CTA, against the 227 KiB of an sm_90a SM.
     p_tiles = NB if threads == 384 else 1
-    smem_kib = NB * BI + HB + p_tiles * HB * BI * 2 / 1024 + 1
+    smem_kib = (NB * BI + HB + p_tiles * HB * BI * 2 / 1024 + 1
+                + tim_partial_stage_bytes(HB, threads, staged_partials) / 1024)
     if not 1 <= NB <= 4 or smem_kib * ctas_per_sm > 227:
         raise ValueError(f"tokens_in_m: num_stages (K buffers, 1-4) x ctas_per_sm must fit in "
                          f"shared memory (~{smem_kib:.0f} KiB x {ctas_per_sm} > 227), got "
@@ -813,9 +924,11 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_pe
 class TokensInMRing:
     """Shared memory and barriers of the tokens-in-M decode: Q halves (then the output's
     stages), a ring of ``NB`` K buffers by halves with validity flags (filled by
-    ``fp8_producer``), P tiles and, with two math warpgroups, their hand-over."""
+    ``fp8_producer``), P tiles and, with two math warpgroups, their hand-over; with
+    ``staged_partials`` (``tma_io`` and splits) the fp32 partials' stages."""
 
-    def __init__(self, HB: int, BI: int, D: int, NB: int, threads: int):
+    def __init__(self, HB: int, BI: int, D: int, NB: int, threads: int,
+                 staged_partials: bool = False):
         DH = D // 2
         two = threads == 384
         buffers = range(NB)
@@ -832,6 +945,11 @@ class TokensInMRing:
                       for _ in (buffers if two else ())]
         # 1 / denominator per head, from warpgroup 0 to warpgroup 1 at the end
         self.inv = T.alloc_shared([HB], T.float32, scope="shared") if two else None
+        # tma_io with splits: each math warpgroup's fp32 partial, TIM_PARTIAL_DIMS dims at a
+        # time, on its way to a TMA store (its own buffer: a new buffer is not overlaid on the
+        # free Q / K ones, and a view of those keeps their swizzled layout)
+        self.partial = ([T.alloc_shared([HB, TIM_PARTIAL_DIMS], T.float32)
+                         for _ in ((0, 1) if two else (0,))] if staged_partials else None)
         # Q: every thread arrives (ws_load_q); K: filled by the producer's 128 threads, freed
         # by every math thread; P: warpgroup 0 -> 1 and back.
         self.bar_q = T.alloc_barrier(arrive_count=threads)
@@ -844,7 +962,7 @@ class TokensInMRing:
 
 def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                        HB: int, NB: int, threads: int, ctas_per_sm: int, raw_ring: int = 0,
-                       *, pdl_trigger: bool = False):
+                       tma_io: bool = False, *, pdl_trigger: bool = False):
     """Sparse decode for few heads (TP head counts, speculative drafts): the heads are
     wgmma's N dimension (``HB`` = 8 to 32) and the KV tokens its M dimension, so no head is
     padded to 64. Same arguments, math, grid and split-KV as the warp-specialised schedule.
@@ -861,7 +979,9 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     phase is disturbed). ``ctas_per_sm`` (256 threads): the register bound that lets several
     CTAs share an SM. Q comes by TMA and a finished bf16 output half leaves by TMA from its
     Q half when the head groups are whole; otherwise per thread (zero-filled padding heads,
-    never stored). Split partials are stored per thread from the accumulators.
+    never stored). Split partials are stored per thread from the accumulators. ``tma_io``:
+    Q and the finished output by TMA for every head group (the box's bounds zero-fill and
+    clip the padded heads) and the split partials through a shared fp32 stage by TMA.
     """
     D = HEAD_DIM
     DH = D // 2
@@ -869,21 +989,27 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     producer0 = threads - 128
     head_groups = (num_heads + HB - 1) // HB
     full_groups = num_heads % HB == 0
+    # a finished output half by TMA (the box clips a padded group's missing heads)
+    out_by_tma = full_groups or tma_io
+    staged_partials = tma_io and S > 1
+    PD = TIM_PARTIAL_DIMS
     buffers = tuple(range(NB))
     shapes = _shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
     produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB, raw_ring)
 
     @T.macro
-    def store_half(acc_o, inv, stage, bar_id: int, Out, OPartial, r_b, r_s, split, h0, d0):
+    def store_half(acc_o, inv, stage, pstage, bar_id: int, Out, OPartial, r_b, r_s, split, h0,
+                   d0):
         """Oᵀ half ``[256, HB]`` times the heads' reciprocal denominators: a finished row
         transposed through ``stage`` (this warpgroup's Q half, free after the last QKᵀ), to
-        the global rows by one TMA store for a whole head group, else per thread; a split's
-        fp32 partial straight from the accumulator."""
+        the global rows by one TMA store for a whole head group (or any with ``tma_io``),
+        else per thread; a split's fp32 partial straight from the accumulator, or with
+        ``tma_io`` ``PD`` dims at a time through ``pstage`` and a TMA store."""
         if S == 1:
             for d, i in T.Parallel(DH, HB):
                 stage[i, d] = T.cast(acc_o[d, i] * inv[i], T.bfloat16)
-            if full_groups:
+            if out_by_tma:
                 T.fence_proxy_async()  # the TMA engine reads ``stage`` (async proxy)
                 T.sync_threads(bar_id, 128)
                 T.tma_copy(stage, Out[r_b, r_s, h0:h0 + HB, d0:d0 + DH],
@@ -893,6 +1019,19 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 for i, d in T.Parallel(HB, DH):
                     if h0 + i < num_heads:
                         Out[r_b, r_s, h0 + i, d0 + d] = stage[i, d]
+        elif staged_partials:
+            for c in unrolled(DH // PD):  # (unrolled: each element's store is known)
+                for d, i in T.Parallel(DH, HB):
+                    if d >= c * PD and d < c * PD + PD:
+                        pstage[i, d - c * PD] = acc_o[d, i] * inv[i]
+                T.fence_proxy_async()  # the TMA engine reads ``pstage`` (async proxy)
+                T.sync_threads(bar_id, 128)
+                T.tma_copy(pstage,
+                           OPartial[r_b, r_s, split, h0:h0 + HB, d0 + c * PD:d0 + c * PD + PD],
+                           leader_scope_threads=128)
+                # the leader's wait (the engine has read ``pstage``) before it is rewritten
+                T.tma_store_wait()
+                T.sync_threads(bar_id, 128)
         else:
             for d, i in T.Parallel(DH, HB):
                 if full_groups or h0 + i < num_heads:
@@ -910,7 +1049,10 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 T.pdl_trigger()
             if ctas_per_sm > 1:
                 T.annotate_min_blocks_per_sm(ctas_per_sm)
-            rg = TokensInMRing(HB, BI, D, NB, threads)
+            rg = TokensInMRing(HB, BI, D, NB, threads, staged_partials)
+            # each math warpgroup's partial stage (tma_io with splits)
+            pst_l = rg.partial[0] if staged_partials else None
+            pst_r = rg.partial[1 if two else 0] if staged_partials else None
             acc_s = T.alloc_fragment([BI, HB], T.float32)  # Sᵀ, then Pᵀ
             l_part = T.alloc_fragment([BI, HB], T.float32)  # per-thread partial sums
             acc_o_l = T.alloc_fragment([DH, HB], T.float32)  # Oᵀ dims [0, 256)
@@ -946,7 +1088,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 store_row_splits(RowSplits, row, hg, split, S)
 
             ws_load_q(rg, lambda hh, d: Q[r_b, r_s, hh, d],
-                      lambda h, d0, d1: Q[r_b, r_s, h:h + HB, d0:d1], h0, num_heads)
+                      lambda h, d0, d1: Q[r_b, r_s, h:h + HB, d0:d1], h0, num_heads, tma_io)
 
             if tx < 128:
                 if two:
@@ -1021,8 +1163,9 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                     T.copy(inv, rg.inv)
                     T.barrier_arrive(rg.bar_done)
                 else:
-                    store_half(acc_o_r, inv, rg.Q_r, 8, Out, OPartial, r_b, r_s, split, h0, DH)
-                store_half(acc_o_l, inv, rg.Q_l, 8, Out, OPartial, r_b, r_s, split, h0, 0)
+                    store_half(acc_o_r, inv, rg.Q_r, pst_r, 8, Out, OPartial, r_b, r_s, split, h0,
+                               DH)
+                store_half(acc_o_l, inv, rg.Q_l, pst_l, 8, Out, OPartial, r_b, r_s, split, h0, 0)
             elif two and tx < 256:
                 ws_set_regs(TOKENS_IN_M_REGS[1])
                 T.fill(acc_o_r, 0)
@@ -1040,7 +1183,8 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 T.barrier_arrive(rg.bar_done)
                 T.barrier_wait(rg.bar_done, 0)
                 T.copy(rg.inv, inv_r)
-                store_half(acc_o_r, inv_r, rg.Q_r, 9, Out, OPartial, r_b, r_s, split, h0, DH)
+                store_half(acc_o_r, inv_r, rg.Q_r, pst_r, 9, Out, OPartial, r_b, r_s, split, h0,
+                           DH)
             else:
                 if two:
                     ws_set_regs(TOKENS_IN_M_REGS[2])
@@ -1185,6 +1329,10 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "persistent": True}},
+    # the persistent grid with 64-token tiles (one Q stage, loaded by warpgroup 0)
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 64, "persistent": True}},
     # the persistent grid with the tile-granular balance (work.cta_tile_range), h128: a
     # row's pieces run once per head group
     {"builder": "build_sparse_decode",
@@ -1264,4 +1412,19 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 32, "has_extra": False, "tokens_in_m": True, "heads_per_block": 32,
                 "threads": 384, "block_tokens": 64, "num_stages": 2, "num_splits": 2}},
+    # tokens in M with tma_io: 12 heads in a group of 16, one math warpgroup, 2 CTAs per SM,
+    # SWA-only, 4 splits (Q box zero-filled, partials staged, box-clipped); 20 heads in 24,
+    # two math warpgroups, C4A, unsplit (the bf16 output box-clipped); 32 heads, two math
+    # warpgroups, C4A, 8 splits (the largest partial stages)
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 12, "has_extra": False, "tokens_in_m": True, "heads_per_block": 16,
+                "threads": 256, "block_tokens": 64, "num_stages": 1, "ctas_per_sm": 2,
+                "num_splits": 4, "tma_io": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 20, "has_extra": True, "tokens_in_m": True, "heads_per_block": 24,
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "tma_io": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 32, "has_extra": True, "tokens_in_m": True, "heads_per_block": 32,
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "num_splits": 8,
+                "tma_io": True}},
 ]

@@ -433,6 +433,38 @@ def test_decode_persistent_batch_invariant(h, b, s_q, extra_kind, seed):
                 assert torch.equal(bits(got[1][pos]), bits(full_lse[r])), f"row {r}: lse differs"
 
 
+@pytest.mark.parametrize(
+    "h,b,s_q,extra_kind,batch_invariant,over",
+    [
+        # whole rows (more units than half the SMs), 2-3 items per CTA, runs of empty rows
+        (64, 300, 1, "c4a512", False, {}),
+        (128, 70, 1, "swa", False, {}),
+        # one tile per item: ~5 items per CTA, Q stages reloaded every tile pair
+        (128, 5, 2, "c4a1024", True, {"invariant_tiles_per_split": 1}),
+        (64, 40, 1, "c128a256", True, {"invariant_tiles_per_split": 1}),
+        # 64-token tiles: one Q stage, reloaded per item by the producer
+        (64, 40, 1, "c4a512", True, {"block_tokens": 64, "invariant_tiles_per_split": 1}),
+    ],
+    ids=lambda v: str(v),
+)
+def test_decode_persistent_q_stages(h, b, s_q, extra_kind, batch_invariant, over, seed):
+    """The persistent grid's Q stages (the producer loads item n+1's Q while the consumers
+    finish item n; 32-token tiles: two stages, 64-token: one), across many items per CTA,
+    with empty rows alone and in runs (items without tiles: the consumers meet first) and
+    rows split into one-tile items; outputs poisoned, checked against the reference."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen)
+    empty = [r for r in range(b) if r % 7 in (2, 3) or r % 11 == 5]  # alone and in runs
+    main[2][empty] = 0
+    if extra[2] is not None:
+        extra[2][empty] = 0
+    with _persistent(**over):
+        out, lse = _rows_of(q, main, extra, sink, list(range(b)), batch_invariant)
+        torch.cuda.synchronize()
+    ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+    check_attention(max(cache_kmax(c) for c in (main[0], extra[0]) if c is not None),
+                    out, ref_out, lse=(lse, ref_lse))
+
 
 # The persistent grid with the tile-granular balance (``balance="tiles"``, work.cta_tile_range):
 # rows cut at tile boundaries where the CTAs' exact shares end, a row's pieces run once per head
@@ -613,6 +645,63 @@ def test_decode_tokens_in_m_splits(h, hb, threads, stages, per_sm, extra_kind, s
             forcing(target, "sparse_decode_combine", combine):
         _case(7, 1, h, extra_kind, gen)
         _case(3, 2, h, extra_kind, gen)  # s_q 2: rows of one request, their own indices
+
+# ``tma_io`` of the tokens-in-M schedule (issue 24, bench/PERF_NOTES.md item 45): Q and every
+# output through the TMA box, split partials staged and stored by TMA. The split configs of
+# scripts/device_tim_tma.sh's A/B (h8 / h16 / h32; SWA 2 splits with config D at 8 and 16
+# heads, A at 32; C4A 8 splits with A), so one device call compiles each variant once, plus
+# head counts that are not a multiple of 8 with a padded last head group: h20 in one group of
+# 24 unsplit (two math warpgroups) and h20 in two groups of 16 (the second at head 16, 4 of
+# its 16 heads real) with 4 splits (one math warpgroup, 2 CTAs per SM).
+# Unsplit whole head groups build the same kernel with or without the knob
+# (tests/builds/test_lowering.py::test_tma_io_same_kernel_when_nothing_to_clip).
+TIM_TMA = [(8, 8, 256, 1, 2, "swa", 2), (8, 8, 384, 2, 1, "c4a512", 8),
+           (16, 16, 256, 1, 2, "swa", 2), (16, 16, 384, 2, 1, "c4a512", 8),
+           (32, 32, 384, 2, 1, "swa", 2), (32, 32, 384, 2, 1, "c4a512", 8),
+           (20, 24, 384, 2, 1, "c4a512", 1), (20, 16, 256, 1, 2, "swa", 4)]
+
+
+def tim_tma_config(hb, threads, stages, per_sm, splits) -> dict:
+    """The schedule file's default with tokens in M and ``tma_io``: the same dict (so the
+    same compiled variant) as scripts/decode_grid_ab.py's ``tim_tma`` for these knobs."""
+    from dsv4_tl.schedules import schedule_for
+
+    return {**schedule_for("cuda_sm90a", "sparse_decode"), "block_tokens": 64,
+            "heads_per_block": hb, "threads": threads, "warp_specialized": False,
+            "tokens_in_m": True, "num_stages": stages, "ctas_per_sm": per_sm,
+            "num_splits": splits, "persistent": False, "tma_io": True}
+
+
+class _PoisonedScratch:
+    """The split partials and the split table in fresh NaN-filled tensors at every call, so a
+    partial that the kernel's TMA store did not write reaches the combine as NaN (the stream's
+    pooled scratch could hold a previous call's right values)."""
+
+    @staticmethod
+    def views(device, shapes):
+        return tuple(torch.full(shape, math.nan, dtype=torch.float32, device=device)
+                     for shape in shapes)
+
+
+@pytest.mark.parametrize("h,hb,threads,stages,per_sm,extra_kind,splits", TIM_TMA,
+                         ids=[_tim_id(c) for c in TIM_TMA])
+def test_decode_tokens_in_m_tma_io(h, hb, threads, stages, per_sm, extra_kind, splits, seed,
+                                   monkeypatch):
+    """The tokens-in-M schedule with ``tma_io``: rows of 1-10 tiles (empty splits included),
+    holes, garbage past the lengths, a request with nothing valid (decode_case), s_q 1 and 2,
+    NaN-poisoned outputs and split partials, against the float32 reference."""
+    import dsv4_tl.ops.sparse_decode as front_end
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    monkeypatch.setattr(front_end, "stream_scratch", _PoisonedScratch())
+    gen = torch.Generator(DEV).manual_seed(seed)
+    with forcing(parse_target("cuda:sm_90a"), "sparse_decode",
+                 tim_tma_config(hb, threads, stages, per_sm, splits)):
+        _case(7, 1, h, extra_kind, gen)
+        _case(3, 2, h, extra_kind, gen)  # s_q 2: rows of one request, their own indices
+        _case(1, 1, h, extra_kind, gen)
+
 
 # ----------------------------------------------------------------------------- seesaw consumers
 # The warp-specialised schedule with prefill's seesaw consumers (tile_kernels/seesaw.py) and

@@ -104,6 +104,39 @@ def test_fixed_split_boundaries_do_not_follow_the_batch():
             assert items_of(tiles, pos, s_q, hg, ctas) == alone
 
 
+@pytest.mark.parametrize("units,widths_tiles,sms,expect", [
+    (128, 36, 132, (36, True)),   # b64 h128 / b128 h64 C4A: whole rows (was 35 + 1, run 49)
+    (256, 36, 132, (36, True)),   # b256 h64, MTP b64 s_q 2 h128
+    (67, 36, 132, (36, True)),    # just above half of the SMs: the fixed grid stops splitting
+    (66, 36, 132, (4, False)),    # half or fewer: derived in the kernel (at least 4)
+    (2, 260, 132, (4, False)),    # C128A 8192 with per-row lengths at b2
+])
+def test_persistent_split_size_keeps_whole_rows(units, widths_tiles, sms, expect):
+    """The front end's split size of the persistent grid in the default mode: a whole row
+    (at the index widths) once the units fill more than half of the SMs, so that no row is
+    cut into a long split and a short one through the combine; else derived in the kernel."""
+    from dsv4_tl.ops.sparse_decode import persistent_split_size
+
+    tps, fixed = persistent_split_size(4, 1, widths_tiles, units, sms, False)
+    assert (tps, fixed) == expect
+    if fixed:  # every row of any length up to the widths is one item, finished in place
+        rng = random.Random(units)
+        tiles = [rng.randint(0, widths_tiles) for _ in range(units // 2)] + [widths_tiles]
+        plan = plan_reference(tiles, 1, 2, tps, ITEM_COST, min(sms, len(tiles) * 2))
+        assert all(n == 1 for _, n in plan["row_splits"])
+        _check_coverage(tiles, 1, 2, plan)
+
+
+def test_persistent_split_size_batch_invariant_is_fixed():
+    """Batch-invariant mode keeps ``invariant_tiles_per_split`` (raised to the combine's
+    floor) whatever the batch: a row's boundaries depend on its own lengths only."""
+    from dsv4_tl.ops.sparse_decode import persistent_split_size
+
+    for units in (1, 66, 67, 512):
+        assert persistent_split_size(16, 1, 36, units, 132, True) == (16, True)
+    assert persistent_split_size(16, 20, 36, 512, 132, True) == (20, True)
+
+
 # --- the tile-granular balance (balance="tiles", derived split size only) ---------------
 
 def _check_tile_plan(tiles, s_q, hg, plan):

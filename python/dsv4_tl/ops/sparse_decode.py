@@ -242,11 +242,18 @@ class _Plan:
             knob = "invariant_tiles_per_split" if batch_invariant else "tiles_per_split_min"
             if not (isinstance(schedule[knob], int) and schedule[knob] >= 1):
                 raise ValueError(f"schedule: {knob} must be a positive int, got {schedule[knob]!r}")
-            tps = max(schedule[knob], floor)
-            max_splits = -(-max_tiles // tps)
             units = rows * -(-h // schedule["heads_per_block"])
-            ctas = min(_sm_count(dev), units * max_splits)
-            grid = {"tiles_per_split": tps if batch_invariant else -tps, "num_ctas": ctas}
+            sms = _sm_count(dev)
+            tps, fixed = persistent_split_size(schedule[knob], floor, max_tiles, units, sms,
+                                               batch_invariant)
+            if schedule.get("balance", "items") == "tiles":
+                # The tile balance cuts rows at the CTAs' shares (T derived: its floor q), and
+                # keeps them whole itself where the rows alone balance (tile_kernels/work.py;
+                # batch-invariant calls run the item balance, above).
+                tps, fixed = max(schedule[knob], floor), False
+            max_splits = -(-max_tiles // tps)
+            ctas = min(sms, units * max_splits)
+            grid = {"tiles_per_split": tps if fixed else -tps, "num_ctas": ctas}
             splits = 1 if max_splits == 1 else pow2_ceil(max_splits)
             slots = rows * max_splits if batch_invariant else min(rows * max_splits, 2 * ctas)
             partial_shapes = ((slots, 1, 1, h, HEAD_DIM), (slots, 1, 1, h))
@@ -316,6 +323,27 @@ class _Plan:
         self.combine(o_part.view(self.flat_shapes[0]), lse_part.view(self.flat_shapes[1]),
                      row_splits, sink, out, lse)
         return out, lse
+
+
+def persistent_split_size(knob: int, floor: int, max_tiles: int, units: int, sms: int,
+                          batch_invariant: bool) -> Tuple[int, bool]:
+    """The persistent grid's split size: ``(T, fixed)``, the kernel's ``tiles_per_split``
+    argument being ``T`` when ``fixed`` (every row cut into splits of T tiles) and ``-T``
+    otherwise (T derived in the kernel from the call's tiles, at least this one).
+
+    ``knob``: the schedule's ``invariant_tiles_per_split`` (batch-invariant mode: fixed) or
+    ``tiles_per_split_min``; ``floor``: the least T that keeps a row within the combine's
+    split bound; ``max_tiles``: a row's tiles at the index widths; ``units``: (row, head
+    group) pairs; ``sms``: the device's SMs. In the default mode, when the units alone fill
+    more than half of the SMs (the fixed grid's buckets stop splitting there too), T is a
+    whole row at the widths: no row is split (a derived T just below a row's tiles cut
+    b64 h128 / b128 h64 C4A rows of 36 tiles into 35 + 1 through the combine, run 49), and
+    the balance works on whole rows."""
+    if batch_invariant:
+        return max(knob, floor), True
+    if 2 * units > sms:
+        return max(max_tiles, 1), True
+    return max(knob, floor), False
 
 
 def _sm_count(device: torch.device) -> int:
