@@ -249,3 +249,16 @@ def test_tile_balance_refuses_fixed_split_sizes():
         plan_reference([36], 1, 1, 16, ITEM_COST, 132, balance="tiles")
     with pytest.raises(ValueError, match="balance"):
         plan_reference([36], 1, 1, -4, ITEM_COST, 132, balance="rows")
+
+
+def test_persistent_split_size_tile_balance_always_derives():
+    """The tile balance gets a derived T (its floor q) in the default mode at any batch: it
+    decides itself where rows stay whole (uniform rows) and cuts long ones (per-row lengths,
+    where a whole-row T leaves the longest row setting the time)."""
+    from dsv4_tl.ops.sparse_decode import persistent_split_size
+
+    for units in (2, 66, 67, 128, 512):
+        assert persistent_split_size(4, 1, 260, units, 132, False, "tiles") == (4, False)
+    assert persistent_split_size(4, 3, 260, 128, 132, False, "tiles") == (4, False)
+    assert persistent_split_size(4, 5, 260, 128, 132, False, "tiles") == (5, False)
+    assert persistent_split_size(16, 1, 36, 512, 132, True, "tiles") == (16, True)

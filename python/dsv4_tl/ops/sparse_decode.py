@@ -245,12 +245,7 @@ class _Plan:
             units = rows * -(-h // schedule["heads_per_block"])
             sms = _sm_count(dev)
             tps, fixed = persistent_split_size(schedule[knob], floor, max_tiles, units, sms,
-                                               batch_invariant)
-            if schedule.get("balance", "items") == "tiles":
-                # The tile balance cuts rows at the CTAs' shares (T derived: its floor q), and
-                # keeps them whole itself where the rows alone balance (tile_kernels/work.py;
-                # batch-invariant calls run the item balance, above).
-                tps, fixed = max(schedule[knob], floor), False
+                                               batch_invariant, schedule.get("balance", "items"))
             max_splits = -(-max_tiles // tps)
             ctas = min(sms, units * max_splits)
             grid = {"tiles_per_split": tps if fixed else -tps, "num_ctas": ctas}
@@ -326,7 +321,7 @@ class _Plan:
 
 
 def persistent_split_size(knob: int, floor: int, max_tiles: int, units: int, sms: int,
-                          batch_invariant: bool) -> Tuple[int, bool]:
+                          batch_invariant: bool, balance: str = "items") -> Tuple[int, bool]:
     """The persistent grid's split size: ``(T, fixed)``, the kernel's ``tiles_per_split``
     argument being ``T`` when ``fixed`` (every row cut into splits of T tiles) and ``-T``
     otherwise (T derived in the kernel from the call's tiles, at least this one).
@@ -338,9 +333,14 @@ def persistent_split_size(knob: int, floor: int, max_tiles: int, units: int, sms
     more than half of the SMs (the fixed grid's buckets stop splitting there too), T is a
     whole row at the widths: no row is split (a derived T just below a row's tiles cut
     b64 h128 / b128 h64 C4A rows of 36 tiles into 35 + 1 through the combine, run 49), and
-    the balance works on whole rows."""
+    the balance works on whole rows. ``balance`` "tiles" (the schedule knob, default mode
+    only: batch-invariant calls run "items"): always derived, at least this T (the tile
+    balance's floor q); it cuts rows at the CTAs' shares and keeps them whole itself where
+    the rows alone balance (``tile_kernels/work.py``)."""
     if batch_invariant:
         return max(knob, floor), True
+    if balance == "tiles":
+        return max(knob, floor), False
     if 2 * units > sms:
         return max(max_tiles, 1), True
     return max(knob, floor), False
