@@ -7,8 +7,10 @@
 #    the tile balance, h64 / h128) and of the GPU tests, each combine only at the split bounds
 #    the rows need.
 # 2. The tile balance's GPU tests (poisoned outputs, float32 reference; timeout 60 s).
-# 3. decode_grid_ab.py --rows balance: fixed / persistent / ptiles / FlashMLA, 3 interleaved
-#    rounds, medians of CUDA-graph replays, every output reference-checked.
+# 3. The A/B of decode_grid_ab.py's rows "balance" (its measure_rows): fixed / persistent /
+#    ptiles / FlashMLA, 3 interleaved rounds, medians of CUDA-graph replays, every output
+#    reference-checked; h128 rows without "persistent" (main's item-balance kernel at h128 with
+#    32-token tiles does not lower since item 44).
 # Files in $OUT: env.txt, log.txt (compiles, tests, A/B rows as measured), decode_grid_ab.json,
 # decode_grid_ab.txt.
 set -uo pipefail
@@ -25,7 +27,11 @@ from dsv4_tl.loader import default_kernel_dir
 from dsv4_tl.schedules import schedule_for
 impls = tuple(sys.argv[1].split(","))
 rows = ab.goal_rows("balance")
-decodes = [v for v in ab._variants(rows, impls) if v.op == "sparse_decode"]
+# (main's item-balance persistent kernel at h128 with 32-token tiles does not lower after
+# item 44: left out, and the h128 rows run without it)
+decodes = [v for v in ab._variants(rows, impls) if v.op == "sparse_decode" and not (
+    dict(v.schedule).get("persistent") and dict(v.schedule).get("balance") is None
+    and dict(v.static)["num_heads"] == 128)]
 # combines: the fixed grid's split counts, the persistent grid's split bound per row (the front
 # end's rule with 32-token tiles, T >= 4) and the GPU tests' (1- / 3-tile splits, T = 16)
 need = {(dict(v.static)["num_heads"], dict(v.schedule)["num_splits"]) for v in decodes
@@ -50,8 +56,37 @@ timeout 60 python3 -m pytest -q -p no:cacheprovider -n 4 -rfE \
 echo "pytest exit status: $? at ${SECONDS} s" | tee -a "$log"
 grep -E "passed|failed|error" "$log" | tail -3
 left=$((budget - SECONDS))
-timeout $((left > 40 ? left - 5 : 35)) python3 scripts/decode_grid_ab.py --out "$OUT" \
-  --rows balance \
-  --impls "$impls" --rounds 3 >> "$log" 2>&1
+timeout $((left > 40 ? left - 5 : 35)) python3 - "$impls" "$OUT" $((left > 40 ? left - 25 : 15)) \
+  >> "$log" 2>&1 <<'PY'
+import json, os, sys, time
+sys.path.insert(0, "scripts")
+import torch
+import decode_grid_ab as ab
+from dsv4_tl.bench_peers import load_peers
+impls, out = tuple(sys.argv[1].split(",")), sys.argv[2]
+deadline = time.monotonic() + float(sys.argv[3])
+peers, errors = load_peers(["flashmla"], os.environ.get("PEERS_DIR"))
+flashmla = peers[0] if peers else None
+if errors:
+    print("peer errors:", errors, flush=True)
+rows = ab.goal_rows("balance")
+report = {"device": torch.cuda.get_device_name(), "impls": list(impls), "rows": []}
+
+
+def flush(done):
+    with open(os.path.join(out, "decode_grid_ab.json"), "w") as fh:
+        json.dump({**report, "rows": report["rows"] + done}, fh, indent=1)
+
+
+for h in (64, 128):  # (h128: no item-balance persistent kernel, above)
+    chosen = impls if h == 64 else tuple(k for k in impls if k != "persistent")
+    report["rows"] += ab.measure_rows([r for r in rows if r.h == h], 3, flashmla, chosen,
+                                      flush, deadline)
+    flush([])
+text = report["device"] + "\n" + ab.impl_table(report["rows"], impls)
+with open(os.path.join(out, "decode_grid_ab.txt"), "w") as fh:
+    fh.write(text + "\n")
+print(text)
+PY
 echo "A/B exit $? at ${SECONDS} s" | tee -a "$log"
 cat "$OUT/decode_grid_ab.txt" 2>/dev/null || tail -5 "$log"

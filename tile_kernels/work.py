@@ -516,25 +516,51 @@ def walk_row_pieces(span, rows, head_groups: int, s_q, row_tiles, body):
     runs[0] = 0
     runs[1] = 0
     runs[2] = span[3]
-    for r in T.serial(span[0], T.min(span[4] + T.if_then_else(span[5] > 0, 1, 0), rows)):
-        unit[0] = r // s_q
-        unit[1] = r % s_q
-        unit[2] = row_tiles(unit[0])
-        ns = T.if_then_else(r == span[0], span[6], T.if_then_else(r == span[4], span[7], 1))
-        k = T.if_then_else(r == span[0], span[2], 0)
-        t_begin = T.if_then_else(r == span[0], span[1], 0)
-        t_end = T.if_then_else(r == span[4], span[5], unit[2])
-        pairs = T.ceildiv(t_end - t_begin, 2)
-        # (an extent known only at run time, head_groups whenever a row is walked: a loop of
-        # one would be folded away, and at one head group TileLang then wants a thread sync
-        # inside a divergent region of the producer)
-        for g in T.serial(T.min(head_groups, rows * head_groups)):
-            body(WorkItem(r, g, unit[0], unit[1], unit[2], ns, k, t_begin, t_end, pairs,
-                          runs[0], runs[1], runs[2] + k))
-            runs[0] += pairs
-            runs[1] += 1
-        if ns > 1:
-            runs[2] += ns
+    # The loop nest differs by head groups: TileLang's thread-sync pass refuses the other nest
+    # of these bodies in each case (a sync wanted inside a divergent producer region), as it
+    # refuses a loop of one folded away. Both nests walk the same items in the same order.
+    if head_groups == 1:
+        for r in T.serial(span[0], T.min(span[4] + T.if_then_else(span[5] > 0, 1, 0), rows)):
+            unit[0] = r // s_q
+            unit[1] = r % s_q
+            unit[2] = row_tiles(unit[0])
+            ns = T.if_then_else(r == span[0], span[6],
+                                T.if_then_else(r == span[4], span[7], 1))
+            k = T.if_then_else(r == span[0], span[2], 0)
+            t_begin = T.if_then_else(r == span[0], span[1], 0)
+            t_end = T.if_then_else(r == span[4], span[5], unit[2])
+            pairs = T.ceildiv(t_end - t_begin, 2)
+            # (an extent known only at run time, 1 whenever a row is walked)
+            for g in T.serial(T.min(1, rows)):
+                body(WorkItem(r, g, unit[0], unit[1], unit[2], ns, k, t_begin, t_end, pairs,
+                              runs[0], runs[1], runs[2] + k))
+                runs[0] += pairs
+                runs[1] += 1
+            if ns > 1:
+                runs[2] += ns
+    else:
+        # (as walk_items: the (row, head group) units, then the unit's items -- one piece --
+        # with an extent known only at run time)
+        for v in T.serial(span[0] * head_groups,
+                          T.min(span[4] + T.if_then_else(span[5] > 0, 1, 0), rows)
+                          * head_groups):
+            r = v // head_groups
+            unit[0] = r // s_q
+            unit[1] = r % s_q
+            unit[2] = row_tiles(unit[0])
+            ns = T.if_then_else(r == span[0], span[6],
+                                T.if_then_else(r == span[4], span[7], 1))
+            k0 = T.if_then_else(r == span[0], span[2], 0)
+            for k in T.serial(k0, k0 + T.min(1, rows)):
+                t_begin = T.if_then_else(r == span[0], span[1], 0)
+                t_end = T.if_then_else(r == span[4], span[5], unit[2])
+                pairs = T.ceildiv(t_end - t_begin, 2)
+                body(WorkItem(r, v % head_groups, unit[0], unit[1], unit[2], ns, k, t_begin,
+                              t_end, pairs, runs[0], runs[1], runs[2] + k))
+                runs[0] += pairs
+                runs[1] += 1
+            if v % head_groups == head_groups - 1 and ns > 1:
+                runs[2] += ns
 
 
 def plan_cta_range(balance: str, bounds, scratch, unit_tiles, units, head_groups: int,
