@@ -590,7 +590,10 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     # into the other stage while this item's last tiles and epilogue run: Q 2 x 64 KB, K
     # 2 x 32 KB, P 2 x 4 KB, ~201 KB of the 227 KB), with 64-token tiles one (K alone
     # takes 128 KB beside Q's 64: a second stage would not fit).
-    NQ = 2 if BI == 32 else 1
+    # The item walk of two head groups (h128) with two stages does not lower (TileLang's
+    # thread-sync pass: a sync "inside a divergent region with 81 participating threads",
+    # run 62): it keeps one stage there; the tile balance's walk lowers with two.
+    NQ = 2 if BI == 32 and (head_groups == 1 or balance == "tiles") else 1
 
     def first_stage(item):
         """Whether the item's Q is in stage 0 (a trace-time True with one stage)."""
@@ -1333,6 +1336,10 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 64, "persistent": True}},
+    # the persistent grid's item walk at h128 (two head groups: one Q stage), SWA-only
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": False, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "persistent": True}},
     # the persistent grid with the tile-granular balance (work.cta_tile_range), h128: a
     # row's pieces run once per head group
     {"builder": "build_sparse_decode",
