@@ -35,8 +35,9 @@ import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
 from .fp8 import FP8_FORMATS, fp8_byte_to_float
-from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers, check_raw_ring,
-                           make_fp8_producer, producer_prelude, raw_ring_bytes, unrolled)
+from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers, check_producer_lean,
+                           check_raw_ring, make_fp8_producer, producer_prelude, raw_ring_bytes,
+                           unrolled)
 from .tile_math import check_tile_math
 from .cluster_merge import (DSMEM_PRELUDE, ClusterMergeState, check_cluster_merge,
                             cluster_barrier, cluster_barrier_relaxed, make_merge_half,
@@ -157,6 +158,7 @@ def build_sparse_decode(
     raw_ring: int = 0,
     cluster_crossover: bool = False,
     cluster_merge: bool = False,
+    producer_lean: bool = False,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -206,6 +208,10 @@ def build_sparse_decode(
             2): the two head-group CTAs of a (row, split) form a cluster; each gathers and
             dequantises one K half of every tile and copies it into its peer's shared memory
             (``sparse_decode_seesaw``). sm_90a only.
+        producer_lean: the FP8 producer's lean instruction stream (split consumers on either
+            grid, cluster_merge and tokens in M; not with a raw ring nor the seesaw's half
+            producer): the same loads and K in fewer instructions per 32-token round
+            (``fp8_producer``, ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md item 46).
         cluster_merge: the warp-specialised schedule's fixed grid with the split consumers
             (no raw ring), ``num_splits`` 2, 4 or 8: the splits of a row form one thread-block
             cluster and are merged through distributed shared memory (``cluster_merge.py``);
@@ -227,6 +233,11 @@ def build_sparse_decode(
     if fp8_format not in FP8_FORMATS:
         raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
     check_raw_ring(raw_ring)
+    check_producer_lean(producer_lean, raw_ring)
+    if producer_lean and not ((warp_specialized and consumers == "split") or tokens_in_m):
+        raise ValueError("producer_lean: the lean producer serves the split consumers and tokens "
+                         f"in M, got consumers {consumers!r}, warp_specialized "
+                         f"{warp_specialized}, tokens_in_m {tokens_in_m}")
     if cluster_merge:
         check_cluster_merge(num_splits, warp_specialized, consumers, persistent, tokens_in_m,
                             raw_ring)
@@ -272,7 +283,7 @@ def build_sparse_decode(
         check_shared_budget(HB * D * 2 + num_stages * (BI * D * 2 + BI)
                             + (num_stages if two else 1) * HB * BI * 2, raw_ring, ctas_per_sm)
         return _build_tokens_in_m(num_heads, has_extra, fp8_format, S, BI, HB, num_stages,
-                                  threads, ctas_per_sm, raw_ring)
+                                  threads, ctas_per_sm, raw_ring, producer_lean)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -295,7 +306,7 @@ def build_sparse_decode(
         # Q, two K buffers and their flags, two P tiles (WarpSpecializedState)
         check_shared_budget(HB * D * 2 + 2 * (BI * D * 2 + BI) + 2 * HB * BI * 2, raw_ring)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
-                                       item_cost, raw_ring, cluster_merge)
+                                       item_cost, raw_ring, cluster_merge, producer_lean)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
 
@@ -470,7 +481,7 @@ def store_row_splits(RowSplits, row, hg, split, S: int):
 
 def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                             persistent: bool = False, item_cost: int = 3, raw_ring: int = 0,
-                            cluster_merge: bool = False):
+                            cluster_merge: bool = False, producer_lean: bool = False):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``fp8_producer`` (raw FP8 token quarters into registers, dequantised
@@ -487,7 +498,8 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     head_groups = (num_heads + HB - 1) // HB
     shapes = _shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
-    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, raw_ring=raw_ring)
+    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, raw_ring=raw_ring,
+                                      lean=producer_lean)
     merge_half = make_merge_half(num_heads, S, HB, DH) if cluster_merge else None
 
     @T.macro
@@ -614,7 +626,8 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
              extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
              num_ctas):
         if persistent:
-            with T.Kernel(num_ctas, threads=WS_THREADS, prelude=producer_prelude(raw_ring)) as cta:
+            with T.Kernel(num_ctas, threads=WS_THREADS,
+                          prelude=producer_prelude(raw_ring, producer_lean)) as cta:
                 # Q comes per work item, loaded and awaited by warpgroup 0 alone.
                 st = WarpSpecializedState(HB, BI, D, q_arrivals=128)
                 bounds = T.alloc_shared([6], T.int32, scope="shared")
@@ -646,7 +659,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 else:
                     ws_set_regs(DECODE_WS_REGS[2])
                     p = tx - 256
-                    regs = alloc_producer_registers(BI, raw_ring)
+                    regs = alloc_producer_registers(BI, raw_ring, producer_lean)
                     lv = T.alloc_local([2], T.int32)  # the row's lengths
                     walk_items(span, units, head_groups, s_q, tiles, lambda item: produce_item(
                         st, item, lv, regs, p,
@@ -657,7 +670,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         else:
             with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
                           cluster_dims=(1, 1, S) if cluster_merge else None,
-                          prelude=producer_prelude(raw_ring)
+                          prelude=producer_prelude(raw_ring, producer_lean)
                           + (DSMEM_PRELUDE if cluster_merge else "")) as (row, hg, split):
                 st = WarpSpecializedState(HB, BI, D)
                 cm = ClusterMergeState(HB, S) if cluster_merge else None
@@ -733,7 +746,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                                       main_block_stride, main_num_blocks)
                     extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
                                        extra_block_stride, extra_num_blocks)
-                    regs = alloc_producer_registers(BI, raw_ring)
+                    regs = alloc_producer_registers(BI, raw_ring, producer_lean)
                     produce_tiles(st, regs, p, main, extra,
                                   TileRange(r_b, r_s, t_begin, t_end, main_tiles), pairs, 0)
                     if cluster_merge:  # (barrier.cluster counts every thread of the cluster)
@@ -815,7 +828,8 @@ class TokensInMRing:
 
 
 def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
-                       HB: int, NB: int, threads: int, ctas_per_sm: int, raw_ring: int = 0):
+                       HB: int, NB: int, threads: int, ctas_per_sm: int, raw_ring: int = 0,
+                       producer_lean: bool = False):
     """Sparse decode for few heads (TP head counts, speculative drafts): the heads are
     wgmma's N dimension (``HB`` = 8 to 32) and the KV tokens its M dimension, so no head is
     padded to 64. Same arguments, math, grid and split-KV as the warp-specialised schedule.
@@ -843,7 +857,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     buffers = tuple(range(NB))
     shapes = _shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
-    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB, raw_ring)
+    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB, raw_ring, producer_lean)
 
     @T.macro
     def store_half(acc_o, inv, stage, bar_id: int, Out, OPartial, r_b, r_s, split, h0, d0):
@@ -876,7 +890,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
              extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
              num_ctas):
         with T.Kernel(b * s_q, head_groups, S, threads=threads,
-                      prelude=producer_prelude(raw_ring)) as (row, hg, split):
+                      prelude=producer_prelude(raw_ring, producer_lean)) as (row, hg, split):
             if ctas_per_sm > 1:
                 T.annotate_min_blocks_per_sm(ctas_per_sm)
             rg = TokensInMRing(HB, BI, D, NB, threads)
@@ -1017,7 +1031,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                                   main_block_stride, main_num_blocks)
                 extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
                                    extra_block_stride, extra_num_blocks)
-                regs = alloc_producer_registers(BI, raw_ring)
+                regs = alloc_producer_registers(BI, raw_ring, producer_lean)
                 produce_tiles(rg, regs, tx - producer0, main, extra,
                               TileRange(r_b, r_s, t_begin, t_end, main_tiles), rounds, 0, tiles)
 
