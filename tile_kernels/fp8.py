@@ -178,6 +178,9 @@ __device__ __forceinline__ unsigned dsv4_div_mul(int d) {
 __device__ __forceinline__ unsigned dsv4_div_shr(int d) {
   return d <= 1 ? 0u : 31u - __clz(d - 1);  // ceil(log2 d) - 1
 }
+__device__ __forceinline__ unsigned dsv4_fast_div(unsigned n, int d, unsigned mul, unsigned shr) {
+  return d != 1 ? __umulhi(n, mul) >> shr : n;
+}
 // Loads of lane quarter `q` of token `idx` of the scope at `u8` (block size `bs`, its magic
 // `mul` / `shr`, `num_blocks` blocks of `stride` bytes): the 7 NoPE quarters, the 2 RoPE
 // pieces, the 8 scale bytes into raw[0 .. 38). Returns the validity: `in_range` (the column
@@ -187,7 +190,7 @@ __device__ __forceinline__ int dsv4_ldg_token(const unsigned char* u8, int q, in
                                               int in_range, int bs, unsigned mul, unsigned shr,
                                               int num_blocks, long long stride, unsigned* raw) {
   unsigned n = idx > 0 ? static_cast<unsigned>(idx) : 0u;
-  unsigned blk = bs != 1 ? __umulhi(n, mul) >> shr : n;
+  unsigned blk = dsv4_fast_div(n, bs, mul, shr);
   unsigned pos = n - blk * static_cast<unsigned>(bs);
   int ok = in_range && idx >= 0 && static_cast<int>(blk) < num_blocks;
   blk = ok ? blk : 0u;

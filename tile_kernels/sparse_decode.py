@@ -208,9 +208,9 @@ def build_sparse_decode(
             2): the two head-group CTAs of a (row, split) form a cluster; each gathers and
             dequantises one K half of every tile and copies it into its peer's shared memory
             (``sparse_decode_seesaw``). sm_90a only.
-        producer_lean: the FP8 producer's lean instruction stream (split consumers on either
-            grid, cluster_merge and tokens in M; not with a raw ring nor the seesaw's half
-            producer): the same loads and K in fewer instructions per 32-token round
+        producer_lean: the FP8 producer's lean instruction stream (split consumers, also with
+            cluster_merge, and tokens in M, on the fixed grid; not with a raw ring nor the
+            seesaw's half producer): the same loads and K in fewer instructions per 32-token round
             (``fp8_producer``, ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md item 46).
         cluster_merge: the warp-specialised schedule's fixed grid with the split consumers
             (no raw ring), ``num_splits`` 2, 4 or 8: the splits of a row form one thread-block
@@ -234,10 +234,13 @@ def build_sparse_decode(
         raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
     check_raw_ring(raw_ring)
     check_producer_lean(producer_lean, raw_ring)
-    if producer_lean and not ((warp_specialized and consumers == "split") or tokens_in_m):
+    if producer_lean and (persistent or not ((warp_specialized and consumers == "split")
+                                             or tokens_in_m)):
+        # (the persistent grid: not yet run on a GPU)
         raise ValueError("producer_lean: the lean producer serves the split consumers and tokens "
-                         f"in M, got consumers {consumers!r}, warp_specialized "
-                         f"{warp_specialized}, tokens_in_m {tokens_in_m}")
+                         f"in M on the fixed grid, got consumers {consumers!r}, "
+                         f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}, "
+                         f"persistent {persistent}")
     if cluster_merge:
         check_cluster_merge(num_splits, warp_specialized, consumers, persistent, tokens_in_m,
                             raw_ring)
@@ -1199,6 +1202,18 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
                 "threads": 384, "block_tokens": 64, "num_stages": 2, "raw_ring": 3}},
+    # the lean FP8 producer (producer_lean): split consumers, 32-token tiles, h128 both scopes
+    # one split (the h128 b128 C4A kernel); a padded group (h96) SWA-only, 8 splits (padding
+    # tiles); tokens in M, 64-token tiles (two rounds a tile)
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "producer_lean": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "num_splits": 8, "producer_lean": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "producer_lean": True}},
     # tokens in M (TP head counts): 16 heads, two math warpgroups, C4A; 20 heads in a padded
     # group of 24, one math warpgroup, 3 K buffers, SWA-only split-KV; 8 heads, 2 CTAs per SM
     {"builder": "build_sparse_decode",
