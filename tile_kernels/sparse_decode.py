@@ -208,9 +208,9 @@ def build_sparse_decode(
             2): the two head-group CTAs of a (row, split) form a cluster; each gathers and
             dequantises one K half of every tile and copies it into its peer's shared memory
             (``sparse_decode_seesaw``). sm_90a only.
-        producer_lean: the FP8 producer's lean instruction stream (split consumers, also with
-            cluster_merge, and tokens in M, on the fixed grid; not with a raw ring nor the
-            seesaw's half producer): the same loads and K in fewer instructions per 32-token round
+        producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
+            in M on the fixed grid; not with a raw ring, cluster_merge nor the seesaw's half
+            producer): the same loads and K in fewer instructions per 32-token round
             (``fp8_producer``, ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md item 46).
         cluster_merge: the warp-specialised schedule's fixed grid with the split consumers
             (no raw ring), ``num_splits`` 2, 4 or 8: the splits of a row form one thread-block
@@ -234,13 +234,13 @@ def build_sparse_decode(
         raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
     check_raw_ring(raw_ring)
     check_producer_lean(producer_lean, raw_ring)
-    if producer_lean and (persistent or not ((warp_specialized and consumers == "split")
-                                             or tokens_in_m)):
-        # (the persistent grid: not yet run on a GPU)
+    if producer_lean and (persistent or cluster_merge
+                          or not ((warp_specialized and consumers == "split") or tokens_in_m)):
+        # (the persistent grid and the cluster merge: not yet run on a GPU with it)
         raise ValueError("producer_lean: the lean producer serves the split consumers and tokens "
-                         f"in M on the fixed grid, got consumers {consumers!r}, "
-                         f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}, "
-                         f"persistent {persistent}")
+                         f"in M on the fixed grid without cluster_merge, got consumers "
+                         f"{consumers!r}, warp_specialized {warp_specialized}, tokens_in_m "
+                         f"{tokens_in_m}, persistent {persistent}, cluster_merge {cluster_merge}")
     if cluster_merge:
         check_cluster_merge(num_splits, warp_specialized, consumers, persistent, tokens_in_m,
                             raw_ring)

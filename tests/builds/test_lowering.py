@@ -230,6 +230,8 @@ def test_producer_lean_source(kwargs, tmp_path):
      "producer_lean: .*split consumers"),
     ({"block_tokens": 32, "producer_lean": 1}, "producer_lean: expected True or False"),
     ({"block_tokens": 32, "producer_lean": True, "persistent": True}, "producer_lean: .*fixed grid"),
+    ({"block_tokens": 32, "producer_lean": True, "num_splits": 4, "cluster_merge": True},
+     "producer_lean: .*cluster_merge True"),
 ])
 def test_producer_lean_refused(kwargs, message):
     """The knob where the lean producer does not serve: a ValueError naming it from the
