@@ -15,11 +15,15 @@ row's resolved split count with the seesaw consumers, 64-token tiles and the 2-C
 (``cluster_crossover``, h128 rows only; ``CROSSOVER_IMPLS``); ``cmerge`` the row's resolved
 schedule with its splits merged inside a thread-block cluster (``cluster_merge``, no combine;
 rows whose resolved schedule is not the split consumers with 2, 4 or 8 splits are reported as
-not applicable); ``lean`` the row's resolved schedule with the FP8 producer's lean instruction
-stream (``producer_lean``). ``--rows lean``: the lean producer's A/B rows (h64 / h128 at b128 /
+not applicable). ``pdl`` / ``pdl_wait``: the row's resolved schedules with the combine launched by
+programmatic dependent launch (``pdl``) after a decode kernel that signals its dependents at
+its start (``pdl_trigger``) or not at all (``PDL_IMPLS``); ``--rows pdl``: split rows of few
+buckets (h64 / h128 b1 / b8 SWA and C4A, h64 C128A, h16 b1 / b8, C128A 8192 per-row lengths
+at b2); ``lean`` the row's resolved schedule with the FP8 producer's lean instruction
+stream (``producer_lean``); ``--rows lean``: the lean producer's A/B rows (h64 / h128 at b128 /
 b256 on SWA and C4A, b32 SWA, MTP h128 b64 s_q 2, h64 b8 C4A: 12 rows whose default and lean
-kernels and combines are 11 variants). ``--rows ring``: the rows of the raw ring's A/B (full waves at h64 / h128 on
-both compressed scopes, SWA, MTP, below one wave, b8); ``--rows splits``: rows whose buckets
+kernels and combines are 11 variants). ``--rows ring``: the rows of the raw ring's A/B (full
+waves at h64 / h128 on both compressed scopes, SWA, MTP, below one wave, b8); ``--rows splits``: rows whose buckets
 split (b1 / b8 / b32, both scopes and SWA, C128A 4096 / 8192 with per-row lengths at b2 / b32);
 ``--rows crossover``: the crossover's (h128: full waves on both compressed scopes and SWA,
 MTP); ``--rows cluster``: the b1 / b8 rows of ``splits`` (h64 / h128, SWA, C4A, C128A: 8
@@ -71,10 +75,13 @@ COMBINE_IMPLS = {"merge_elements": "elements", "merge_splits": "splits"}
 CROSSOVER_IMPLS = {"crossover": (64, 2)}
 # the row's resolved schedule with the splits merged in a cluster (tile_kernels/cluster_merge.py)
 CLUSTER_IMPLS = ("cmerge",)
+# programmatic dependent launch -> the decode kernel's pdl_trigger (the combine has pdl on)
+PDL_IMPLS = {"pdl": True, "pdl_wait": False}
 # the row's resolved schedule with the lean FP8 producer (tile_kernels/fp8_producer.py)
 LEAN_IMPLS = ("lean",)
 IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", *SEESAW_IMPLS, *RAW_RING_IMPLS,
-         *COMBINE_IMPLS, *CROSSOVER_IMPLS, *CLUSTER_IMPLS, *LEAN_IMPLS, "flashmla")
+         *COMBINE_IMPLS, *CROSSOVER_IMPLS, *CLUSTER_IMPLS, *PDL_IMPLS, *LEAN_IMPLS,
+         "flashmla")
 DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
 
 
@@ -122,9 +129,25 @@ def cluster_merge_schedule(shape):
     return config
 
 
-def combine_schedule(merge: str) -> dict:
-    """The schedule file's combine with ``merge`` forced."""
-    return {**schedule_for(TARGET.dirname, "sparse_decode_combine"), "merge": merge}
+def combine_schedule(merge: str = None, pdl: bool = False) -> dict:
+    """The schedule file's combine with ``merge`` (if given) and ``pdl`` forced."""
+    config = {**schedule_for(TARGET.dirname, "sparse_decode_combine"), "pdl": pdl}
+    return {**config, "merge": merge} if merge else config
+
+
+def pdl_schedule(shape, trigger: bool) -> dict:
+    """The row's resolved decode schedule with ``pdl_trigger`` set to ``trigger``."""
+    fixed = SPARSE_DECODE.variant(TARGET.dirname, **_call(shape))
+    return {**schedule_for(TARGET.dirname, "sparse_decode"), **dict(fixed.schedule),
+            "pdl_trigger": trigger}
+
+
+@contextlib.contextmanager
+def _pdl_forced(shape, trigger: bool):
+    """The row's decode with ``pdl_trigger`` and the combine with ``pdl``, both forced."""
+    with forced_schedule(TARGET.dirname, "sparse_decode", pdl_schedule(shape, trigger)), \
+            forced_schedule(TARGET.dirname, "sparse_decode_combine", combine_schedule(pdl=True)):
+        yield
 
 
 def goal_rows(which: str) -> list:
@@ -140,6 +163,11 @@ def goal_rows(which: str) -> list:
                 for k in ("swa", "c4a", "c128a")]
         return rows + [DecodeShape(h, 2, "c128a", extra_width=8192, varying=True)
                        for h in (64, 128)]
+    if which == "pdl":  # split rows of few buckets: 64 / 128 heads and tokens in M at 16
+        rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (1, 8) for k in ("swa", "c4a")]
+        rows += [DecodeShape(64, b, "c128a") for b in (1, 8)]
+        rows += [DecodeShape(16, b, k) for b in (1, 8) for k in ("swa", "c4a")]
+        return rows + [DecodeShape(64, 2, "c128a", extra_width=8192, varying=True)]
     if which == "ring":
         return [DecodeShape(h, b, k) for h in (128, 64) for b in (128, 256) for k in ("c4a",)] + [
             DecodeShape(128, 128, "c128a"), DecodeShape(64, 128, "c128a"),
@@ -216,6 +244,14 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
         if "cmerge" in impls and cluster_merge_schedule(shape) is not None:
             out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
                                  cluster_merge_schedule(shape)))
+        for name, trigger in PDL_IMPLS.items():
+            if name in impls:
+                out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
+                                     pdl_schedule(shape, trigger)))
+                if splits > 1:
+                    out.add(Variant.make("sparse_decode_combine",
+                                         dict(num_heads=shape.h, num_splits=splits),
+                                         combine_schedule(pdl=True)))
     if "persistent" in impls or "persistent_inv" in impls:
         for h in sorted({s.h for s in rows}):
             for n in (2, 4, 8, 16, 32, 64, 128):
@@ -287,6 +323,9 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS) -> lis
                for name, (bt, slots) in CROSSOVER_IMPLS.items()
                if name in chosen and shape.h == 128},
         }
+        for name, trigger in PDL_IMPLS.items():
+            if name in chosen:
+                impls[name] = (lambda s=shape, t=trigger: _pdl_forced(s, t), False)
         if "lean" in chosen:
             impls["lean"] = (_forced(lean_schedule(shape)), False)
         if "cmerge" in chosen:
@@ -365,7 +404,7 @@ def impl_table(results: list, chosen) -> str:
     head = f"{'shape':66s} " + " ".join(f"{k[:9]:>9s}" for k in chosen)
     head += " " + " ".join(f"{'FM/' + k[:6]:>9s}" for k in ours)
     seesaws = [k for k in ours if k.startswith(("seesaw", "ring", "merge", "crossover", "cmerge",
-                                                "lean"))
+                                                  "pdl", "lean"))
                and "fixed" in ours]
     head += " " + " ".join(f"{'fx/' + k.replace('seesaw', 'ss').replace('crossover', 'xo'):>9s}"
                            for k in seesaws)
@@ -414,7 +453,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
-                                       "lean"),
+                                       "pdl", "lean"),
                     default="quick")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ceilings", action="store_true")

@@ -609,3 +609,70 @@ def test_cluster_merge_kept_by_pruning():
         config = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": n,
                   "warp_specialized": True, "consumers": "split", "cluster_merge": True}
         assert prune("cuda_sm90a", "sparse_decode", config) is None
+
+
+# ------------------------------------------------------- programmatic dependent launch (PDL)
+# One schedule of each decode body that can write split partials (the knob's lowering example
+# in sparse_decode.LOWERING_EXAMPLES compiles the split consumers' body).
+PDL_BODIES = {
+    "split": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+              "block_tokens": 32, "num_splits": 8},
+    "persistent": {"num_heads": 64, "has_extra": True, "warp_specialized": True,
+                   "threads": 384, "block_tokens": 32, "persistent": True},
+    "seesaw": {"num_heads": 64, "has_extra": False, "warp_specialized": True, "threads": 384,
+               "block_tokens": 32, "num_splits": 4, "consumers": "seesaw"},
+    "tokens_in_m": {"num_heads": 16, "has_extra": True, "tokens_in_m": True,
+                    "heads_per_block": 16, "threads": 256, "block_tokens": 64,
+                    "num_stages": 1, "ctas_per_sm": 2, "num_splits": 8},
+    "plain": {"num_heads": 64, "has_extra": True, "num_splits": 4},
+}
+
+
+@pytest.mark.parametrize("body", list(PDL_BODIES))
+def test_pdl_trigger_in_every_decode_body(body):
+    """``pdl_trigger`` puts one launch-dependents signal in the kernel (each CTA at its start,
+    before the role dispatch); without the knob there is none."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+
+    on = build_sparse_decode(**PDL_BODIES[body], pdl_trigger=True).script()
+    off = build_sparse_decode(**PDL_BODIES[body]).script()
+    assert on.count("T.pdl_trigger()") == 1, on.count("T.pdl_trigger()")
+    assert "pdl_trigger" not in off
+    before = [line for line in on[:on.index("T.pdl_trigger()")].splitlines()
+              if ("if " in line or "for " in line) and "T.thread_binding" not in line]
+    assert not before, f"the signal is not every CTA's first act: {before}"
+
+
+@pytest.mark.parametrize("knob,value", [("pdl_trigger", 1), ("pdl_trigger", "yes")])
+def test_pdl_trigger_refused(knob, value):
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+
+    with pytest.raises(ValueError, match=knob):
+        build_sparse_decode(**PDL_BODIES["split"], **{knob: value})
+
+
+def test_pdl_combine_launch(tmp_path, fresh_compiles):
+    """The combine with ``pdl``: the grid-dependency wait comes before its first global read
+    (the split table the decode kernel wrote), and the exported library carries TVM's launch
+    tag for programmatic dependent launch, so TVM's CUDA runtime launches it with the
+    programmatic-stream-serialization attribute; without the knob neither. A non-bool knob
+    is refused by name."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode_combine
+
+    tag = b"tirx.use_programtic_dependent_launch"  # (TVM's spelling)
+    for pdl in (True, False):
+        kernel = tilelang.compile(build_sparse_decode_combine(64, 8, merge="splits", pdl=pdl),
+                                  target=TARGET, execution_backend="tvm_ffi", out_idx=None)
+        source = kernel.get_kernel_source()
+        body = source[source.index("sparse_decode_combine_kernel(", source.index("__global__")):]
+        path = tmp_path / f"combine_{pdl}.so"
+        kernel.export_library(str(path))
+        if pdl:
+            assert body.count("cudaGridDependencySynchronize();") == 1
+            assert body.index("cudaGridDependencySynchronize();") < body.index("RowSplits[")
+            assert tag in path.read_bytes()
+        else:
+            assert "cudaGridDependencySynchronize" not in body
+            assert tag not in path.read_bytes()
+    with pytest.raises(ValueError, match="pdl"):
+        build_sparse_decode_combine(64, 8, pdl=1)

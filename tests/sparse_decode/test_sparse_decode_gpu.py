@@ -8,6 +8,7 @@ relative Frobenius error <= 1e-2; lse only sees fp32 accumulation of exact bf16 
 |err| <= 1e-3 + 2^-13·|ref|.
 """
 
+import contextlib
 import math
 
 import pytest
@@ -63,6 +64,9 @@ def _case(b, s_q, h, extra_kind, gen, *, sink="mixed", fp8_format="e4m3fn"):
         (32, 8, "c128a128"),
         (32, 16, "swa"),
         (16, 16, "c4a512"),
+        # h16 at b >= 67: config D (2 CTAs per SM), C128A with 2 splits (run 61)
+        (16, 80, "c4a512"),
+        (16, 96, "c128a256"),
     ],
     ids=lambda v: str(v),
 )
@@ -954,6 +958,85 @@ def test_decode_cluster_merge_refused_on_persistent_grid(seed):
                  {**PERSISTENT, "cluster_merge": True}):
         with pytest.raises(ValueError, match="cluster_merge"):
             sparse_decode(q, main[0], main[1], main[2], SCALE, sink, *extra)
+
+
+# ----------------------------------------------------------------- programmatic dependent launch
+# The decode kernel signalling its dependents at its start (knob ``pdl_trigger``) and the
+# combine waiting on the chip for it (``pdl`` of sparse_decode_combine): every schedule body
+# that can write partials, forced with split rows.
+PDL_DECODE = {
+    "split": {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 8,
+              "warp_specialized": True},
+    "seesaw": {**SEESAW, "block_tokens": 32, "producer_slots": 4, "num_splits": 4},
+    "persistent": {**PERSISTENT, "tiles_per_split_min": 1},
+    "tokens_in_m": {"block_tokens": 64, "heads_per_block": 16, "threads": 256,
+                    "warp_specialized": False, "tokens_in_m": True, "num_stages": 1,
+                    "ctas_per_sm": 2, "num_splits": 8},
+    "plain": {"block_tokens": 64, "heads_per_block": 64, "threads": 256, "num_splits": 4,
+              "warp_specialized": False},
+}
+
+
+def _pdl(body: str, trigger: bool = True):
+    """The decode schedule ``body`` (``PDL_DECODE``) with ``pdl_trigger``, and the combine
+    with ``pdl``, forced for every shape."""
+    from dsv4_tl.schedules import schedule_for
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    target = parse_target("cuda:sm_90a")
+    combine = {**schedule_for(target.dirname, "sparse_decode_combine"), "pdl": True}
+    stack = contextlib.ExitStack()
+    stack.enter_context(forcing(target, "sparse_decode",
+                                {**PDL_DECODE[body], "pdl_trigger": trigger}))
+    stack.enter_context(forcing(target, "sparse_decode_combine", combine))
+    return stack
+
+
+@pytest.mark.parametrize("trigger", [True, False], ids=["trigger", "wait_only"])
+@pytest.mark.parametrize("body", list(PDL_DECODE))
+def test_decode_pdl_matches_reference(body, trigger, seed):
+    """Split rows through the combine launched with programmatic dependent launch, the decode
+    kernel signalling at its start or not at all: holes, garbage past the lengths, a lonely
+    request, empty splits, NaN-poisoned outputs, both scopes (16 heads for tokens in M)."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    h = 16 if body == "tokens_in_m" else 64
+    with _pdl(body, trigger):
+        _case(1, 1, h, "c4a512", gen)
+        _case(3, 2, h, "c128a256", gen)
+        _case(5, 1, h, "swa", gen)
+
+
+@pytest.mark.parametrize("body", ["split", "persistent", "tokens_in_m"])
+def test_decode_pdl_in_cuda_graph(body, seed):
+    """Decode and combine captured in one CUDA graph with programmatic dependent launch (the
+    programmatic edge is recorded in the graph): each replay, after new queries and lengths
+    were written into the captured inputs and the outputs poisoned, matches the reference
+    of those inputs."""
+    from dsv4_tl.reference import sparse_decode_ref
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    h = 16 if body == "tokens_in_m" else 64
+    q, (k, i, n), (ek, ei, en), sink = decode_case(4, 1, h, "c4a512", gen)
+    out = torch.empty((4, 1, h, 512), dtype=torch.bfloat16, device=DEV)
+    lse = torch.empty((4, h, 1), dtype=torch.float32, device=DEV)
+    with _pdl(body):
+        sparse_decode(q, k, i, n, SCALE, sink, ek, ei, en, out=out, lse=lse)  # plan, compile
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            sparse_decode(q, k, i, n, SCALE, sink, ek, ei, en, out=out, lse=lse)
+    kmax = max(cache_kmax(c) for c in (k, ek))
+    for _ in range(3):
+        q.copy_(torch.randn(q.shape, generator=gen, device=DEV).to(torch.bfloat16))
+        n.copy_(torch.randint(0, i.shape[-1] + 1, n.shape, generator=gen, device=DEV))
+        en.copy_(torch.randint(0, ei.shape[-1] + 1, en.shape, generator=gen, device=DEV))
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_lse = sparse_decode_ref(q, k, i, n, SCALE, sink, ek, ei, en)
+        check_attention(kmax, out, ref_out, lse=(lse, ref_lse))
 
 
 # ------------------------------------------------------------ the lean FP8 producer
