@@ -25,7 +25,10 @@ per CTA; an unsplit row without a tokens-in-M bucket the h16 b128 bucket's; ``ti
 same kernel as ``tim`` where the knob changes nothing: unsplit whole head groups); ``--rows
 tim``: issue 24's rows h8 / h16 / h32 x b1 / b8 / b64 / b128 / b256 x SWA / C4A 512 and C128A
 1024 with per-row lengths at h16 b128, the split rows (b1 / b8) first; ``--tim-unsplit-heads``
-keeps the unsplit rows (b >= 64) of those head counts only. ``--rows ring``: the rows of the raw ring's A/B (full waves at h64 / h128 on
+keeps the unsplit rows (b >= 64) of those head counts only. ``lean`` the row's resolved schedule with the FP8 producer's lean instruction
+stream (``producer_lean``); ``--rows lean``: the lean producer's A/B rows (h64 / h128 at b128 /
+b256 on SWA and C4A, b32 SWA, MTP h128 b64 s_q 2, h64 b8 C4A: 12 rows whose default and lean
+kernels and combines are 11 variants). ``--rows ring``: the rows of the raw ring's A/B (full waves at h64 / h128 on
 both compressed scopes, SWA, MTP, below one wave, b8); ``--rows splits``: rows whose buckets
 split (b1 / b8 / b32, both scopes and SWA, C128A 4096 / 8192 with per-row lengths at b2 / b32);
 ``--rows balance``: the tile balance's (``ptiles``: the persistent grid
@@ -89,9 +92,12 @@ CLUSTER_IMPLS = ("cmerge",)
 PDL_IMPLS = {"pdl": True, "pdl_wait": False}
 # tokens-in-M implementation -> tma_io (tim_schedule)
 TIM_IMPLS = {"tim": False, "tim_tma": True}
+# the row's resolved schedule with the lean FP8 producer (tile_kernels/fp8_producer.py)
+LEAN_IMPLS = ("lean",)
 IMPLS = ("fixed", "persistent", "ptiles", "persistent_inv", "fixed_inv", *SEESAW_IMPLS,
          *RAW_RING_IMPLS,
-         *COMBINE_IMPLS, *CROSSOVER_IMPLS, *CLUSTER_IMPLS, *PDL_IMPLS, *TIM_IMPLS, "flashmla")
+         *COMBINE_IMPLS, *CROSSOVER_IMPLS, *CLUSTER_IMPLS, *PDL_IMPLS, *TIM_IMPLS, *LEAN_IMPLS,
+         "flashmla")
 DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
 
 
@@ -116,6 +122,14 @@ def raw_ring_schedule(shape, raw_ring: int) -> dict:
     return {**schedule_for(TARGET.dirname, "sparse_decode"), **dict(fixed.schedule),
             "consumers": "split", "block_tokens": 32, "persistent": False,
             "producer_slots": 2, "raw_ring": raw_ring}
+
+
+def lean_schedule(shape) -> dict:
+    """The row's resolved schedule (fixed grid, the bucket's split count) with the lean FP8
+    producer (``producer_lean``)."""
+    fixed = SPARSE_DECODE.variant(TARGET.dirname, **_call(shape))
+    return {**schedule_for(TARGET.dirname, "sparse_decode"), **dict(fixed.schedule),
+            "producer_lean": True}
 
 
 def cluster_merge_schedule(shape):
@@ -205,6 +219,10 @@ def goal_rows(which: str) -> list:
             DecodeShape(128, 64, "swa"), DecodeShape(128, 32, "c4a"), DecodeShape(128, 32, "c128a"),
             DecodeShape(128, 64, "c4a", s_q=2), DecodeShape(64, 32, "c4a", s_q=4),
             DecodeShape(64, 8, "c4a")]
+    if which == "lean":
+        rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (128, 256) for k in ("swa", "c4a")]
+        return rows + [DecodeShape(64, 32, "swa"), DecodeShape(128, 32, "swa"),
+                       DecodeShape(128, 64, "c4a", s_q=2), DecodeShape(64, 8, "c4a")]
     if which == "crossover":
         return [DecodeShape(128, 128, "c4a"), DecodeShape(128, 256, "c4a"),
                 DecodeShape(128, 128, "c128a"), DecodeShape(128, 64, "swa"),
@@ -274,6 +292,9 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
             if name in impls and shape.h == 128:
                 out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
                                      crossover_schedule(shape, bt, slots)))
+        if "lean" in impls:
+            out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
+                                 lean_schedule(shape)))
         if "cmerge" in impls and cluster_merge_schedule(shape) is not None:
             out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
                                  cluster_merge_schedule(shape)))
@@ -378,6 +399,8 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS, flush=
         for name, tma in TIM_IMPLS.items():
             if name in chosen:
                 impls[name] = (_forced(tim_schedule(shape, tma)), False)
+        if "lean" in chosen:
+            impls["lean"] = (_forced(lean_schedule(shape)), False)
         if "cmerge" in chosen:
             config = cluster_merge_schedule(shape)
             if config is not None:
@@ -459,7 +482,7 @@ def impl_table(results: list, chosen) -> str:
     head = f"{'shape':66s} " + " ".join(f"{k[:9]:>9s}" for k in chosen)
     head += " " + " ".join(f"{'FM/' + k[:6]:>9s}" for k in ours)
     seesaws = [k for k in ours if k.startswith(("seesaw", "ring", "merge", "crossover", "cmerge",
-                                                  "pdl"))
+                                                  "pdl", "lean"))
                and "fixed" in ours]
     head += " " + " ".join(f"{'fx/' + k.replace('seesaw', 'ss').replace('crossover', 'xo'):>9s}"
                            for k in seesaws)
@@ -510,7 +533,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
-                                       "pdl", "tim", "pq", "balance"),
+                                       "pdl", "tim", "pq", "balance", "lean"),
                     default="quick")
     ap.add_argument("--tim-unsplit-heads", default="",
                     help="with --rows tim: comma-separated head counts whose unsplit rows "

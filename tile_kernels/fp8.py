@@ -113,3 +113,102 @@ __device__ __forceinline__ void dsv4_copy(const unsigned* raw, int ok, void* out
   for (int w = 0; w < words; ++w) o[w] = ok ? raw[w] : 0u;
 }
 """
+
+
+# --- The lean producer (schedule knob ``producer_lean``; bench/PERF_NOTES.md item 46) ------
+# Fewer instructions per 32-token round of the FP8 producer, bitwise the same K:
+# - placement: one byte permute that copies each byte and replicates its sign over the byte
+#   above it ([sign x 8 | byte] per 16-bit half; PTX ``prmt`` generic form, selector msb
+#   set), then ``(w << 4) & 0x87F087F0``: the sign lands on bf16 bit 15, bits 0-6 of the byte
+#   on bits 4-10; 3 instructions per bf16x2 instead of dsv4_place2's 4;
+# - one multiply per bf16x2 instead of two while every scale byte of the round keeps the
+#   multiplier 2^(e - 127 + restore_exp) a normal bf16 (e <= 134 resp. 135: scales up to 2^7,
+#   every real K), the validity folded into it (0 for an invalid token); a round where any
+#   lane of the warp holds a larger scale byte takes dsv4_dequant (warp-uniform branch);
+# - the multiplier from one byte permute and one multiply-add per quantisation tile;
+# - a token's block and slot by a multiply-high with the block size's magic number (CUTLASS
+#   FastDivmod: m = ceil(2^(31 + l) / d), l = ceil(log2 d), q = umulhi(n, m) >> (l - 1),
+#   exact for 0 <= n < 2^31; computed once per scope) instead of a signed division per round,
+#   the validity without a branch, one 64-bit record address per token.
+FP8_LEAN_PRELUDE = r"""
+// dsv4-tl: the lean FP8 producer (tile_kernels/fp8.py, producer_lean).
+// Two e4m3 bytes placed as bf16x2, bitwise dsv4_place2's result (selector 0x9180: bytes 0,
+// 1; 0xB3A2: bytes 2, 3).
+__device__ __forceinline__ unsigned dsv4_place2_sx(unsigned x, unsigned sel) {
+  unsigned w;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(w) : "r"(x), "r"(0u), "r"(sel));
+  return (w << 4) & 0x87F087F0u;
+}
+// `words` words of e4m3 bytes times the bf16x2 multiplier `m` (dsv4_fast_mult): one multiply
+// per bf16x2; bitwise dsv4_dequant's result wherever dsv4_lean_fast holds.
+template <int words>
+__device__ __forceinline__ void dsv4_dequant_fast(const unsigned* raw, unsigned m, void* out) {
+  unsigned* o = reinterpret_cast<unsigned*>(out);
+  #pragma unroll
+  for (int w = 0; w < words; ++w) {
+    o[2 * w] = dsv4_bf16x2_mul(dsv4_place2_sx(raw[w], 0x9180u), m);
+    o[2 * w + 1] = dsv4_bf16x2_mul(dsv4_place2_sx(raw[w], 0xB3A2u), m);
+  }
+}
+// The multiplier 2^(e - 127 + restore_exp) in both halves for the scale byte that `sel`
+// (0x4040 + 0x101 * i) picks from `scale_word` (as 0x10001 * e), with mk = 0x80 and
+// ma = restore_exp * 0x800080 for a valid token, both 0 for an invalid one (multiplier 0).
+__device__ __forceinline__ unsigned dsv4_fast_mult(unsigned scale_word, unsigned sel,
+                                                   unsigned mk, unsigned ma) {
+  return __byte_perm(scale_word, 0u, sel) * mk + ma;
+}
+// Whether every lane of the warp has every scale byte e of its token (bytes 0-6 of s0:s1)
+// below 255 - restore_exp (135 resp. 136), i.e. 2^(e - 127 + restore_exp) a normal bf16.
+// Per byte b >= lim (lim in [128, 255]) iff bit 7 of b and bit 7 of (b & 0x7f) + 256 - lim
+// (no carry leaves a byte).
+__device__ __forceinline__ int dsv4_lean_fast(unsigned s0, unsigned s1, unsigned restore_exp) {
+  unsigned add = (1u + restore_exp) * 0x01010101u;  // 256 - lim = 1 + restore_exp
+  unsigned big = (((s0 & 0x7f7f7f7fu) + add) & s0 & 0x80808080u)
+               | (((s1 & 0x007f7f7fu) + add) & s1 & 0x00808080u);
+  return __all_sync(0xffffffffu, big == 0u);
+}
+// The magic number and shift of the division by `d` >= 1 (CUTLASS FastDivmod): q = d == 1 ?
+// n : umulhi(n, mul) >> shr, exact for 0 <= n < 2^31.
+__device__ __forceinline__ unsigned dsv4_div_mul(int d) {
+  if (d <= 1) return 0u;
+  unsigned l = 32u - __clz(d - 1);  // ceil(log2 d)
+  return static_cast<unsigned>(((1ull << (31u + l)) + static_cast<unsigned>(d) - 1u)
+                               / static_cast<unsigned>(d));
+}
+__device__ __forceinline__ unsigned dsv4_div_shr(int d) {
+  return d <= 1 ? 0u : 31u - __clz(d - 1);  // ceil(log2 d) - 1
+}
+__device__ __forceinline__ unsigned dsv4_fast_div(unsigned n, int d, unsigned mul, unsigned shr) {
+  return d != 1 ? __umulhi(n, mul) >> shr : n;
+}
+// Loads of lane quarter `q` of token `idx` of the scope at `u8` (block size `bs`, its magic
+// `mul` / `shr`, `num_blocks` blocks of `stride` bytes): the 7 NoPE quarters, the 2 RoPE
+// pieces, the 8 scale bytes into raw[0 .. 38). Returns the validity: `in_range` (the column
+// is inside the row's length), idx >= 0 and its block below num_blocks; an invalid token
+// reads block 0, slot 0 (its bytes are discarded at dequantisation).
+__device__ __forceinline__ int dsv4_ldg_token(const unsigned char* u8, int q, int idx,
+                                              int in_range, int bs, unsigned mul, unsigned shr,
+                                              int num_blocks, long long stride, unsigned* raw) {
+  unsigned n = idx > 0 ? static_cast<unsigned>(idx) : 0u;
+  unsigned blk = dsv4_fast_div(n, bs, mul, shr);
+  unsigned pos = n - blk * static_cast<unsigned>(bs);
+  int ok = in_range && idx >= 0 && static_cast<int>(blk) < num_blocks;
+  blk = ok ? blk : 0u;
+  pos = ok ? pos : 0u;
+  const unsigned char* block = u8 + static_cast<long long>(blk) * stride;
+  const unsigned char* rec = block + static_cast<unsigned long long>(pos) * 576ull;
+  #pragma unroll
+  for (int g = 0; g < 7; ++g) dsv4_ldg16(rec + 64 * g + 16 * q, raw + 4 * g);
+  dsv4_ldg16(rec + 448 + 32 * q, raw + 28);
+  dsv4_ldg16(rec + 448 + 32 * q + 16, raw + 32);
+  // (a block's bytes, bs * 584, stay below 2^32 where block_stride fits the cache in memory)
+  dsv4_ldg8(block + (static_cast<unsigned>(bs) * 576u + pos * 8u), raw + 36);
+  return ok;
+}
+// Index entry `col` of the main scope's row `a` when `in_main`, else entry `col_b` of the extra
+// scope's row `b` (the columns clamped into the rows by the caller): one load, no branch.
+__device__ __forceinline__ int dsv4_ld_index(int in_main, const int* a, int col_a, const int* b,
+                                             int col_b) {
+  return __ldg(in_main ? a + col_a : b + col_b);
+}
+"""

@@ -36,6 +36,14 @@ producer's warps; the slots are lane-major (chunk ``c`` of lane ``p`` at 16-byte
 token's copies are zero-filled (source size 0: no memory read), and its validity travels in
 the slot beside its bytes. The K stores are 16-byte calls that TileLang's thread-sync pass
 sees as reads (``dsv4_st16``, as the half producer's), so it puts no barrier into the loop.
+
+Lean producer (``lean``, schedule knob ``producer_lean``, not the default; register path
+only): the same bytes, loads and K, in fewer instructions per round (bench/PERF_NOTES.md item
+46): the K stores as ``dsv4_st16`` calls (no barrier inserted between a round's stores), a
+token's loads, block / slot (a multiply-high by the block size's magic number, computed
+once per scope) and validity in one call (``dsv4_ldg_token``), and the dequantisation with
+one multiply per bf16x2 while the round's scales allow it (``dsv4_dequant_fast``, a
+warp-uniform branch per round; ``fp8.FP8_LEAN_PRELUDE``).
 """
 
 from typing import NamedTuple
@@ -43,8 +51,11 @@ from typing import NamedTuple
 import tilelang.language as T
 from tvm.script.ir_builder import IRBuilder
 
-from .fp8 import FP8_BF16_PRELUDE, FP8_RESTORE_EXP
+from .fp8 import FP8_BF16_PRELUDE, FP8_LEAN_PRELUDE, FP8_RESTORE_EXP
 from .layout import HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, TOKEN_DATA_BYTES, TOKEN_SCALE_BYTES
+
+# dsv4_ldg_token (FP8_LEAN_PRELUDE) spells the token record's geometry as literals
+assert (NUM_TILES, QUANT_TILE, NOPE_DIM, TOKEN_DATA_BYTES, TOKEN_SCALE_BYTES) == (7, 64, 448, 576, 8)
 
 # 32 tokens per round; per round a lane stages 38 words in registers (28 NoPE, 8 RoPE, 2
 # scale).
@@ -128,12 +139,15 @@ class ProducerRegisters(NamedTuple):
     """A producer lane's registers: ``raw`` (two rounds of staged bytes; with the raw ring
     only the scale words of the round being dequantised), ``ok`` (their validity), ``nxt``
     (the next tile's index entry per round of a tile), ``deq`` (one dequantised 16-value
-    chunk); ``ring_raw``: the raw ring's shared slots (None on the register path)."""
+    chunk); ``ring_raw``: the raw ring's shared slots (None on the register path); ``divm``:
+    the lean producer's division magic (main scope's multiplier and shift, then the extra
+    scope's; None otherwise)."""
     raw: object
     ok: object
     nxt: object
     deq: object
     ring_raw: object = None
+    divm: object = None
 
 
 class RegisterSlot(NamedTuple):
@@ -205,6 +219,22 @@ def tile_token_index(main, extra, rng, k, j, block_tokens: int, has_extra: bool)
     return T.if_then_else(t < T.min(rng.main_tiles, rng.t_end), in_main, in_extra)
 
 
+def tile_token_index_lean(main, extra, rng, k, j, block_tokens: int, has_extra: bool):
+    """``tile_token_index`` of the lean producer: the columns clamped in int32, one load from
+    the row's entries of the scope picked by select (``dsv4_ld_index``; the row addresses
+    are loop-invariant)."""
+    BI = block_tokens
+    t = rng.t_begin + k
+    col = T.max(T.min(t * BI + j, main.width - 1), 0)
+    row = T.access_ptr(main.indices[rng.r_b, rng.r_s, 0], "r", 1)
+    if not has_extra:
+        return T.call_extern("int32", "dsv4_ld_index", 1, row, col, row, col)
+    return T.call_extern(
+        "int32", "dsv4_ld_index", T.if_then_else(t < T.min(rng.main_tiles, rng.t_end), 1, 0),
+        row, col, T.access_ptr(extra.indices[rng.r_b, rng.r_s, 0], "r", 1),
+        T.max(T.min((t - rng.main_tiles) * BI + j, extra.width - 1), 0))
+
+
 def check_raw_ring(raw_ring) -> int:
     """``raw_ring``: 0 (register path) or 2-8 slots; ValueError naming it otherwise."""
     if type(raw_ring) is not int or not (raw_ring == 0 or 2 <= raw_ring <= 8):
@@ -213,14 +243,29 @@ def check_raw_ring(raw_ring) -> int:
     return raw_ring
 
 
-def alloc_producer_registers(block_tokens: int, raw_ring: int = 0) -> ProducerRegisters:
+def check_producer_lean(producer_lean, raw_ring: int = 0) -> bool:
+    """``producer_lean``: True or False; the lean producer stages raw bytes in registers, so
+    not with a raw ring. ValueError naming it otherwise."""
+    if type(producer_lean) is not bool:
+        raise ValueError(f"producer_lean: expected True or False, got {producer_lean!r}")
+    if producer_lean and raw_ring:
+        raise ValueError(f"producer_lean: the lean producer stages raw bytes in registers, not "
+                         f"with raw_ring {raw_ring}")
+    return producer_lean
+
+
+def alloc_producer_registers(block_tokens: int, raw_ring: int = 0,
+                             lean: bool = False) -> ProducerRegisters:
     """The registers of ``FP8Producer.produce_tiles`` (allocated once per CTA, so that a
     persistent CTA's items reuse them), and with ``raw_ring`` its shared slots."""
     ring = check_raw_ring(raw_ring)
+    check_producer_lean(lean, ring)
     shapes = {"raw": ([2 if ring else 2 * RAW_WORDS], T.uint32),  # two rounds in flight
               "ok": ([2], T.int32),
               "nxt": ([block_tokens // TOKENS_PER_ROUND], T.int32),
               "deq": ([16], T.bfloat16)}
+    if lean:
+        shapes["divm"] = ([4], T.uint32)
     regs = {}
     for name, (shape, dtype) in shapes.items():
         regs[name] = T.alloc_local(shape, dtype)
@@ -232,7 +277,7 @@ def alloc_producer_registers(block_tokens: int, raw_ring: int = 0) -> ProducerRe
 
 
 def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
-                      num_buffers: int = 2, raw_ring: int = 0):
+                      num_buffers: int = 2, raw_ring: int = 0, lean: bool = False):
     """The producer macro ``produce_tiles(ring, regs, p, main, extra, rng, rounds,
     rounds_before, tiles)`` for tiles of ``block_tokens`` (32 or 64) tokens into a ring of
     ``num_buffers`` K buffers.
@@ -247,10 +292,13 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
     ``k >= tiles`` are skipped (their readers skip them too; 64-token tiles only).
     ``raw_ring``: 0, raw bytes staged in registers; N >= 2, in N shared slots of 32 tokens,
     N - 1 rounds ahead (module docstring; the kernel's prelude: ``producer_prelude``).
+    ``lean``: the lean producer (module docstring; register path only; ``regs`` from
+    ``alloc_producer_registers(..., lean=True)``).
     """
     BI = block_tokens
     NB = num_buffers
     N = check_raw_ring(raw_ring)
+    LEAN = check_producer_lean(lean, N)
     DH = HEAD_DIM // 2  # a K half
     R = BI // TOKENS_PER_ROUND  # rounds per tile
     if R not in (1, 2):
@@ -265,6 +313,8 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
     buffers = unrolled(NB)
 
     def token_index(main, extra, rng, k, j):
+        if LEAN:
+            return tile_token_index_lean(main, extra, rng, k, j, BI, has_extra)
         return tile_token_index(main, extra, rng, k, j, BI, has_extra)
 
     def load16(slot, c: int, src, ok):
@@ -273,6 +323,17 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
         if N:
             return T.call_extern("handle", "dsv4_cp_async16", slot.chunk(c, "r"), src, ok)
         return T.call_extern("handle", "dsv4_ldg16", src, slot.chunk(c, "w"))
+
+    @T.macro
+    def load_quarter_lean(slot, ok, oi, q, idx, scope, magic, length, col):
+        """``load_quarter`` of the lean producer: one call (``dsv4_ldg_token``) resolves the
+        token's block and slot by ``magic`` (this scope's multiplier and shift), its validity
+        and its record address, and issues the loads."""
+        # col >= 0: see load_quarter
+        ok[oi] = T.call_extern("int32", "dsv4_ldg_token", T.access_ptr(scope.u8[0], "r", 16),
+                               q, idx, T.if_then_else((col >= 0) and (col < length), 1, 0),
+                               scope.block_size, magic[0], magic[1], scope.num_blocks,
+                               scope.block_stride, slot.chunk(0, "w", RAW_WORDS))
 
     @T.macro
     def load_quarter(slot, ok, oi, q, idx, scope, length, col):
@@ -313,7 +374,20 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
         # (fields read where used: a buffer bound to a new name in a macro is renamed)
         t = rng.t_begin + k
         j, q = lane_token(r, p)
-        if t < T.min(rng.main_tiles, rng.t_end):
+        if LEAN:
+            main_magic = (regs.divm[0], regs.divm[1])
+            if t < T.min(rng.main_tiles, rng.t_end):
+                load_quarter_lean(slot, regs.ok, oi, q, regs.nxt[r], main, main_magic,
+                                  main.length, t * BI + j)
+            else:
+                if has_extra:
+                    load_quarter_lean(slot, regs.ok, oi, q, regs.nxt[r], extra,
+                                      (regs.divm[2], regs.divm[3]),
+                                      T.if_then_else(t < rng.t_end, extra.length, 0),
+                                      (t - rng.main_tiles) * BI + j)
+                else:
+                    load_quarter_lean(slot, regs.ok, oi, q, regs.nxt[r], main, main_magic, 0, 0)
+        elif t < T.min(rng.main_tiles, rng.t_end):
             load_quarter(slot, regs.ok, oi, q, regs.nxt[r], main, main.length, t * BI + j)
         else:
             if has_extra:
@@ -325,10 +399,52 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
         regs.nxt[r] = token_index(main, extra, rng, k + 1, j)
 
     def st16(dst, deq, d0: int):
-        """The raw ring's K store: ``deq[d0 : d0 + 8]`` -> the 16 bytes at ``dst`` (a K
-        element), as a call declared read (RAW_RING_PRELUDE): no inserted barrier."""
+        """The raw ring's and the lean producer's K store: ``deq[d0 : d0 + 8]`` -> the 16
+        bytes at ``dst`` (a K element), as a call declared read (RAW_RING_PRELUDE): no
+        inserted barrier."""
         return T.call_extern("handle", "dsv4_st16", T.access_ptr(dst, "r", 8),
                              T.access_ptr(deq[d0], "r", 8))
+
+    @T.macro
+    def store_chunk(ring, buf, j, g, q, deq):
+        """The 16 dequantised values of FP8 tile ``g`` (7: the RoPE dims) of this lane's
+        quarter -> row ``j`` of K buffer ``buf`` (two ``st16``: no inserted barrier)."""
+        for h in unrolled(2):
+            if g < 4:
+                st16(ring.K_l[buf][j, g * QUANT_TILE + 16 * q + 8 * h], deq, 8 * h)
+            else:
+                st16(ring.K_r[buf][j, g * QUANT_TILE - DH + 16 * q + 8 * h], deq, 8 * h)
+
+    @T.macro
+    def dequant_round_lean(ring, buf, slot, ok, oi, deq, r, p):
+        """``dequant_round`` of the lean producer: while every scale byte of the warp's round
+        allows it (``dsv4_lean_fast``, one warp-uniform branch), one multiply per bf16x2 by
+        a multiplier that carries the validity; else ``dsv4_dequant`` as the default
+        producer. Bitwise the same K either way."""
+        j, q = lane_token(r, p)
+        if q == 0:
+            ring.valid[buf][j] = ok[oi] == 1
+        mk = T.if_then_else(ok[oi] == 1, T.uint32(0x80), T.uint32(0))
+        ma = T.if_then_else(ok[oi] == 1, T.uint32(restore_exp * 0x800080), T.uint32(0))
+        if T.call_extern("int32", "dsv4_lean_fast", slot.scale_word(0), slot.scale_word(1),
+                         T.uint32(restore_exp)) != 0:
+            for g in unrolled(NUM_TILES):
+                T.call_extern("handle", "dsv4_dequant_fast<4>", slot.chunk(g, "r"),
+                              T.call_extern("uint32", "dsv4_fast_mult", slot.scale_word(g // 4),
+                                            T.uint32(0x4040 + 0x101 * (g % 4)), mk, ma),
+                              T.access_ptr(deq[0], "w", 16))
+                store_chunk(ring, buf, j, g, q, deq)
+        else:
+            for g in unrolled(NUM_TILES):
+                scale_byte = ((slot.scale_word(g // 4) >> T.uint32(8 * (g % 4)))
+                              & T.uint32(0xFF))
+                T.call_extern("handle", "dsv4_dequant<4>", slot.chunk(g, "r"),
+                              scale_byte, T.uint32(restore_exp), ok[oi],
+                              T.access_ptr(deq[0], "w", 16))
+                store_chunk(ring, buf, j, g, q, deq)
+        T.call_extern("handle", "dsv4_copy<8>", slot.chunk(NUM_TILES, "r", 8), ok[oi],
+                      T.access_ptr(deq[0], "w", 16))
+        store_chunk(ring, buf, j, NUM_TILES, q, deq)
 
     @T.macro
     def dequant_round(ring, buf, slot, ok, oi, deq, r, p):
@@ -371,6 +487,9 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
                 for v in T.vectorized(8):
                     ring.K_r[buf][j, NOPE_DIM - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
 
+    # the register path's dequantisation of a round
+    register_round = dequant_round_lean if LEAN else dequant_round
+
     @T.macro
     def fill_two_rounds(ring, buf, phase, k, p, regs, main, extra, rng):
         """Tile ``k`` of 64 tokens into buffer ``buf`` (register slot == round): round 1's
@@ -378,10 +497,10 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
         this tile's second is dequantised."""
         load_round(regs, RegisterSlot(regs.raw, 1), 1, 1, k, p, main, extra, rng)
         T.barrier_wait(ring.k_free[buf], phase)
-        dequant_round(ring, buf, RegisterSlot(regs.raw, 0), regs.ok, 0, regs.deq, 0, p)
+        register_round(ring, buf, RegisterSlot(regs.raw, 0), regs.ok, 0, regs.deq, 0, p)
         # tile k+1's first round loads under this tile's second
         load_round(regs, RegisterSlot(regs.raw, 0), 0, 0, k + 1, p, main, extra, rng)
-        dequant_round(ring, buf, RegisterSlot(regs.raw, 1), regs.ok, 1, regs.deq, 1, p)
+        register_round(ring, buf, RegisterSlot(regs.raw, 1), regs.ok, 1, regs.deq, 1, p)
         T.fence_proxy_async()
         T.barrier_arrive(ring.k_ready[buf])
 
@@ -420,6 +539,12 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
         # variable (a tuple's fields would be re-evaluated at every use; on the persistent
         # grid that broke TileLang's thread-sync lowering of the producer).
         rng = TileRange(r_b, r_s, t_begin, t_end, main_tiles)
+        if LEAN:  # the division magic of each scope's block size, once
+            regs.divm[0] = T.call_extern("uint32", "dsv4_div_mul", main.block_size)
+            regs.divm[1] = T.call_extern("uint32", "dsv4_div_shr", main.block_size)
+            if has_extra:
+                regs.divm[2] = T.call_extern("uint32", "dsv4_div_mul", extra.block_size)
+                regs.divm[3] = T.call_extern("uint32", "dsv4_div_shr", extra.block_size)
         for r in unrolled(R):
             regs.nxt[r] = token_index(main, extra, rng, 0, lane_token(r, p)[0])
         if N:
@@ -446,8 +571,8 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
                     load_round(regs, RegisterSlot(regs.raw, buf ^ 1), buf ^ 1, 0, k + 1, p,
                                main, extra, rng)
                     T.barrier_wait(ring.k_free[buf], phase)
-                    dequant_round(ring, buf, RegisterSlot(regs.raw, buf), regs.ok, buf, regs.deq,
-                                  0, p)
+                    register_round(ring, buf, RegisterSlot(regs.raw, buf), regs.ok, buf,
+                                   regs.deq, 0, p)
                     T.fence_proxy_async()
                     T.barrier_arrive(ring.k_ready[buf])
                 elif tiles is not None:
@@ -670,8 +795,10 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
     return produce_halves
 
 
-def producer_prelude(raw_ring: int) -> str:
-    """The CUDA lines a kernel with ``make_fp8_producer(..., raw_ring)`` needs."""
+def producer_prelude(raw_ring: int, lean: bool = False) -> str:
+    """The CUDA lines a kernel with ``make_fp8_producer(..., raw_ring, lean)`` needs."""
     if raw_ring:
         return FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE + RAW_RING_PRELUDE
+    if lean:
+        return FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE + FP8_LEAN_PRELUDE
     return FP8_BF16_PRELUDE

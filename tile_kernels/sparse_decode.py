@@ -35,8 +35,9 @@ import tilelang.language as T
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
 from .fp8 import FP8_FORMATS, fp8_byte_to_float
-from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers, check_raw_ring,
-                           make_fp8_producer, producer_prelude, raw_ring_bytes, unrolled)
+from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers, check_producer_lean,
+                           check_raw_ring, make_fp8_producer, producer_prelude, raw_ring_bytes,
+                           unrolled)
 from .tile_math import check_tile_math
 from .cluster_merge import (DSMEM_PRELUDE, ClusterMergeState, check_cluster_merge,
                             cluster_barrier, cluster_barrier_relaxed, make_merge_half,
@@ -157,6 +158,7 @@ def build_sparse_decode(
     raw_ring: int = 0,
     cluster_crossover: bool = False,
     cluster_merge: bool = False,
+    producer_lean: bool = False,
     pdl_trigger: bool = False,
     tma_io: bool = False,
     balance: str = "items",
@@ -222,6 +224,10 @@ def build_sparse_decode(
             2): the two head-group CTAs of a (row, split) form a cluster; each gathers and
             dequantises one K half of every tile and copies it into its peer's shared memory
             (``sparse_decode_seesaw``). sm_90a only.
+        producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
+            in M on the fixed grid; not with a raw ring, cluster_merge nor the seesaw's half
+            producer): the same loads and K in fewer instructions per 32-token round
+            (``fp8_producer``, ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md item 46).
         cluster_merge: the warp-specialised schedule's fixed grid with the split consumers
             (no raw ring), ``num_splits`` 2, 4 or 8: the splits of a row form one thread-block
             cluster and are merged through distributed shared memory (``cluster_merge.py``);
@@ -249,6 +255,14 @@ def build_sparse_decode(
     if fp8_format not in FP8_FORMATS:
         raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
     check_raw_ring(raw_ring)
+    check_producer_lean(producer_lean, raw_ring)
+    if producer_lean and (persistent or cluster_merge
+                          or not ((warp_specialized and consumers == "split") or tokens_in_m)):
+        # (the persistent grid and the cluster merge: not yet run on a GPU with it)
+        raise ValueError("producer_lean: the lean producer serves the split consumers and tokens "
+                         f"in M on the fixed grid without cluster_merge, got consumers "
+                         f"{consumers!r}, warp_specialized {warp_specialized}, tokens_in_m "
+                         f"{tokens_in_m}, persistent {persistent}, cluster_merge {cluster_merge}")
     if cluster_merge:
         check_cluster_merge(num_splits, warp_specialized, consumers, persistent, tokens_in_m,
                             raw_ring)
@@ -305,7 +319,7 @@ def build_sparse_decode(
                             + tim_partial_stage_bytes(HB, threads, tma_io and S > 1),
                             raw_ring, ctas_per_sm)
         return _build_tokens_in_m(num_heads, has_extra, fp8_format, S, BI, HB, num_stages,
-                                  threads, ctas_per_sm, raw_ring, tma_io,
+                                  threads, ctas_per_sm, raw_ring, tma_io, producer_lean,
                                   pdl_trigger=pdl_trigger)
     if warp_specialized:
         if tile_math != "tensor_core":
@@ -332,7 +346,7 @@ def build_sparse_decode(
         # Q, two K buffers and their flags, two P tiles (WarpSpecializedState)
         check_shared_budget(HB * D * 2 + 2 * (BI * D * 2 + BI) + 2 * HB * BI * 2, raw_ring)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
-                                       item_cost, raw_ring, cluster_merge,
+                                       item_cost, raw_ring, cluster_merge, producer_lean,
                                        pdl_trigger=pdl_trigger, balance=balance)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
@@ -510,8 +524,8 @@ def store_row_splits(RowSplits, row, hg, split, S: int):
 
 def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                             persistent: bool = False, item_cost: int = 3, raw_ring: int = 0,
-                            cluster_merge: bool = False, *, pdl_trigger: bool = False,
-                            balance: str = "items"):
+                            cluster_merge: bool = False, producer_lean: bool = False, *,
+                            pdl_trigger: bool = False, balance: str = "items"):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``fp8_producer`` (raw FP8 token quarters into registers, dequantised
@@ -528,7 +542,8 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     head_groups = (num_heads + HB - 1) // HB
     shapes = _shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
-    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, raw_ring=raw_ring)
+    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, raw_ring=raw_ring,
+                                      lean=producer_lean)
     merge_half = make_merge_half(num_heads, S, HB, DH) if cluster_merge else None
 
     @T.macro
@@ -729,7 +744,8 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
              extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
              num_ctas):
         if persistent:
-            with T.Kernel(num_ctas, threads=WS_THREADS, prelude=producer_prelude(raw_ring)) as cta:
+            with T.Kernel(num_ctas, threads=WS_THREADS,
+                          prelude=producer_prelude(raw_ring, producer_lean)) as cta:
                 if pdl_trigger:
                     T.pdl_trigger()
                 # Q comes per work item, loaded by the producer into one of NQ stages
@@ -774,7 +790,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 else:
                     ws_set_regs(DECODE_WS_REGS[2])
                     p = tx - 256
-                    regs = alloc_producer_registers(BI, raw_ring)
+                    regs = alloc_producer_registers(BI, raw_ring, producer_lean)
                     lv = T.alloc_local([2], T.int32)  # the row's lengths
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
                               lambda item: produce_item(
@@ -786,7 +802,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         else:
             with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
                           cluster_dims=(1, 1, S) if cluster_merge else None,
-                          prelude=producer_prelude(raw_ring)
+                          prelude=producer_prelude(raw_ring, producer_lean)
                           + (DSMEM_PRELUDE if cluster_merge else "")) as (row, hg, split):
                 if pdl_trigger:
                     T.pdl_trigger()
@@ -864,7 +880,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                                       main_block_stride, main_num_blocks)
                     extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
                                        extra_block_stride, extra_num_blocks)
-                    regs = alloc_producer_registers(BI, raw_ring)
+                    regs = alloc_producer_registers(BI, raw_ring, producer_lean)
                     produce_tiles(st, regs, p, main, extra,
                                   TileRange(r_b, r_s, t_begin, t_end, main_tiles), pairs, 0)
                     if cluster_merge:  # (barrier.cluster counts every thread of the cluster)
@@ -965,7 +981,8 @@ class TokensInMRing:
 
 def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                        HB: int, NB: int, threads: int, ctas_per_sm: int, raw_ring: int = 0,
-                       tma_io: bool = False, *, pdl_trigger: bool = False):
+                       tma_io: bool = False, producer_lean: bool = False, *,
+                       pdl_trigger: bool = False):
     """Sparse decode for few heads (TP head counts, speculative drafts): the heads are
     wgmma's N dimension (``HB`` = 8 to 32) and the KV tokens its M dimension, so no head is
     padded to 64. Same arguments, math, grid and split-KV as the warp-specialised schedule.
@@ -999,7 +1016,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     buffers = tuple(range(NB))
     shapes = _shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
-    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB, raw_ring)
+    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB, raw_ring, producer_lean)
 
     @T.macro
     def store_half(acc_o, inv, stage, pstage, bar_id: int, Out, OPartial, r_b, r_s, split, h0,
@@ -1047,7 +1064,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
              extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
              num_ctas):
         with T.Kernel(b * s_q, head_groups, S, threads=threads,
-                      prelude=producer_prelude(raw_ring)) as (row, hg, split):
+                      prelude=producer_prelude(raw_ring, producer_lean)) as (row, hg, split):
             if pdl_trigger:
                 T.pdl_trigger()
             if ctas_per_sm > 1:
@@ -1195,7 +1212,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                                   main_block_stride, main_num_blocks)
                 extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
                                    extra_block_stride, extra_num_blocks)
-                regs = alloc_producer_registers(BI, raw_ring)
+                regs = alloc_producer_registers(BI, raw_ring, producer_lean)
                 produce_tiles(rg, regs, tx - producer0, main, extra,
                               TileRange(r_b, r_s, t_begin, t_end, main_tiles), rounds, 0, tiles)
 
@@ -1395,6 +1412,18 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
                 "threads": 384, "block_tokens": 64, "num_stages": 2, "raw_ring": 3}},
+    # the lean FP8 producer (producer_lean): split consumers, 32-token tiles, h128 both scopes
+    # one split (the h128 b128 C4A kernel); a padded group (h96) SWA-only, 8 splits (padding
+    # tiles); tokens in M, 64-token tiles (two rounds a tile)
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "producer_lean": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "num_splits": 8, "producer_lean": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "producer_lean": True}},
     # tokens in M (TP head counts): 16 heads, two math warpgroups, C4A; 20 heads in a padded
     # group of 24, one math warpgroup, 3 K buffers, SWA-only split-KV; 8 heads, 2 CTAs per SM
     {"builder": "build_sparse_decode",

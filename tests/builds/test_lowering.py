@@ -183,6 +183,82 @@ def test_raw_ring_producer_source(kwargs, tmp_path):
     _check_no_spills(source, tmp_path)
 
 
+# ------------------------------------------------------------------ the lean FP8 producer
+def _producer_lean_examples():
+    return _examples_with("sparse_decode", "producer_lean", lambda k: (
+        f"lean-h{k['num_heads']}-bt{k['block_tokens']}-"
+        f"{'tim' if k.get('tokens_in_m') else 'split'}-{'c4a' if k['has_extra'] else 'swa'}"))
+
+
+def test_producer_lean_has_examples():
+    assert len(_producer_lean_examples()) >= 3
+
+
+@pytest.mark.parametrize("kwargs", _producer_lean_examples())
+def test_producer_lean_source(kwargs, tmp_path):
+    """The generated CUDA of a decode with the lean producer (sparse_decode.LOWERING_EXAMPLES,
+    compiled from TileLang's cache when test_lowering compiled it): in the producer (from its
+    division magic to its last K store) no barrier that TileLang inserted, no integer
+    division, every token's bytes through ``dsv4_ldg_token`` (one call per branch of each
+    round's scope choice, as the default producer's loads), one ``dsv4_lean_fast`` branch per
+    round, and, where nvcc is here, no spills."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+
+    kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
+                              execution_backend="tvm_ffi", out_idx=None)
+    source = kernel.get_kernel_source()
+    start = source.index("divm[0] = dsv4_div_mul(")
+    end = source.rindex("dsv4_st16(")
+    producer = source[start:end]
+    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\(|bar\.sync", producer)
+    assert not inserted, f"barriers inside the lean producer: {inserted}"
+    assert not re.search(r"[/%] *\(?(main|extra)_block_size", producer), "a division by the block size"
+    assert "dsv4_ldg16(" not in producer and "dsv4_ldg8(" not in producer
+    steps = kwargs.get("num_stages", 2) * kwargs["block_tokens"] // 32  # K buffers x rounds
+    assert producer.count("dsv4_lean_fast(") == steps
+    # the first round before the loop, then one per step, in each branch of the round's
+    # scope choice (window / compressed; SWA-only: window / an all-invalid padding tile)
+    assert producer.count("dsv4_ldg_token(") == 2 * (1 + steps), producer.count("dsv4_ldg_token(")
+    _check_no_spills(source, tmp_path)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"block_tokens": 32, "producer_lean": True, "raw_ring": 4}, "producer_lean: .*raw_ring 4"),
+    ({"block_tokens": 32, "producer_lean": True, "consumers": "seesaw"},
+     "producer_lean: .*split consumers"),
+    ({"block_tokens": 32, "producer_lean": True, "warp_specialized": False, "threads": 256},
+     "producer_lean: .*split consumers"),
+    ({"block_tokens": 32, "producer_lean": 1}, "producer_lean: expected True or False"),
+    ({"block_tokens": 32, "producer_lean": True, "persistent": True}, "producer_lean: .*fixed grid"),
+    ({"block_tokens": 32, "producer_lean": True, "num_splits": 4, "cluster_merge": True},
+     "producer_lean: .*cluster_merge True"),
+])
+def test_producer_lean_refused(kwargs, message):
+    """The knob where the lean producer does not serve: a ValueError naming it from the
+    builder, and the tuner's resource model prunes the same config."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+    from dsv4_tl.tune.resources import prune
+
+    base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384}
+    with pytest.raises(ValueError, match=message):
+        build_sparse_decode(**{**base, **kwargs})
+    config = {"heads_per_block": 64, "num_splits": 1, **base, **kwargs}
+    if kwargs["producer_lean"] is True:
+        assert (prune("cuda_sm90a", "sparse_decode", config) or "").startswith("producer_lean")
+
+
+def test_producer_lean_kept_by_pruning():
+    """Where the builder takes the knob (split consumers, tokens in M), the tuner keeps it."""
+    from dsv4_tl.tune.resources import prune
+
+    base = {"heads_per_block": 64, "num_heads": 64, "has_extra": True, "threads": 384,
+            "block_tokens": 32, "num_splits": 1, "warp_specialized": True, "producer_lean": True}
+    assert not (prune("cuda_sm90a", "sparse_decode", base) or "").startswith("producer_lean")
+    tim = {**base, "warp_specialized": False, "tokens_in_m": True, "heads_per_block": 16,
+           "block_tokens": 64, "num_stages": 2, "ctas_per_sm": 1}
+    assert not (prune("cuda_sm90a", "sparse_decode", tim) or "").startswith("producer_lean")
+
+
 def _check_no_spills(source: str, tmp_path) -> None:
     """``ptxas -v`` (nvcc, sm_90a) on the generated CUDA ``source``, where nvcc is here: it
     compiles and spills nothing."""

@@ -1185,3 +1185,147 @@ def test_decode_pdl_in_cuda_graph(body, seed):
         torch.cuda.synchronize()
         ref_out, ref_lse = sparse_decode_ref(q, k, i, n, SCALE, sink, ek, ei, en)
         check_attention(kmax, out, ref_out, lse=(lse, ref_lse))
+
+
+# ------------------------------------------------------------ the lean FP8 producer
+# The schedule default (split consumers, 32-token tiles, fixed grid) with ``producer_lean``
+# (tile_kernels/fp8_producer.py, fp8.FP8_LEAN_PRELUDE), forced for every shape; ``over``
+# changes knobs of it. The cases reuse the variants of scripts/device_producer_lean.sh's A/B
+# (h64 / h128 with and without the extra scope, 1 split; h64 C4A 8 splits) and one FNUZ
+# variant, so that one device call compiles them all.
+LEAN = {**_decode_default(), "producer_lean": True}
+
+
+def _lean(**over):
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    return forcing(parse_target("cuda:sm_90a"), "sparse_decode", {**LEAN, **over})
+
+
+@pytest.mark.parametrize(
+    "h,b,s_q,extra_kind,over",
+    [
+        (64, 128, 1, "c4a512", {}),
+        (128, 128, 1, "c4a1024", {}),
+        (128, 64, 1, "swa", {}),
+        (64, 37, 1, "swa", {}),
+        (128, 37, 3, "c4a1024", {}),
+        (64, 64, 1, "c128a128", {}),
+        (64, 7, 1, "c128a8192", {"num_splits": 8}),
+        (64, 1, 1, "c4a512", {"num_splits": 8}),
+    ],
+    ids=_raw_ring_id,
+)
+def test_decode_lean_matches_reference(h, b, s_q, extra_kind, over, seed):
+    """Both scopes (C4A: 64-token blocks; C128A: 2-token blocks, a long row), SWA-only, MTP
+    rows, split-KV partials (8 splits) through the combine; holes, garbage past the lengths
+    and a lonely last request come with every case, outputs NaN-poisoned."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    with _lean(**over):
+        check_decode(*decode_case(b, s_q, h, extra_kind, gen))
+
+
+def test_decode_lean_split_edges(seed):
+    """The split-boundary lengths (padding tiles, window-to-compressed crossings, empty
+    splits) at 8 splits with block 0's slot 0 poisoned (an invalid token's bytes are read
+    from there and must be discarded)."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
+    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
+    with _lean(num_splits=8):
+        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
+            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
+            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
+            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
+
+
+@pytest.mark.parametrize("case", ["lonely", "holes", "out_of_range", "sinks", "fnuz"])
+def test_decode_lean_edge_inputs(case, seed):
+    """Every length 0 (out 0, lse +inf), every entry -1, slots past the cache, INT32_MAX and
+    other negatives (block 0 poisoned), the four sink kinds, FNUZ bytes (restore exponent
+    119: the fast path's other limit)."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    with _lean():
+        _edge_input_case(case, gen, 64, "c4a512", poison_block0=True)
+
+
+def test_decode_lean_block_sizes(seed):
+    """Block sizes 1 (the division magic's special case) in the window scope and 7 (not a
+    power of two) in the compressed scope, with garbage slots past each cache: against the
+    reference."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    b, h = 5, 64
+    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = decode_scope(b, 1, WINDOW, 1, WINDOW + 8, gen)
+    e_cache, e_idx = decode_scope(b, 1, 512, 7, 512 // 7 + 2, gen)
+    lens, e_lens = lengths(b, WINDOW, gen), lengths(b, 512, gen)
+    _garbage_slots(idx, k_cache, gen)
+    _garbage_slots(e_idx, e_cache, gen)
+    with _lean():
+        check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(h, gen))
+
+
+def _raise_scales(cache, tile: int, frac: float, byte: int, gen) -> None:
+    """Set the scale byte of quantisation tile ``tile`` of a random ``frac`` of the cache's
+    tokens to ``byte`` (in place)."""
+    geo = cache_geometry(cache)
+    nb, bs = geo.num_blocks, geo.block_size
+    slots = (torch.rand(nb * bs, generator=gen, device=DEV) < frac).nonzero().flatten()
+    offs = (slots // bs) * geo.stride0 + bs * 576 + (slots % bs) * 8 + tile
+    flat = geo.flat
+    flat[offs] = byte
+
+
+def test_decode_lean_bitwise_default(seed):
+    """The lean producer writes bitwise the default producer's K, so ``out`` and ``lse``
+    are bitwise the default's: on a random C4A case, and with scale bytes 140 (2^13, past
+    the fast path's limit: those warps' rounds take dsv4_dequant) on tile 5 of a third of
+    the tokens of both caches (q zero on tile 5's dims, so the logits stay moderate; V's
+    dims 320-383 of those tokens are 2^13 times larger), also against the reference."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    for large in (False, True):
+        q, main, extra, sink = decode_case(16, 1, 128, "c4a1024", gen)
+        if large:
+            q[..., 320:384] = 0
+            _raise_scales(main[0], 5, 1 / 3, 140, gen)
+            _raise_scales(extra[0], 5, 1 / 3, 140, gen)
+        results = []
+        for config in ({**_decode_default(), "num_splits": 1}, {**LEAN, "num_splits": 1}):
+            from dsv4_tl.targets import parse_target
+            from dsv4_tl.tune import forcing
+
+            with forcing(parse_target("cuda:sm_90a"), "sparse_decode", config):
+                out = torch.full((16, 1, 128, 512), math.nan, dtype=torch.bfloat16, device=DEV)
+                lse = torch.full((16, 128, 1), math.nan, dtype=torch.float32, device=DEV)
+                sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse)
+                torch.cuda.synchronize()
+                results.append((out, lse))
+        (d_out, d_lse), (l_out, l_lse) = results
+        assert not bool(torch.isnan(l_out).any()), f"large {large}: NaN left in out"
+        assert torch.equal(d_out.view(torch.int16), l_out.view(torch.int16)), f"large {large}"
+        assert torch.equal(d_lse.view(torch.int32), l_lse.view(torch.int32)), f"large {large}"
+        with _lean(num_splits=1):
+            check_decode(q, main, extra, sink)
+
+
+def test_decode_lean_tokens_in_m(seed):
+    """Tokens in M (h16, 64-token tiles: two rounds per tile) with the lean producer, both
+    scopes: random rows and MTP rows, then the split-boundary lengths with block 0
+    poisoned. (Not in scripts/device_producer_lean.sh: its variant is not precompiled.)"""
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    config = {**RAW_RING_TIM, "raw_ring": 0, "producer_lean": True}
+    with forcing(parse_target("cuda:sm_90a"), "sparse_decode", config):
+        _case(7, 1, 16, "c4a512", gen)
+        _case(3, 2, 16, "c128a256", gen)
+        q = torch.randn((1, 1, 16, 512), generator=gen, device=DEV).to(torch.bfloat16)
+        k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
+        e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
+        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
+            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
+            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
+            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(16, gen))

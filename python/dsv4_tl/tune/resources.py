@@ -144,6 +144,13 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
         # tile_kernels/sparse_decode.build_sparse_decode
         if op == "sparse_decode" and c.get("tma_io") and not c.get("tokens_in_m"):
             return "tma_io: the TMA box input / output of the tokens-in-M schedule"
+        # tile_kernels/sparse_decode.build_sparse_decode (producer_lean)
+        if op == "sparse_decode" and c.get("producer_lean") and (
+                c.get("raw_ring", 0) or c.get("persistent") or c.get("cluster_merge")
+                or not c.get("tokens_in_m") and not (
+                    c.get("warp_specialized") and c.get("consumers", "split") == "split")):
+            return ("producer_lean: the register-path producer of the split consumers or "
+                    "tokens in M on the fixed grid, no raw ring, no cluster_merge")
         # (tokens in M: the heads are wgmma's N, a multiple of 8)
         if bi % 16 or hb % (8 if c.get("tokens_in_m") else 16):
             return (f"tile: block_tokens {bi} and heads_per_block {hb} must be multiples of 16 "
