@@ -6,7 +6,7 @@
 #    rows' fixed-grid decodes and combines, the persistent grid with the item balance and with
 #    the tile balance, h64 / h128) and of the GPU tests, each combine only at the split bounds
 #    the rows need.
-# 2. The tile balance's GPU tests (poisoned outputs, float32 reference; timeout 60 s).
+# 2. The tile balance's GPU tests (poisoned outputs, float32 reference; timeout budget / 3).
 # 3. The A/B of decode_grid_ab.py's rows "balance" (its measure_rows): fixed / persistent /
 #    ptiles / FlashMLA, 3 interleaved rounds, medians of CUDA-graph replays, every output
 #    reference-checked; h128 rows without "persistent" (main's item-balance kernel at h128 with
@@ -49,7 +49,7 @@ print(f"{len(jobs)} variants: {sorted(need)}", flush=True)
 ab.precompile([], 16, jobs, ())
 PY
 echo "precompile exit $? at ${SECONDS} s: $(grep 'precompile:' "$log")"
-timeout 60 python3 -m pytest -q -p no:cacheprovider -n 4 -rfE \
+timeout $((budget / 3)) python3 -m pytest -q -p no:cacheprovider -n 8 -rfE \
   tests/sparse_decode/test_sparse_decode_gpu.py -k "tile_balance" >> "$log" 2>&1
 echo "pytest exit status: $? at ${SECONDS} s" | tee -a "$log"
 grep -E "passed|failed|error" "$log" | tail -3
