@@ -201,7 +201,8 @@ __device__ __forceinline__ int dsv4_ldg_token(const unsigned char* u8, int q, in
   for (int g = 0; g < 7; ++g) dsv4_ldg16(rec + 64 * g + 16 * q, raw + 4 * g);
   dsv4_ldg16(rec + 448 + 32 * q, raw + 28);
   dsv4_ldg16(rec + 448 + 32 * q + 16, raw + 32);
-  // (a block's bytes, bs * 584, stay below 2^32 where block_stride fits the cache in memory)
+  // (a block's bytes, bs * 584, stay below 2^32: the front end refuses larger blocks,
+  // dsv4_tl.validation)
   dsv4_ldg8(block + (static_cast<unsigned>(bs) * 576u + pos * 8u), raw + 36);
   return ok;
 }

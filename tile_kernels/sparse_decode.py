@@ -191,7 +191,9 @@ def build_sparse_decode(
             ``balance``: how the work is cut over the CTAs (``tile_kernels/work.py``):
             "items" (splits of T tiles, whole items per CTA) or "tiles" (each CTA exactly
             its share of the rows' tiles, rows cut at tile boundaries; a derived T only: the
-            front end runs batch-invariant calls with "items").
+            front end runs batch-invariant calls with "items"). "tiles" lowers and its plan
+            is checked on the CPU, but no GPU call of it finished (runs 63 and 65): the
+            front end refuses it (bench/PERF_NOTES.md item 48).
         consumers: the warp-specialised schedule's consumer pair on the fixed grid: "split"
             (warpgroup 0 scores every tile, warpgroup 1 only accumulates; 32- or 64-token
             tiles) or "seesaw" (prefill's pair, ``seesaw.py``: each consumer scores
@@ -273,6 +275,8 @@ def build_sparse_decode(
                          f"tokens in M on the fixed grid, got consumers {consumers!r}, "
                          f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}, "
                          f"persistent {persistent}")
+    if balance not in BALANCES:
+        raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
     if type(pdl_trigger) is not bool:
         raise ValueError(f"pdl_trigger: expected True or False, got {pdl_trigger!r}")
     if type(cluster_crossover) is not bool:
@@ -329,8 +333,6 @@ def build_sparse_decode(
         if HB != 64 or threads != WS_THREADS or BI not in (32, 64):
             raise ValueError("warp_specialized: needs heads_per_block 64, threads 384 and "
                              f"block_tokens 32 or 64, got {HB}, {threads}, {BI}")
-        if balance not in BALANCES:
-            raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
         if persistent and (S != 1 or item_cost < 1):
             raise ValueError("persistent: needs num_splits 1 and item_cost >= 1, got "
                              f"{S}, {item_cost}")

@@ -24,6 +24,7 @@ _TOKEN_DATA_BYTES = 576
 # Block strides must keep 16-byte alignment: the kernels read token records as 16-byte vectors.
 _BLOCK_STRIDE_ALIGN = 16
 _TOKEN_BYTES = 584
+_MAX_BLOCK_BYTES = 2**32
 
 # Dtypes a paged fp8_ds_mla cache may be viewed as (FlashMLA accepts fp8/int8/uint8).
 K_CACHE_DTYPES: Tuple[torch.dtype, ...] = (
@@ -241,6 +242,11 @@ def check_k_cache(name: str, t: object) -> torch.Tensor:
     nb, bs = t.shape[0], t.shape[1]
     if bs < 1:
         raise ValueError(f"{name}: expected block_size (dim 1) >= 1, got {bs}")
+    if bs * _TOKEN_BYTES >= _MAX_BLOCK_BYTES:
+        # The decode producers address the bytes inside one block with 32-bit offsets (the
+        # lean FP8 producer's scale bytes: tile_kernels/fp8.py, dsv4_ldg_token).
+        raise ValueError(f"{name}: expected block_size (dim 1) * {_TOKEN_BYTES} bytes below "
+                         f"{_MAX_BLOCK_BYTES} (4 GiB per block), got block_size {bs}")
     if t.stride(-1) != 1:
         raise ValueError(f"{name}: expected last dim contiguous (stride 1), got stride {t.stride(-1)}")
     if bs > 1 and t.stride(1) != _TOKEN_BYTES:

@@ -94,6 +94,11 @@ def test_check_k_cache_paths():
         v.check_k_cache("k_cache", torch.zeros(3, 3, 584, dtype=torch.uint8))
     # ... with even bs it is (stride0 = 1168): accepted
     v.check_k_cache("k_cache", torch.zeros(3, 2, 584, dtype=torch.uint8))
+    # a block of 4 GiB or more (the producers' 32-bit offsets inside a block): refused by name;
+    # meta tensors, so nothing is allocated
+    with pytest.raises(ValueError, match=r"^k_cache: expected block_size \(dim 1\) \* 584 bytes below"):
+        v.check_k_cache("k_cache", torch.empty(1, 7_400_000, 584, dtype=torch.uint8, device="meta"))
+    v.check_k_cache("k_cache", torch.empty(2, 7_000_000, 584, dtype=torch.uint8, device="meta"))
 
 
 # ---------------------------------------------------------------------------------------
