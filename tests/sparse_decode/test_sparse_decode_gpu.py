@@ -27,6 +27,14 @@ pytestmark = pytest.mark.gpu  # conftest skips it without a CUDA device
 DEV = "cuda"
 
 
+def _forcing_sm90a(op: str, config: dict):
+    """``config`` forced for every shape of ``op`` on cuda:sm_90a (a context manager)."""
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    return forcing(parse_target("cuda:sm_90a"), op, config)
+
+
 def _window_step(b, h, gen):
     """q [b, 1, h, 512] bf16 and the window scope (cache, indices [b, 1, 128]) of a decode
     step."""
@@ -335,10 +343,7 @@ PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_sp
 
 
 def _persistent(**over):
-    from dsv4_tl.targets import parse_target
-    from dsv4_tl.tune import forcing
-
-    return forcing(parse_target("cuda:sm_90a"), "sparse_decode", {**PERSISTENT, **over})
+    return _forcing_sm90a("sparse_decode", {**PERSISTENT, **over})
 
 
 @pytest.mark.parametrize(
@@ -505,13 +510,10 @@ def _tim_id(case) -> str:
 
 
 def _tokens_in_m(heads_per_block, threads, stages, ctas_per_sm, splits):
-    from dsv4_tl.targets import parse_target
-    from dsv4_tl.tune import forcing
-
     config = {"block_tokens": 64, "heads_per_block": heads_per_block, "threads": threads,
               "warp_specialized": False, "tokens_in_m": True, "num_stages": stages,
               "ctas_per_sm": ctas_per_sm, "num_splits": splits}
-    return forcing(parse_target("cuda:sm_90a"), "sparse_decode", config)
+    return _forcing_sm90a("sparse_decode", config)
 
 
 @pytest.mark.parametrize("h,hb,threads,stages,per_sm,extra_kind,splits", TOKENS_IN_M,
@@ -689,10 +691,7 @@ def _seesaw_id(v):
 
 
 def _seesaw(**over):
-    from dsv4_tl.targets import parse_target
-    from dsv4_tl.tune import forcing
-
-    return forcing(parse_target("cuda:sm_90a"), "sparse_decode", {**SEESAW, **over})
+    return _forcing_sm90a("sparse_decode", {**SEESAW, **over})
 
 
 @pytest.mark.parametrize(
@@ -773,10 +772,7 @@ RAW_RING_TIM = {**RAW_RING, "block_tokens": 64, "heads_per_block": 16, "warp_spe
 
 
 def _raw_ring(**over):
-    from dsv4_tl.targets import parse_target
-    from dsv4_tl.tune import forcing
-
-    return forcing(parse_target("cuda:sm_90a"), "sparse_decode", {**RAW_RING, **over})
+    return _forcing_sm90a("sparse_decode", {**RAW_RING, **over})
 
 
 def _raw_ring_id(v):
@@ -873,10 +869,7 @@ CROSSOVER = {**_decode_default(), **SEESAW, "cluster_crossover": True}
 
 
 def _crossover(**over):
-    from dsv4_tl.targets import parse_target
-    from dsv4_tl.tune import forcing
-
-    return forcing(parse_target("cuda:sm_90a"), "sparse_decode", {**CROSSOVER, **over})
+    return _forcing_sm90a("sparse_decode", {**CROSSOVER, **over})
 
 
 @pytest.mark.parametrize(
@@ -963,11 +956,7 @@ CLUSTER_MERGE = {**RAW_RING, "raw_ring": 0, "cluster_merge": True}
 
 
 def _cluster_merge(num_splits):
-    from dsv4_tl.targets import parse_target
-    from dsv4_tl.tune import forcing
-
-    return forcing(parse_target("cuda:sm_90a"), "sparse_decode",
-                   {**CLUSTER_MERGE, "num_splits": num_splits})
+    return _forcing_sm90a("sparse_decode", {**CLUSTER_MERGE, "num_splits": num_splits})
 
 
 @pytest.mark.parametrize(
@@ -1092,15 +1081,12 @@ def _pdl(body: str, trigger: bool = True):
     """The decode schedule ``body`` (``PDL_DECODE``) with ``pdl_trigger``, and the combine
     with ``pdl``, forced for every shape."""
     from dsv4_tl.schedules import schedule_for
-    from dsv4_tl.targets import parse_target
-    from dsv4_tl.tune import forcing
 
-    target = parse_target("cuda:sm_90a")
-    combine = {**schedule_for(target.dirname, "sparse_decode_combine"), "pdl": True}
+    combine = {**schedule_for("cuda_sm90a", "sparse_decode_combine"), "pdl": True}
     stack = contextlib.ExitStack()
-    stack.enter_context(forcing(target, "sparse_decode",
-                                {**PDL_DECODE[body], "pdl_trigger": trigger}))
-    stack.enter_context(forcing(target, "sparse_decode_combine", combine))
+    stack.enter_context(_forcing_sm90a("sparse_decode",
+                                       {**PDL_DECODE[body], "pdl_trigger": trigger}))
+    stack.enter_context(_forcing_sm90a("sparse_decode_combine", combine))
     return stack
 
 
@@ -1160,10 +1146,7 @@ LEAN = {**_decode_default(), "producer_lean": True}
 
 
 def _lean(**over):
-    from dsv4_tl.targets import parse_target
-    from dsv4_tl.tune import forcing
-
-    return forcing(parse_target("cuda:sm_90a"), "sparse_decode", {**LEAN, **over})
+    return _forcing_sm90a("sparse_decode", {**LEAN, **over})
 
 
 @pytest.mark.parametrize(
