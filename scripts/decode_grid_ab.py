@@ -223,6 +223,11 @@ def goal_rows(which: str) -> list:
         rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (128, 256) for k in ("swa", "c4a")]
         return rows + [DecodeShape(64, 32, "swa"), DecodeShape(128, 32, "swa"),
                        DecodeShape(128, 64, "c4a", s_q=2), DecodeShape(64, 8, "c4a")]
+    if which == "tim_lean":  # the lean producer on the tokens-in-M buckets (issue 24)
+        # (rows whose bucket takes tokens in M: h16 b <= 16 and b >= 67, h32 b <= 16)
+        rows = [DecodeShape(h, b, k) for h in (16, 32) for b in (1, 8) for k in ("swa", "c4a")]
+        return rows + [DecodeShape(16, 128, k) for k in ("swa", "c4a")] + [
+            DecodeShape(16, 128, "c128a", varying=True)]
     if which == "crossover":
         return [DecodeShape(128, 128, "c4a"), DecodeShape(128, 256, "c4a"),
                 DecodeShape(128, 128, "c128a"), DecodeShape(128, 64, "swa"),
@@ -533,7 +538,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
-                                       "pdl", "tim", "pq", "balance", "lean"),
+                                       "pdl", "tim", "pq", "balance", "lean", "tim_lean"),
                     default="quick")
     ap.add_argument("--tim-unsplit-heads", default="",
                     help="with --rows tim: comma-separated head counts whose unsplit rows "
