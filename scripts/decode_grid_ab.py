@@ -228,6 +228,10 @@ def goal_rows(which: str) -> list:
         rows = [DecodeShape(h, b, k) for h in (16, 32) for b in (1, 8) for k in ("swa", "c4a")]
         return rows + [DecodeShape(16, 128, k) for k in ("swa", "c4a")] + [
             DecodeShape(16, 128, "c128a", varying=True)]
+    if which == "lean_rest":  # the split-consumer / tokens-in-M buckets run 64 / 68 left untimed
+        rows = [DecodeShape(h, b, "swa") for h in (64, 128) for b in (1, 8)]
+        rows += [DecodeShape(128, 16, k) for k in ("swa", "c4a", "c128a")]
+        return rows + [DecodeShape(h, 8, "c128a") for h in (16, 32)]
     if which == "crossover":
         return [DecodeShape(128, 128, "c4a"), DecodeShape(128, 256, "c4a"),
                 DecodeShape(128, 128, "c128a"), DecodeShape(128, 64, "swa"),
@@ -538,7 +542,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
-                                       "pdl", "tim", "pq", "balance", "lean", "tim_lean"),
+                                       "pdl", "tim", "pq", "balance", "lean", "tim_lean", "lean_rest"),
                     default="quick")
     ap.add_argument("--tim-unsplit-heads", default="",
                     help="with --rows tim: comma-separated head counts whose unsplit rows "
