@@ -1364,6 +1364,11 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "persistent": True, "balance": "tiles"}},
+    # the tile balance at h64 (one head group: the walk's other loop nest), the variant whose
+    # plan hung on the GPU until its boundary stores left the owner's loop (PERF_NOTES item 48)
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "persistent": True, "balance": "tiles"}},
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": False, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "num_splits": 8}},

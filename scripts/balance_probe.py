@@ -1,0 +1,197 @@
+"""Diagnostic probe of the persistent decode grid's tile balance (``balance`` "tiles",
+bench/PERF_NOTES.md item 48), for ``scripts/device_balance_probe.sh`` on a lent GPU.
+
+``precompile``: the few variants the cases need, in parallel, each key printed.
+``case NAME``: one case in this process (the shell script runs each under ``timeout``),
+printing timestamped stages -- inputs built, kernel loaded (and whether its artifact was in
+the kernel directory before: a load that does not return is a compile), launched,
+synchronized, checked against the float32 reference -- so that a compile, a hang in the
+kernel and a wrong result are told apart. For the tile balance the row split table the
+kernel wrote (``RowSplits``: a split row's slot base and piece count) is compared with the
+host model ``work.plan_reference``.
+
+The front end refuses "tiles" (the hang of runs 63 / 65); the cases here bypass that refusal
+in this process only (the refusal check reads the bucket's schedule through
+``ops.sparse_decode.schedule_of``; the probe drops the knob from what that check sees, the
+kernel is still resolved with it). Nothing here changes what users get.
+"""
+
+import os
+import sys
+import time
+
+T0 = time.monotonic()
+
+
+def stage(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} +{time.monotonic() - T0:6.1f} s] {msg}", flush=True)
+
+
+PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 1,
+              "warp_specialized": True, "persistent": True, "item_cost": 3,
+              "tiles_per_split_min": 4, "invariant_tiles_per_split": 16}
+TILES = {**PERSISTENT, "balance": "tiles"}
+
+# name -> (h, b, kind, extra_width, varying, schedule, tiles_per_split_min)
+CASES = {
+    "items_h64_b2_c128a4096": (64, 2, "c128a", 4096, True, PERSISTENT, 4),
+    "tiles_h64_b2_c128a4096": (64, 2, "c128a", 4096, True, TILES, 4),
+    "tiles_h64_b32_c128a8192": (64, 32, "c128a", 8192, True, TILES, 4),
+    "tiles_h128_b2_c128a4096": (128, 2, "c128a", 4096, True, TILES, 4),
+    "tiles_h128_b32_c128a8192": (128, 32, "c128a", 8192, True, TILES, 4),
+    "tiles_h64_b128_c4a1024_uniform": (64, 128, "c4a", 1024, False, TILES, 4),
+    "tiles_h64_b1_c4a1024_q1": (64, 1, "c4a", 1024, False, TILES, 1),
+}
+# the combines the cases reach: (heads, split bound)
+COMBINES = [(64, 16), (64, 64), (64, 128), (128, 64), (128, 128)]
+
+
+def _decode_variants():
+    from dsv4_tl.kernels import SPARSE_DECODE, Variant
+    out = {}
+    for h, _b, kind, _w, _v, schedule, _q in CASES.values():
+        static = SPARSE_DECODE.static(h=h, scope=kind)
+        v = Variant.make("sparse_decode", static, schedule)
+        out[v.key] = v
+    return list(out.values())
+
+
+def _compile(args):
+    from dsv4_tl.kernels import Variant
+    from dsv4_tl.loader import compile_jit
+    from dsv4_tl.targets import parse_target
+    op, static, schedule, kdir = args
+    t = time.time()
+    compile_jit(Variant.make(op, static, schedule), parse_target("cuda:sm_90a"), kdir)
+    return Variant.make(op, static, schedule).key, time.time() - t
+
+
+def precompile(jobs: int) -> None:
+    import concurrent.futures
+    from pathlib import Path
+    from dsv4_tl.kernels import Variant
+    from dsv4_tl.loader import default_kernel_dir
+    from dsv4_tl.schedules import schedule_for
+    kdir = Path(default_kernel_dir())
+    todo = [(v.op, dict(v.static), dict(v.schedule), kdir) for v in _decode_variants()]
+    combine = schedule_for("cuda_sm90a", "sparse_decode_combine")
+    todo += [("sparse_decode_combine", dict(num_heads=h, num_splits=n), combine, kdir)
+             for h, n in COMBINES]
+    for job in todo:
+        stage(f"variant {Variant.make(*job[:3]).key} schedule {job[2]}")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        for key, dt in pool.map(_compile, todo):
+            stage(f"compiled {key} in {dt:.0f} s")
+    stage(f"precompile: {len(todo)} variants done")
+
+
+def _bypass_refusal() -> None:
+    """The front end's refusal of "tiles" reads the schedule through ``schedule_of``; in this
+    process only, that check sees the schedule without the knob."""
+    import importlib
+    front = importlib.import_module("dsv4_tl.ops.sparse_decode")
+    orig = front.schedule_of
+
+    def without_balance(*args, **kwargs):
+        return {k: v for k, v in orig(*args, **kwargs).items() if k != "balance"}
+
+    front.schedule_of = without_balance
+
+
+def _kernel_file_exists(variant) -> bool:
+    from pathlib import Path
+    from dsv4_tl.loader import default_kernel_dir
+    kdir = Path(default_kernel_dir())
+    return any(p.name.startswith(variant.key) for p in kdir.rglob("*")) if kdir.exists() else False
+
+
+def case(name: str) -> int:
+    h, b, kind, width, varying, schedule, q = CASES[name]
+    schedule = {**schedule, "tiles_per_split_min": q}
+    stage(f"case {name}: h{h} b{b} {kind} {width} varying={varying} q={q} "
+          f"balance={schedule.get('balance', 'items')}")
+    import torch
+    from dsv4_tl import bench
+    from dsv4_tl.bench import DecodeShape, decode_inputs
+    from dsv4_tl.kernels import SPARSE_DECODE, Variant
+    from dsv4_tl.ops import sparse_decode
+    from dsv4_tl.ops._dispatch import resolve
+    from dsv4_tl.schedules import forced_schedule
+    from dsv4_tl.targets import parse_target
+    _bypass_refusal()
+    stage("imported")
+    shape = DecodeShape(h, b, kind, extra_width=width, varying=varying)
+    gen = torch.Generator("cuda").manual_seed(0)
+    x = decode_inputs(shape, gen, 1, "cuda")[0]
+    if not varying and x["extra_topk_length"] is not None:
+        x["extra_topk_length"].fill_(x["extra_indices"].shape[-1])
+    torch.cuda.synchronize()
+    stage("inputs ready")
+    target = parse_target("cuda:sm_90a")
+    variant = Variant.make("sparse_decode", SPARSE_DECODE.static(h=h, scope=kind), schedule)
+    with forced_schedule(target.dirname, "sparse_decode", schedule):
+        stage(f"loading {variant.key} (artifact present before: "
+              f"{_kernel_file_exists(variant)}; a load that does not return is a compile)")
+        resolve(SPARSE_DECODE, target, h=h, b=b, s_q=1, scope=kind, batch_invariant=False)
+        stage("kernel loaded")
+        out, lse = sparse_decode(x["q"], x["k_cache"], x["indices"], x["topk_length"],
+                                 bench.SCALE, x["attn_sink"], x["extra_k_cache"],
+                                 x["extra_indices"], x["extra_topk_length"])
+        stage("launched (decode and, for split rows, the combine)")
+        torch.cuda.synchronize()
+        stage("synchronized")
+        verdict = bench._check_decode(x, (out, lse))
+        stage(f"reference check: {verdict}")
+        if schedule.get("balance") == "tiles":
+            _compare_plan(x, shape, schedule)
+        # a second call (graph-free) with the same plan: a hang that needs warm state
+        sparse_decode(x["q"], x["k_cache"], x["indices"], x["topk_length"], bench.SCALE,
+                      x["attn_sink"], x["extra_k_cache"], x["extra_indices"],
+                      x["extra_topk_length"], out=out, lse=lse)
+        torch.cuda.synchronize()
+        stage(f"second call synchronized; reference check: {bench._check_decode(x, (out, lse))}")
+    stage("CASE OK")
+    return 0
+
+
+def _compare_plan(x, shape, schedule) -> None:
+    """The row split table the kernel wrote in the last call (the stream scratch's third view:
+    per row its slot base and piece count) against ``work.plan_reference``'s ``row_splits``
+    for the same lengths and grid (the plan's ``tiles_per_split`` / ``num_ctas`` arguments)."""
+    import importlib
+    import torch
+    from dsv4_tl.tile_kernels.work import plan_reference
+    front = importlib.import_module("dsv4_tl.ops.sparse_decode")
+    plans = [p for p in front._PLANS.plans.values() if getattr(p, "persistent", False)]
+    if not plans or plans[-1].direct:
+        stage("plan compare: no split table (no persistent plan with partials)")
+        return
+    plan = plans[-1]
+    tps_arg, num_ctas = plan.launch.fixed[-2:]
+    _, _, row_splits = front.stream_scratch.views(x["q"].device, plan.partial_shapes)
+    got = [tuple(r) for r in row_splits.view(torch.int32).cpu().tolist()]
+    bt = schedule["block_tokens"]
+    widths = (x["indices"].shape[-1], x["extra_indices"].shape[-1])
+    lens = [x["topk_length"], x["extra_topk_length"]]
+    lens = [v.cpu().tolist() if v is not None else [w] * shape.b for v, w in zip(lens, widths)]
+    tiles = [-(-min(max(a, 0), widths[0]) // bt) + -(-min(max(c, 0), widths[1]) // bt)
+             for a, c in zip(*lens)]
+    ref = plan_reference(tiles, 1, -(-shape.h // 64), tps_arg, schedule["item_cost"], num_ctas,
+                         "tiles")
+    want = [tuple(rs) for rs in ref["row_splits"]]
+    bad = [(r, got[r], want[r]) for r in range(len(want)) if got[r] != want[r]]
+    stage(f"plan compare (grid {num_ctas}, tiles_per_split {tps_arg}, whole {ref['whole']}, "
+          f"G' {ref['ctas']}): {sum(n > 1 for _, n in want)} split rows of {len(want)}; "
+          f"{len(bad)} rows' (slot base, pieces) differ from plan_reference"
+          + (f"; first: {bad[:3]}" if bad else ""))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "precompile":
+        precompile(int(sys.argv[2]) if len(sys.argv) > 2 else 8)
+    else:
+        try:
+            sys.exit(case(sys.argv[2]))
+        except Exception as exc:  # (the shell prints the exit status)
+            stage(f"CASE ERROR {type(exc).__name__}: {str(exc)[:400]}")
+            sys.exit(3)
