@@ -42,6 +42,13 @@ CASES = {
     "tiles_h64_b128_c4a1024_uniform": (64, 128, "c4a", 1024, False, TILES, 4),
     "tiles_h64_b1_c4a1024_q1": (64, 1, "c4a", 1024, False, TILES, 1),
 }
+# the plan alone (the builder's DEBUG-only ``debug_plan_only``: the plan's words out, no walk):
+# name -> as CASES
+PLAN_CASES = {
+    "plan_h64_b2_c128a4096": (64, 2, "c128a", 4096, True, {**TILES, "debug_plan_only": True}, 4),
+    "plan_h128_b32_c128a8192": (128, 32, "c128a", 8192, True,
+                                {**TILES, "debug_plan_only": True}, 4),
+}
 # the combines the cases reach: (heads, split bound)
 COMBINES = [(64, 16), (64, 64), (64, 128), (128, 64), (128, 128)]
 
@@ -49,7 +56,7 @@ COMBINES = [(64, 16), (64, 64), (64, 128), (128, 64), (128, 128)]
 def _decode_variants():
     from dsv4_tl.kernels import SPARSE_DECODE, Variant
     out = {}
-    for h, _b, kind, _w, _v, schedule, _q in CASES.values():
+    for h, _b, kind, _w, _v, schedule, _q in [*CASES.values(), *PLAN_CASES.values()]:
         static = SPARSE_DECODE.static(h=h, scope=kind)
         v = Variant.make("sparse_decode", static, schedule)
         out[v.key] = v
@@ -106,6 +113,8 @@ def _kernel_file_exists(variant) -> bool:
 
 
 def case(name: str) -> int:
+    if name in PLAN_CASES:
+        return plan_case(name)
     h, b, kind, width, varying, schedule, q = CASES[name]
     schedule = {**schedule, "tiles_per_split_min": q}
     stage(f"case {name}: h{h} b{b} {kind} {width} varying={varying} q={q} "
@@ -134,9 +143,12 @@ def case(name: str) -> int:
               f"{_kernel_file_exists(variant)}; a load that does not return is a compile)")
         resolve(SPARSE_DECODE, target, h=h, b=b, s_q=1, scope=kind, batch_invariant=False)
         stage("kernel loaded")
-        out, lse = sparse_decode(x["q"], x["k_cache"], x["indices"], x["topk_length"],
-                                 bench.SCALE, x["attn_sink"], x["extra_k_cache"],
-                                 x["extra_indices"], x["extra_topk_length"])
+        # outputs poisoned (NaN) before each call: a row left unwritten fails the check
+        out = torch.full((b, 1, h, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((b, h, 1), float("nan"), dtype=torch.float32, device="cuda")
+        sparse_decode(x["q"], x["k_cache"], x["indices"], x["topk_length"], bench.SCALE,
+                      x["attn_sink"], x["extra_k_cache"], x["extra_indices"],
+                      x["extra_topk_length"], out=out, lse=lse)
         stage("launched (decode and, for split rows, the combine)")
         torch.cuda.synchronize()
         stage("synchronized")
@@ -144,7 +156,9 @@ def case(name: str) -> int:
         stage(f"reference check: {verdict}")
         if schedule.get("balance") == "tiles":
             _compare_plan(x, shape, schedule)
-        # a second call (graph-free) with the same plan: a hang that needs warm state
+        # a second call with the same plan (poisoned again): a hang that needs warm state
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
         sparse_decode(x["q"], x["k_cache"], x["indices"], x["topk_length"], bench.SCALE,
                       x["attn_sink"], x["extra_k_cache"], x["extra_indices"],
                       x["extra_topk_length"], out=out, lse=lse)
@@ -152,6 +166,76 @@ def case(name: str) -> int:
         stage(f"second call synchronized; reference check: {bench._check_decode(x, (out, lse))}")
     stage("CASE OK")
     return 0
+
+
+def _row_tiles(x, b: int, bt: int) -> list:
+    """Each request's KV tiles as the kernel counts them (``row_tiles``)."""
+    widths = (x["indices"].shape[-1], x["extra_indices"].shape[-1])
+    lens = [x["topk_length"], x["extra_topk_length"]]
+    lens = [v.cpu().tolist() if v is not None else [w] * b for v, w in zip(lens, widths)]
+    return [-(-min(max(a, 0), widths[0]) // bt) + -(-min(max(c, 0), widths[1]) // bt)
+            for a, c in zip(*lens)]
+
+
+def plan_word_mismatches(words, ref) -> list:
+    """``(cta, words, expected)`` for each CTA whose plan words differ from
+    ``work.tile_plan_words(ref)`` (None: not compared)."""
+    from dsv4_tl.tile_kernels.work import tile_plan_words
+    return [(c, w, want) for c, (w, want) in enumerate(zip(words, tile_plan_words(ref)))
+            if any(e is not None and g != e for g, e in zip(w, want))]
+
+
+def plan_case(name: str) -> int:
+    """The tile balance's plan alone on the GPU (``debug_plan_only``): the decode kernel is
+    launched by itself (no combine: it writes no partials), each CTA's plan words read back
+    from ``OPartial[cta, 0, 0, 0, :8]`` and compared word by word with ``plan_reference``."""
+    import importlib
+    import torch
+    from dsv4_tl import bench
+    from dsv4_tl.bench import DecodeShape, decode_inputs
+    from dsv4_tl.schedules import forced_schedule
+    from dsv4_tl.tile_kernels.work import plan_reference
+    h, b, kind, width, varying, schedule, q = PLAN_CASES[name]
+    schedule = {**schedule, "tiles_per_split_min": q}
+    stage(f"plan case {name}: h{h} b{b} {kind} {width} varying={varying} q={q}")
+    front = importlib.import_module("dsv4_tl.ops.sparse_decode")
+    _bypass_refusal()
+    x = decode_inputs(DecodeShape(h, b, kind, extra_width=width, varying=varying),
+                      torch.Generator("cuda").manual_seed(0), 1, "cuda")[0]
+    torch.cuda.synchronize()
+    stage("inputs ready")
+    with forced_schedule("cuda_sm90a", "sparse_decode", schedule):
+        plan = front._Plan(x["q"], x["k_cache"], x["indices"], x["topk_length"], bench.SCALE,
+                           x["attn_sink"], x["extra_k_cache"], x["extra_indices"],
+                           x["extra_topk_length"], "e4m3fn", False, None, None)
+    stage("kernel loaded (plan built)")
+    assert plan.persistent and not plan.direct, "expected a persistent plan with partials"
+    dev = x["q"].device
+    out = x["q"].new_empty(plan.out_shape)
+    lse = x["q"].new_empty(plan.lse_shape, dtype=torch.float32)
+    o_part, lse_part, row_splits = front.StreamScratch.fresh(dev, plan.partial_shapes)
+    o_part.fill_(-7.0)
+    main = front.cache_views(x["k_cache"], plan.m_span, front._VIEWS, front._MAIN_MISALIGNED)
+    extra = (*front.cache_views(x["extra_k_cache"], plan.e_span, front._VIEWS,
+                                front._EXTRA_MISALIGNED),
+             x["extra_indices"].contiguous(), plan.e_len(x["extra_topk_length"]))
+    sink = front.sink_argument(x["attn_sink"], plan.sink, h, dev)
+    plan.launch(front.aligned16(x["q"]), *main, x["indices"].contiguous(),
+                plan.m_len(x["topk_length"]), *extra, sink, out, lse, o_part, lse_part,
+                row_splits.view(torch.int32))
+    stage("launched (decode kernel alone, plan only)")
+    torch.cuda.synchronize()
+    stage("synchronized: the plan finished")
+    tps_arg, num_ctas = plan.launch.fixed[-2:]
+    assert num_ctas <= o_part.shape[0], "fewer partial slots than CTAs: words not all written"
+    words = o_part[:num_ctas, 0, 0, 0, :8].cpu().round().int().tolist()
+    ref = plan_reference(_row_tiles(x, b, schedule["block_tokens"]), 1, -(-h // 64), tps_arg,
+                         schedule["item_cost"], num_ctas, "tiles")
+    bad = plan_word_mismatches(words, ref)
+    stage(f"plan words of {num_ctas} CTAs (G' {ref['ctas']}, whole {ref['whole']}): "
+          f"{len(bad)} differ from plan_reference" + (f"; first: {bad[:3]}" if bad else ""))
+    stage("CASE OK" if not bad else "CASE PLAN MISMATCH")
+    return 0 if not bad else 4
 
 
 def _compare_plan(x, shape, schedule) -> None:
@@ -170,12 +254,7 @@ def _compare_plan(x, shape, schedule) -> None:
     tps_arg, num_ctas = plan.launch.fixed[-2:]
     _, _, row_splits = front.stream_scratch.views(x["q"].device, plan.partial_shapes)
     got = [tuple(r) for r in row_splits.view(torch.int32).cpu().tolist()]
-    bt = schedule["block_tokens"]
-    widths = (x["indices"].shape[-1], x["extra_indices"].shape[-1])
-    lens = [x["topk_length"], x["extra_topk_length"]]
-    lens = [v.cpu().tolist() if v is not None else [w] * shape.b for v, w in zip(lens, widths)]
-    tiles = [-(-min(max(a, 0), widths[0]) // bt) + -(-min(max(c, 0), widths[1]) // bt)
-             for a, c in zip(*lens)]
+    tiles = _row_tiles(x, shape.b, schedule["block_tokens"])
     ref = plan_reference(tiles, 1, -(-shape.h // 64), tps_arg, schedule["item_cost"], num_ctas,
                          "tiles")
     want = [tuple(rs) for rs in ref["row_splits"]]

@@ -171,6 +171,23 @@ def _plan_tiles_reference(tiles, s_q, head_groups, tiles_per_split, item_cost, n
             "whole": whole, "ctas": ctas, "share": total / ctas}
 
 
+def tile_plan_words(plan: dict) -> list:
+    """Per CTA, the words ``cta_tile_range`` leaves in ``bounds`` under the tile balance, from
+    ``plan_reference(..., balance="tiles")``'s ``plan``: ``[r_begin, t_begin, k_begin,
+    slot_base, r_end, t_end, n_begin, n_end]``, with None where the kernel's word is not
+    defined by the plan (the slot base and piece count of a start past the last row; the
+    piece count of an end at a row's start). For comparing a kernel's words (its debug
+    ``debug_plan_only`` output) with the model."""
+    rs, bounds = plan["row_splits"], plan["bounds"]
+    rows = len(rs)
+    words = []
+    for c in range(len(bounds) - 1):
+        (r0, t0, k0), (r1, t1, _) = bounds[c], bounds[c + 1]
+        base, n0 = rs[r0] if r0 < rows else (None, None)
+        words.append([r0, t0, k0, base, r1, t1, n0, rs[r1][1] if t1 > 0 else None])
+    return words
+
+
 class WorkItem(NamedTuple):
     """One work item as a role sees it (int32 expressions): query row ``row`` (request
     ``r_b``, query ``r_s``) of ``tiles`` KV tiles, head group ``hg``, split ``k`` of
