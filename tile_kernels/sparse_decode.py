@@ -192,9 +192,9 @@ def build_sparse_decode(
             ``balance``: how the work is cut over the CTAs (``tile_kernels/work.py``):
             "items" (splits of T tiles, whole items per CTA) or "tiles" (each CTA exactly
             its share of the rows' tiles, rows cut at tile boundaries; a derived T only: the
-            front end runs batch-invariant calls with "items"). "tiles" lowers and its plan
-            is checked on the CPU, but no GPU call of it finished (runs 63 and 65): the
-            front end refuses it (bench/PERF_NOTES.md item 48).
+            front end runs batch-invariant calls with "items"). (Runs 63 and 65: every call of
+            "tiles" hung -- a CTA barrier inside its plan's owner branch; fixed, PERF_NOTES
+            item 48.)
         debug_plan_only: DEBUG ONLY, never a shipped schedule (``scripts/balance_probe.py``):
             the persistent grid plans its range, thread 0 of each CTA writes the plan's words
             (``work.PLAN_WORDS``) as floats to ``OPartial[cta, 0, 0, 0, :words]`` (CTAs past
