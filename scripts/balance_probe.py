@@ -12,9 +12,9 @@ host model ``work.plan_reference``.
 
 Written while the front end refused "tiles" (the hang of runs 63 / 65): the cases bypassed that
 refusal in their own process (``_bypass_refusal``: the check read the schedule through
-``ops.sparse_decode.schedule_of``); harmless now that the refusal is gone. First run (05:11
-UTC, 2026-11-26): every case returned and matched the reference, the plan words of 198 CTAs
-matched ``plan_reference`` (``bench/results/2026-11-26_balance_probe/``).
+``ops.sparse_decode.schedule_of``); harmless now that the refusal is gone. First run (run 70, H200,
+``bench/results/2026-11-26_h200_run70_lean_rest_balance_probe/``): every case returned and
+matched the reference, the plan words of 198 CTAs matched ``plan_reference``.
 """
 
 import math
