@@ -162,6 +162,7 @@ def build_sparse_decode(
     pdl_trigger: bool = False,
     tma_io: bool = False,
     balance: str = "items",
+    debug_plan_only: bool = False,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -191,9 +192,15 @@ def build_sparse_decode(
             ``balance``: how the work is cut over the CTAs (``tile_kernels/work.py``):
             "items" (splits of T tiles, whole items per CTA) or "tiles" (each CTA exactly
             its share of the rows' tiles, rows cut at tile boundaries; a derived T only: the
-            front end runs batch-invariant calls with "items"). "tiles" lowers and its plan
-            is checked on the CPU, but no GPU call of it finished (runs 63 and 65): the
-            front end refuses it (bench/PERF_NOTES.md item 48).
+            front end runs batch-invariant calls with "items"). (Runs 63 and 65: every call of
+            "tiles" hung -- a CTA barrier inside its plan's owner branch; fixed, PERF_NOTES
+            item 48.)
+        debug_plan_only: DEBUG ONLY, never a shipped schedule (``scripts/balance_probe.py``):
+            the persistent grid plans its range, thread 0 of each CTA writes the plan's words
+            (``work.PLAN_WORDS``) as floats to ``OPartial[cta, 0, 0, 0, :words]`` (CTAs past
+            the partial slots write nothing), and the kernel ends (no walk, no output): the
+            plan compared with ``work.plan_reference`` on the host, a hang in the plan told
+            from one in the walk.
         consumers: the warp-specialised schedule's consumer pair on the fixed grid: "split"
             (warpgroup 0 scores every tile, warpgroup 1 only accumulates; 32- or 64-token
             tiles) or "seesaw" (prefill's pair, ``seesaw.py``: each consumer scores
@@ -277,6 +284,10 @@ def build_sparse_decode(
                          f"persistent {persistent}")
     if balance not in BALANCES:
         raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
+    if debug_plan_only is not False and not (debug_plan_only is True and persistent
+                                             and warp_specialized):
+        raise ValueError("debug_plan_only: a debug knob of the persistent warp-specialised grid "
+                         f"(True or False), got {debug_plan_only!r} with persistent {persistent}")
     if type(pdl_trigger) is not bool:
         raise ValueError(f"pdl_trigger: expected True or False, got {pdl_trigger!r}")
     if type(cluster_crossover) is not bool:
@@ -349,7 +360,8 @@ def build_sparse_decode(
         check_shared_budget(HB * D * 2 + 2 * (BI * D * 2 + BI) + 2 * HB * BI * 2, raw_ring)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost, raw_ring, cluster_merge, producer_lean,
-                                       pdl_trigger=pdl_trigger, balance=balance)
+                                       pdl_trigger=pdl_trigger, balance=balance,
+                                       debug_plan_only=debug_plan_only)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
 
@@ -527,7 +539,8 @@ def store_row_splits(RowSplits, row, hg, split, S: int):
 def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                             persistent: bool = False, item_cost: int = 3, raw_ring: int = 0,
                             cluster_merge: bool = False, producer_lean: bool = False, *,
-                            pdl_trigger: bool = False, balance: str = "items"):
+                            pdl_trigger: bool = False, balance: str = "items",
+                            debug_plan_only: bool = False):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``fp8_producer`` (raw FP8 token quarters into registers, dequantised
@@ -777,7 +790,11 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 for i in unrolled(PLAN_WORDS[balance]):
                     span[i] = bounds[i]
 
-                if tx < 128:
+                if debug_plan_only:  # (DEBUG ONLY: the plan's words out, no walk)
+                    if tx == 0 and cta < OPartial.shape[0]:
+                        for i in unrolled(PLAN_WORDS[balance]):
+                            OPartial[cta, 0, 0, 0, i] = T.cast(span[i], T.float32)
+                elif tx < 128:
                     ws_set_regs(DECODE_WS_REGS[0])
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
@@ -1363,6 +1380,11 @@ LOWERING_EXAMPLES = [
     # row's pieces run once per head group
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "persistent": True, "balance": "tiles"}},
+    # the tile balance at h64 (one head group: the walk's other loop nest), the variant whose
+    # plan hung on the GPU until its boundary stores left the owner's loop (PERF_NOTES item 48)
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "persistent": True, "balance": "tiles"}},
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": False, "warp_specialized": True, "threads": 384,

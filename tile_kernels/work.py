@@ -171,6 +171,23 @@ def _plan_tiles_reference(tiles, s_q, head_groups, tiles_per_split, item_cost, n
             "whole": whole, "ctas": ctas, "share": total / ctas}
 
 
+def tile_plan_words(plan: dict) -> list:
+    """Per CTA, the words ``cta_tile_range`` leaves in ``bounds`` under the tile balance, from
+    ``plan_reference(..., balance="tiles")``'s ``plan``: ``[r_begin, t_begin, k_begin,
+    slot_base, r_end, t_end, n_begin, n_end]``, with None where the kernel's word is not
+    defined by the plan (the slot base and piece count of a start past the last row; the
+    piece count of an end at a row's start). For comparing a kernel's words (its debug
+    ``debug_plan_only`` output) with the model."""
+    rs, bounds = plan["row_splits"], plan["bounds"]
+    rows = len(rs)
+    words = []
+    for c in range(len(bounds) - 1):
+        (r0, t0, k0), (r1, t1, _) = bounds[c], bounds[c + 1]
+        base, n0 = rs[r0] if r0 < rows else (None, None)
+        words.append([r0, t0, k0, base, r1, t1, n0, rs[r1][1] if t1 > 0 else None])
+    return words
+
+
 class WorkItem(NamedTuple):
     """One work item as a role sees it (int32 expressions): query row ``row`` (request
     ``r_b``, query ``r_s``) of ``tiles`` KV tiles, head group ``hg``, split ``k`` of
@@ -448,10 +465,21 @@ def cta_tile_range(bounds, scratch, row_tiles, rows, head_groups: int, tiles_per
     for w in T.serial(warps):
         if w < warp:
             pre_s += scratch[w, 0]
+    # The CTA's two boundaries: the thread whose rows hold one finds it in its own loop, into
+    # registers (``wr``: the words as ``bounds`` orders them; ``found``: per side), and stores
+    # it after every loop. Stored into ``bounds`` inside that loop -- a data-dependent branch
+    # only the owner enters -- TileLang's thread-sync pass put a CTA-wide __syncthreads() at
+    # the top of the branch, reached by one thread: the CTA hung (runs 63 and 65, PERF_NOTES
+    # item 48; tests/builds/test_lowering.py checks every CTA barrier is reached by all).
+    wr = T.alloc_local([8], T.int32)
+    found = T.alloc_local([2], T.int32)
+    found[0] = 0
+    found[1] = 0
     for side in (0, 1):
         x = T.cast(T.cast(cta + side, T.int64) * T.cast(total, T.int64)
                    // T.cast(ctas, T.int64), T.int32)
         if T.And(cta + side < ctas, T.And(pre_c <= x, x < pre_c + own_c)):
+            found[side] = 1
             p2 = T.alloc_var(T.int32, init=pre_c)
             sb = T.alloc_var(T.int32, init=pre_s)
             for r in T.serial(lo, hi):
@@ -463,33 +491,44 @@ def cta_tile_range(bounds, scratch, row_tiles, rows, head_groups: int, tiles_per
                     tau = T.max(o - hg * ic, 0) // hg
                     cut = T.And(whole == 0, t >= 2 * q)
                     if T.And(cut, T.And(q <= tau, tau <= t - q)):
-                        bounds[4 * side] = r
-                        bounds[4 * side + 1] = tau
+                        wr[4 * side] = r
+                        wr[4 * side + 1] = tau
                         if side == 0:
-                            bounds[2] = cta - _cuts_before(p2 + hg * (ic + q), ctas, total) + 1
-                            bounds[3] = sb
-                            bounds[6] = ns
+                            wr[2] = cta - _cuts_before(p2 + hg * (ic + q), ctas, total) + 1
+                            wr[3] = sb
+                            wr[6] = ns
                         else:
-                            bounds[7] = ns
+                            wr[7] = ns
                     else:
                         # snapped to the row's start or its end (the next row's start)
                         on = T.if_then_else(cut, T.if_then_else(tau > t - q, 1, 0),
                                             T.if_then_else(2 * o >= c, 1, 0))
-                        bounds[4 * side] = r + on
-                        bounds[4 * side + 1] = 0
+                        wr[4 * side] = r + on
+                        wr[4 * side + 1] = 0
                         if side == 0:
-                            bounds[2] = 0
-                            bounds[3] = sb + T.if_then_else(T.And(on == 1, ns > 1), ns, 0)
+                            wr[2] = 0
+                            wr[3] = sb + T.if_then_else(T.And(on == 1, ns > 1), ns, 0)
                             if T.And(on == 1, r + 1 < rows):
-                                bounds[6] = _row_pieces(p2 + c, row_tiles(r + 1), whole, q,
-                                                        hg, ic, ctas, total)
+                                wr[6] = _row_pieces(p2 + c, row_tiles(r + 1), whole, q,
+                                                    hg, ic, ctas, total)
                             else:
-                                bounds[6] = ns
+                                wr[6] = ns
                         else:
-                            bounds[7] = 1
+                            wr[7] = 1
                 p2 += c
                 if ns > 1:
                     sb += ns
+    # (outside any loop: a branch the thread-sync pass leaves alone)
+    if found[0] == 1:
+        bounds[0] = wr[0]
+        bounds[1] = wr[1]
+        bounds[2] = wr[2]
+        bounds[3] = wr[3]
+        bounds[6] = wr[6]
+    if found[1] == 1:
+        bounds[4] = wr[4]
+        bounds[5] = wr[5]
+        bounds[7] = wr[7]
     if tx == 0:
         if cta >= ctas:
             bounds[0] = rows

@@ -282,6 +282,91 @@ def _check_no_spills(source: str, tmp_path) -> None:
     assert spills and all(s == ("0", "0") for s in spills), out.stderr[-1000:]
 
 
+# Words of a condition that do not make it thread- or data-dependent (with the kernel's
+# parameters and blockIdx): C type names of casts.
+_UNIFORM_WORDS = {"int", "int64_t", "uint", "uint64_t", "long", "float", "bool", "char", "short",
+                  "signed", "unsigned", "true", "false", "BLOCKIDX"}
+
+
+def _divergent_cta_barriers(source: str) -> list:
+    """The ``__syncthreads()`` lines of the CUDA kernel in ``source`` that not every thread of
+    the CTA is sure to reach: inside a loop, or inside an ``if`` / ``else`` whose condition
+    reads anything but the kernel's parameters, ``blockIdx`` and literals (a thread- or
+    data-dependent branch). A CTA-wide barrier there hangs the CTA or pairs the wrong
+    barriers: TileLang's thread-sync pass put one inside the tile balance's owner branch
+    (``work.cta_tile_range``) and every call hung (runs 63 and 65, PERF_NOTES item 48).
+    Named barriers of a role (``__sync_thread_partial``) are not CTA-wide: not checked."""
+    m = re.search(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?\w+\(([^)]*)\)'
+                  r"\s*\{", source)
+    assert m, "no kernel definition in the source"
+    params = {p.split()[-1].lstrip("*") for p in m.group(1).split(",") if p.strip()}
+
+    def uniform(cond: str) -> bool:
+        c = re.sub(r"blockIdx\.[xyz]", "BLOCKIDX", cond)
+        c = re.sub(r"^\}?\s*(else\s+)?if\s*", "", c)
+        return "threadIdx" not in c and set(re.findall(r"\b[A-Za-z_]\w*\b", c)) <= (
+            params | _UNIFORM_WORDS)
+
+    stack, bad, last_if = [], [], ""
+    for line in source[m.end():].splitlines():
+        s = line.strip()
+        if re.match(r"(for|while)\b", s):
+            head = ("loop", s)
+        elif re.match(r"\}?\s*else\s+if\b", s) or re.match(r"if\b", s):
+            head = ("if", s)
+        elif re.match(r"\}?\s*else\b", s):
+            head = ("else", "")  # (its if's condition: known once that if's "}" is read)
+        else:
+            head = ("block", "")
+        if "__syncthreads()" in s and any(kind == "loop" or not uniform(cond)
+                                          for kind, cond in stack):
+            bad.append(s)
+        for ch in s:
+            if ch == "}":
+                if not stack:
+                    return bad  # (the kernel's closing brace)
+                kind, cond = stack.pop()
+                last_if = cond if kind == "if" else ""
+            elif ch == "{":
+                stack.append(("if", last_if) if head[0] == "else" else head)
+                head = ("block", "")
+    return bad
+
+
+def test_divergent_cta_barriers_found():
+    """The check above flags a CTA barrier in a loop, under a thread-dependent condition or
+    under a condition on a thread's own value (the tile balance's owner branch as it
+    lowered), and passes ones under conditions on parameters and blockIdx only."""
+    source = """extern "C" __global__ void __launch_bounds__(384, 1) k(int n, int* __restrict__ a) {
+  int x = a[threadIdx.x];
+  __syncthreads();
+  if (((((int)blockIdx.x) < n) && (0 < n))) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  if ((((int)blockIdx.x) < n) && (x < n)) {
+    __syncthreads();
+    for (int r = 0; r < n; ++r) {
+      a[r] = 0;
+    }
+  }
+  if ((0 < n)) {
+  } else {
+    if (((int)threadIdx.x) < 128) {
+      __syncthreads(); // thread
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    __syncthreads(); // loop
+  }
+  __syncthreads();
+}
+"""
+    bad = _divergent_cta_barriers(source)
+    assert bad == ["__syncthreads();", "__syncthreads(); // thread", "__syncthreads(); // loop"]
+
+
 def _dynamic_shared_bytes(kernel) -> int:
     """The dynamic shared memory of a compiled kernel: a launch argument of the host code (an
     int64 literal; the only one above 100 KB)."""
@@ -764,7 +849,7 @@ def test_tma_io_refused(kwargs, message):
 # --------------------------------------------------- the persistent decode grid's Q stages
 def _persistent_examples():
     return _examples_with("sparse_decode", "persistent", lambda k: (
-        f"persistent-h{k['num_heads']}-bt{k['block_tokens']}"))
+        f"persistent-h{k['num_heads']}-bt{k['block_tokens']}-{k.get('balance', 'items')}"))
 
 
 def test_persistent_has_examples():
@@ -787,6 +872,8 @@ def test_persistent_q_stages_source(kwargs, fresh_compiles):
     kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
                               execution_backend="tvm_ffi", out_idx=None)
     source = kernel.get_kernel_source()
+    # every CTA-wide barrier of the plan reached by every thread (item 48's hang)
+    assert not _divergent_cta_barriers(source)
     assert source.count("tma_load(Q_desc") == 2 * stages
     # Q stages (64 KB each), K buffers (2 x bt x 1 KB), P tiles (2 x 64 x bt x 2 B)
     assert _dynamic_shared_bytes(kernel) == stages * 65536 + 2 * bt * 1024 + 2 * 64 * bt * 2

@@ -474,20 +474,60 @@ def test_decode_persistent_q_stages(h, b, s_q, extra_kind, batch_invariant, over
 # The persistent grid with the tile-granular balance (``balance="tiles"``, work.cta_tile_range):
 # rows cut at tile boundaries where the CTAs' exact shares end, a row's pieces run once per head
 # group; rows alone (uniform lengths) kept whole.
-def test_decode_persistent_tile_balance_refused(seed):
-    """The tile balance (``balance`` "tiles") never finished on a GPU (runs 63 and 65,
-    bench/PERF_NOTES.md item 48): the front end refuses it by name before any launch; a
-    batch-invariant call with it in the schedule runs the item balance and is correct."""
+@pytest.mark.parametrize(
+    "h,b,s_q,extra_kind,uniform,tps_min",
+    [
+        (64, 2, 1, "c128a8192", False, 4),
+        (64, 32, 1, "c128a8192", False, 4),
+        (128, 2, 1, "c128a8192", False, 4),
+        (128, 32, 1, "c128a8192", False, 4),
+        (64, 128, 1, "c128a4096", False, 4),
+        (128, 7, 2, "c128a4096", False, 4),
+        (128, 1, 1, "c128a4096", False, 4),
+        (64, 1, 1, "c4a1024", False, 1),
+        (128, 9, 2, "c128a1024", False, 3),
+        (64, 128, 1, "c4a1024", True, 4),
+        (128, 128, 1, "c4a1024", True, 4),
+    ],
+    ids=lambda v: str(v),
+)
+def test_decode_persistent_tile_balance(h, b, s_q, extra_kind, uniform, tps_min, seed):
+    """C128A-like per-row lengths anywhere in 0..width (the first row full, a lonely last
+    row, holes, garbage past the lengths) at b1 / b2 / b32, h64 / h128 (b1 h128: fewer rows
+    than head groups, each piece still run by both), MTP (s_q 2), pieces of 1
+    and 3 tiles (odd: a padding tile), and uniform lengths (rows kept whole, no combine);
+    outputs poisoned, checked against the float32 reference. (Until its plan stopped storing
+    its boundaries inside the owner thread's loop, no call of this kernel returned: runs 63
+    and 65, bench/PERF_NOTES.md item 48.)"""
     gen = torch.Generator(DEV).manual_seed(seed)
-    q, main, extra, sink = decode_case(3, 1, 64, "c128a4096", gen)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen, lonely_row=not uniform)
+    if uniform:
+        main[2].fill_(WINDOW)
+        if extra[2] is not None:
+            extra[2].fill_(extra[1].shape[-1])
+    with _persistent(balance="tiles", tiles_per_split_min=tps_min):
+        check_decode(q, main, extra, sink)
+
+
+def test_decode_persistent_tile_balance_keeps_batch_invariance(seed):
+    """batch_invariant=True with the tile balance in the schedule runs the item balance (a
+    fixed split size): a row alone and in the batch bitwise equal."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(40, 1, 64, "c128a4096", gen)
     with _persistent(balance="tiles"):
-        with pytest.raises(ValueError, match="balance 'tiles'"):
-            sparse_decode(q, *main, SCALE, sink, *extra)
-        out, lse = sparse_decode(q, *main, SCALE, sink, *extra, batch_invariant=True)
+        full_out, full_lse = _rows_of(q, main, extra, sink, list(range(40)), True)
         torch.cuda.synchronize()
         ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
         check_attention(max(cache_kmax(c) for c in (main[0], extra[0]) if c is not None),
-                        out, ref_out, lse=(lse, ref_lse))
+                        full_out, ref_out, lse=(full_lse, ref_lse))
+        for r in (0, 17):
+            alone = _rows_of(q, main, extra, sink, [r], True)
+            for got, want in ((alone[0][0], full_out[r]), (alone[1][0], full_lse[r])):
+                assert torch.equal(got.view(torch.int16 if got.dtype == torch.bfloat16
+                                            else torch.int32),
+                                   want.view(torch.int16 if want.dtype == torch.bfloat16
+                                             else torch.int32)), f"row {r} differs"
+
 
 # The tokens-in-M schedule (heads in wgmma N): (h, heads_per_block, threads, K buffers, CTAs
 # per SM), the configs the issue-24 sweep times (scripts/tim_decode_sweep.py: A = two math

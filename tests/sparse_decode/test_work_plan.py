@@ -262,3 +262,117 @@ def test_persistent_split_size_tile_balance_always_derives():
     assert persistent_split_size(4, 3, 260, 128, 132, False, "tiles") == (4, False)
     assert persistent_split_size(4, 5, 260, 128, 132, False, "tiles") == (5, False)
     assert persistent_split_size(16, 1, 36, 512, 132, True, "tiles") == (16, True)
+
+
+def _kernel_tile_range_words(row_t, hg, q_arg, ic, num_ctas, threads=384):
+    """``cta_tile_range`` emulated line by line (as it is since the hang of runs 63 / 65 was
+    fixed: each side's words found in the owner thread's loop, stored after it; thread 0's
+    words for a side with no boundary): the ``bounds`` words of every CTA."""
+    rows = len(row_t)
+    q = max(-q_arg, 1)
+    chunk = -(-rows // threads)
+    spans = [(min(tx * chunk, rows), min(min(tx * chunk, rows) + chunk, rows))
+             for tx in range(threads)]
+    cost = [hg * (t + ic) for t in row_t]
+    own_c = [sum(cost[lo:hi]) for lo, hi in spans]
+    total, most, least = sum(cost), max(cost), min(cost)
+    whole = (4 * most * num_ctas <= total
+             or (4 * most * num_ctas <= 5 * total and 5 * least >= 4 * most))
+    ctas = num_ctas if whole else max(1, min(num_ctas, total // (hg * q)))
+
+    def cuts_before(y):
+        return min(ctas + 1, -(-(y * ctas) // total))
+
+    def pieces(p, t):
+        if whole or t < 2 * q:
+            return 1
+        return 1 + max(0, cuts_before(p + hg * (ic + t - q + 1)) - cuts_before(p + hg * (ic + q)))
+
+    own_s, pre_c = [], []
+    acc = 0
+    for lo, hi in spans:
+        pre_c.append(acc)
+        p, s = acc, 0
+        for r in range(lo, hi):
+            ns = pieces(p, row_t[r])
+            s += ns if ns > 1 else 0
+            p += cost[r]
+        own_s.append(s)
+        acc += sum(cost[lo:hi])
+    pre_s = [sum(own_s[:tx]) for tx in range(threads)]
+    out = []
+    for cta in range(num_ctas):
+        bounds = [None] * 8
+        for side in (0, 1):
+            x = (cta + side) * total // ctas
+            for tx, (lo, hi) in enumerate(spans):
+                wr = [None] * 8
+                found = False
+                if cta + side < ctas and pre_c[tx] <= x < pre_c[tx] + own_c[tx]:
+                    found = True
+                    p2, sb = pre_c[tx], pre_s[tx]
+                    for r in range(lo, hi):
+                        t, c = row_t[r], cost[r]
+                        ns = pieces(p2, t)
+                        if p2 <= x < p2 + c:
+                            o = x - p2
+                            tau = max(o - hg * ic, 0) // hg
+                            cut = not whole and t >= 2 * q
+                            if cut and q <= tau <= t - q:
+                                wr[4 * side], wr[4 * side + 1] = r, tau
+                                if side == 0:
+                                    wr[2] = cta - cuts_before(p2 + hg * (ic + q)) + 1
+                                    wr[3], wr[6] = sb, ns
+                                else:
+                                    wr[7] = ns
+                            else:
+                                on = int(tau > t - q) if cut else int(2 * o >= c)
+                                wr[4 * side], wr[4 * side + 1] = r + on, 0
+                                if side == 0:
+                                    wr[2] = 0
+                                    wr[3] = sb + (ns if on == 1 and ns > 1 else 0)
+                                    wr[6] = (pieces(p2 + c, row_t[r + 1])
+                                             if on == 1 and r + 1 < rows else ns)
+                                else:
+                                    wr[7] = 1
+                        p2 += c
+                        if ns > 1:
+                            sb += ns
+                if found:
+                    for i in ((0, 1, 2, 3, 6) if side == 0 else (4, 5, 7)):
+                        bounds[i] = wr[i]
+        if cta >= ctas:
+            bounds[0:4], bounds[6] = [rows, 0, 0, 0], 1
+        if cta + 1 >= ctas:
+            bounds[4], bounds[5], bounds[7] = rows, 0, 1
+        out.append(bounds)
+    return out
+
+
+def test_tile_balance_kernel_words_match_the_model(seed):
+    """The plan words the kernel's ``cta_tile_range`` computes (emulated line by line, 384
+    threads' chunks) equal ``tile_plan_words`` of ``plan_reference`` -- the comparison the
+    device probe makes with the kernel's own words (``debug_plan_only``) -- and a word off by
+    one is caught by that comparison."""
+    import importlib.util
+    import pathlib
+    spec = importlib.util.spec_from_file_location(
+        "balance_probe", pathlib.Path(__file__).parents[2] / "scripts" / "balance_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    rng = random.Random(2000 + seed)
+    for _ in range(40):
+        b = rng.choice([1, 2, 3, 8, 32, 128, 400])
+        hg = rng.choice([1, 2])
+        width = rng.choice([5, 36, 132, 260])
+        tiles = [rng.randint(0, width) for _ in range(b)]
+        if rng.random() < 0.3:
+            tiles = [width] * b
+        q = rng.choice([1, 3, 4])
+        g = rng.choice([1, 7, 66, 132])
+        plan = plan_reference(tiles, 1, hg, -q, ITEM_COST, g, balance="tiles")
+        words = _kernel_tile_range_words(tiles, hg, -q, ITEM_COST, g)
+        assert probe.plan_word_mismatches(words, plan) == [], (tiles, hg, q, g)
+        c = rng.randrange(g)
+        words[c][0] += 1
+        assert [m[0] for m in probe.plan_word_mismatches(words, plan)] == [c]

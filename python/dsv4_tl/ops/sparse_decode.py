@@ -216,14 +216,6 @@ class _Plan:
         if cluster_merge and planned.get("persistent"):
             raise ValueError("schedule: cluster_merge merges the fixed grid's splits of a row, "
                              "it does not apply to the persistent grid (persistent true)")
-        if planned.get("balance", "items") == "tiles" and not batch_invariant:
-            # Built and checked on the CPU (work.py's plan model and the kernel's lowering),
-            # but no call of it finished on the GPU (runs 63 and 65: its GPU tests and its
-            # A/B produced nothing within 100-170 s; bench/PERF_NOTES.md item 48): refused
-            # until that is understood, rather than risking a hang.
-            raise ValueError("schedule: balance 'tiles' (the persistent grid's tile-granular "
-                             "balance) is refused: not yet seen to complete on a GPU "
-                             "(bench/PERF_NOTES.md item 48)")
         kernel, schedule = resolve(SPARSE_DECODE, target, **call, fp8_format=fp8_format)
         if batch_invariant and schedule.get("balance", "items") != "items":
             # The tile balance cuts rows where the batch's work puts the CTA boundaries; a
