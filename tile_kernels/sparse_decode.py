@@ -31,7 +31,10 @@ for 8-32 heads: KV tokens in wgmma M, the heads in N) share one FP8 producer war
 Definition of the math: ``dsv4_tl/reference/sparse_decode.py``.
 """
 
+from types import SimpleNamespace
+
 import tilelang.language as T
+from tvm.script.ir_builder import IRBuilder
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
 from .fp8 import FP8_FORMATS, fp8_byte_to_float
@@ -949,7 +952,7 @@ class TokensInMRing:
     ``staged_partials`` (``tma_io`` and splits) the fp32 partials' stages."""
 
     def __init__(self, HB: int, BI: int, D: int, NB: int, threads: int,
-                 staged_partials: bool = False):
+                 staged_partials: bool = False, q_arrivals: int = 0):
         DH = D // 2
         two = threads == 384
         buffers = range(NB)
@@ -971,9 +974,10 @@ class TokensInMRing:
         # free Q / K ones, and a view of those keeps their swizzled layout)
         self.partial = ([T.alloc_shared([HB, TIM_PARTIAL_DIMS], T.float32)
                          for _ in ((0, 1) if two else (0,))] if staged_partials else None)
-        # Q: every thread arrives (ws_load_q); K: filled by the producer's 128 threads, freed
-        # by every math thread; P: warpgroup 0 -> 1 and back.
-        self.bar_q = T.alloc_barrier(arrive_count=threads)
+        # Q: every thread arrives (ws_load_q; ``q_arrivals`` > 0: that many, the persistent
+        # grid's warpgroup 0 loading each item's Q); K: filled by the producer's 128 threads,
+        # freed by every math thread; P: warpgroup 0 -> 1 and back.
+        self.bar_q = T.alloc_barrier(arrive_count=q_arrivals or threads)
         self.k_ready = [T.alloc_barrier(arrive_count=128) for _ in buffers]
         self.k_free = [T.alloc_barrier(arrive_count=threads - 128) for _ in buffers]
         self.p_ready = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
@@ -1019,6 +1023,101 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     shapes = _shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
     produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB, raw_ring, producer_lean)
+
+    def alloc_math_fragments():
+        """The math warpgroups' fragments (both grids; allocated in this order, each named in
+        the generated code as its field)."""
+        shapes = {"acc_s": [BI, HB],  # Sᵀ, then Pᵀ
+                  "l_part": [BI, HB],  # per-thread partial sums
+                  "acc_o_l": [DH, HB],  # Oᵀ dims [0, 256)
+                  "acc_o_r": [DH, HB],  # Oᵀ dims [256, 512)
+                  "m_i": [HB], "m_prev": [HB], "alpha": [HB],
+                  # Warpgroup 1's copy of the rescale row (its own fragment: a copy into
+                  # warpgroup 0's was dropped from the generated code)
+                  "alpha_r": [HB] if two else None,
+                  "l_i": [HB], "inv": [HB],
+                  "inv_r": [HB] if two else None}  # warpgroup 1's
+        f = SimpleNamespace()
+        for name, shape in shapes.items():
+            setattr(f, name, None if shape is None else T.alloc_fragment(shape, T.float32))
+            if shape is not None:
+                IRBuilder.name(name, getattr(f, name))  # the name in the generated code
+        return f
+
+    def round_phase(pair0, rnd):
+        """A K / P barrier's phase in round ``rnd`` of a range: ``pair0`` None (the fixed
+        grid: one range per CTA) or the rounds this CTA's roles ran before (the persistent
+        grid, NB = 2: its tile pairs)."""
+        return rnd & 1 if pair0 is None else (pair0 + rnd) & 1
+
+    @T.macro
+    def score_tile(rg, f, bf: int, pair0, rnd, scale_log2):
+        """Warpgroup 0, the tile in K buffer ``bf``: Sᵀ = K·Qᵀ, the softmax step and its P·V
+        (with two math warpgroups the left half, P handed to warpgroup 1)."""
+        T.barrier_wait(rg.k_ready[bf], round_phase(pair0, rnd))
+        # Q may have been written by threads (generic proxy); wgmma
+        # reads it and the K tile through the async proxy.
+        T.fence_proxy_async()
+        for j, i in T.Parallel(BI, HB):
+            f.acc_s[j, i] = T.if_then_else(rg.valid[bf][j], 0, -T.infinity(T.float32))
+        # both halves issued before one wait
+        T.wgmma_gemm(rg.K_l[bf], rg.Q_l, f.acc_s, transpose_B=True)
+        T.wgmma_gemm(rg.K_r[bf], rg.Q_r, f.acc_s, transpose_B=True)
+        T.wait_wgmma(0)
+        if two:
+            # warpgroup 1 is done with this P tile of NB tiles ago (parity 1 on the first
+            # round: a fresh barrier's previous phase counts as complete)
+            T.barrier_wait(rg.p_free[bf], round_phase(pair0, rnd) ^ 1)
+            tim_softmax_step(f.acc_s, f.m_i, f.m_prev, f.alpha, f.l_part, rg.P[bf], scale_log2)
+            T.copy(f.alpha, rg.alpha[bf])
+            # P and alpha go to warpgroup 1 before the left P·V, so that both halves run
+            # together
+            T.barrier_arrive(rg.p_ready[bf])
+            tim_pv_half(f.acc_o_l, f.alpha, rg.K_l[bf], rg.P[bf])
+        else:
+            tim_softmax_step(f.acc_s, f.m_i, f.m_prev, f.alpha, f.l_part, rg.P[0], scale_log2)
+            for d, i in T.Parallel(DH, HB):
+                f.acc_o_l[d, i] *= f.alpha[i]
+                f.acc_o_r[d, i] *= f.alpha[i]
+            T.wgmma_gemm(rg.K_l[bf], rg.P[0], f.acc_o_l, transpose_A=True, transpose_B=True)
+            T.wgmma_gemm(rg.K_r[bf], rg.P[0], f.acc_o_r, transpose_A=True, transpose_B=True)
+            T.wait_wgmma(0)
+        T.barrier_arrive(rg.k_free[bf])
+
+    @T.macro
+    def score_tiles(rg, f, rounds, tiles, pair0, scale_log2):
+        """Warpgroup 0's ``rounds`` rounds of NB tiles: ``tiles`` (the fixed grid) skips the
+        missing tiles of the last round, None (the persistent grid) takes every tile, the
+        padding tile of an odd range produced all-invalid (``pair0``: ``round_phase``)."""
+        for rnd in T.serial(rounds):
+            for bf in buffers:
+                if tiles is None:
+                    score_tile(rg, f, bf, pair0, rnd, scale_log2)
+                else:
+                    if rnd * NB + bf < tiles:
+                        score_tile(rg, f, bf, pair0, rnd, scale_log2)
+
+    @T.macro
+    def right_tile(rg, f, bf: int, pair0, rnd):
+        """Warpgroup 1, the tile in K buffer ``bf``: the right half of P·V with warpgroup
+        0's P tile and rescale row."""
+        T.barrier_wait(rg.p_ready[bf], round_phase(pair0, rnd))
+        T.fence_proxy_async()
+        T.copy(rg.alpha[bf], f.alpha_r)
+        tim_pv_half(f.acc_o_r, f.alpha_r, rg.K_r[bf], rg.P[bf])
+        T.barrier_arrive(rg.k_free[bf])
+        T.barrier_arrive(rg.p_free[bf])
+
+    @T.macro
+    def right_tiles(rg, f, rounds, tiles, pair0):
+        """Warpgroup 1's rounds (arguments as ``score_tiles``')."""
+        for rnd in T.serial(rounds):
+            for bf in buffers:
+                if tiles is None:
+                    right_tile(rg, f, bf, pair0, rnd)
+                else:
+                    if rnd * NB + bf < tiles:
+                        right_tile(rg, f, bf, pair0, rnd)
 
     @T.macro
     def store_half(acc_o, inv, stage, pstage, bar_id: int, Out, OPartial, r_b, r_s, split, h0,
@@ -1075,19 +1174,9 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
             # each math warpgroup's partial stage (tma_io with splits)
             pst_l = rg.partial[0] if staged_partials else None
             pst_r = rg.partial[1 if two else 0] if staged_partials else None
-            acc_s = T.alloc_fragment([BI, HB], T.float32)  # Sᵀ, then Pᵀ
-            l_part = T.alloc_fragment([BI, HB], T.float32)  # per-thread partial sums
-            acc_o_l = T.alloc_fragment([DH, HB], T.float32)  # Oᵀ dims [0, 256)
-            acc_o_r = T.alloc_fragment([DH, HB], T.float32)  # Oᵀ dims [256, 512)
-            m_i = T.alloc_fragment([HB], T.float32)
-            m_prev = T.alloc_fragment([HB], T.float32)
-            alpha = T.alloc_fragment([HB], T.float32)
-            # Warpgroup 1's copy of the rescale row (its own fragment: a copy into warpgroup
-            # 0's was dropped from the generated code)
-            alpha_r = T.alloc_fragment([HB], T.float32) if two else None
-            l_i = T.alloc_fragment([HB], T.float32)
-            inv = T.alloc_fragment([HB], T.float32)
-            inv_r = T.alloc_fragment([HB], T.float32) if two else None  # warpgroup 1's
+            f = alloc_math_fragments()
+            acc_o_l, acc_o_r, l_part, m_i, l_i = f.acc_o_l, f.acc_o_r, f.l_part, f.m_i, f.l_i
+            inv, inv_r = f.inv, f.inv_r
 
             tx = T.get_thread_binding()
             # The fixed grid's split rule (as the other schedules'): split ``split`` of ``S``
@@ -1121,44 +1210,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 if not two:
                     T.fill(acc_o_r, 0)
                 T.barrier_wait(rg.bar_q, 0)
-                for rnd in T.serial(rounds):
-                    for bf in buffers:
-                        if rnd * NB + bf < tiles:
-                            T.barrier_wait(rg.k_ready[bf], rnd & 1)
-                            # Q may have been written by threads (generic proxy); wgmma
-                            # reads it and the K tile through the async proxy.
-                            T.fence_proxy_async()
-                            for j, i in T.Parallel(BI, HB):
-                                acc_s[j, i] = T.if_then_else(rg.valid[bf][j], 0,
-                                                             -T.infinity(T.float32))
-                            # both halves issued before one wait
-                            T.wgmma_gemm(rg.K_l[bf], rg.Q_l, acc_s, transpose_B=True)
-                            T.wgmma_gemm(rg.K_r[bf], rg.Q_r, acc_s, transpose_B=True)
-                            T.wait_wgmma(0)
-                            if two:
-                                # warpgroup 1 is done with this P tile of NB tiles ago
-                                # (parity 1 on the first round: a fresh barrier's previous
-                                # phase counts as complete)
-                                T.barrier_wait(rg.p_free[bf], (rnd & 1) ^ 1)
-                                tim_softmax_step(acc_s, m_i, m_prev, alpha, l_part, rg.P[bf],
-                                                 scale_log2)
-                                T.copy(alpha, rg.alpha[bf])
-                                # P and alpha go to warpgroup 1 before the left P·V, so that
-                                # both halves run together
-                                T.barrier_arrive(rg.p_ready[bf])
-                                tim_pv_half(acc_o_l, alpha, rg.K_l[bf], rg.P[bf])
-                            else:
-                                tim_softmax_step(acc_s, m_i, m_prev, alpha, l_part, rg.P[0],
-                                                 scale_log2)
-                                for d, i in T.Parallel(DH, HB):
-                                    acc_o_l[d, i] *= alpha[i]
-                                    acc_o_r[d, i] *= alpha[i]
-                                T.wgmma_gemm(rg.K_l[bf], rg.P[0], acc_o_l, transpose_A=True,
-                                             transpose_B=True)
-                                T.wgmma_gemm(rg.K_r[bf], rg.P[0], acc_o_r, transpose_A=True,
-                                             transpose_B=True)
-                                T.wait_wgmma(0)
-                            T.barrier_arrive(rg.k_free[bf])
+                score_tiles(rg, f, rounds, tiles, None, scale_log2)
                 # Epilogue: lse (final: natural log, sink excluded, +inf when empty; split:
                 # log2 partial, -inf when empty) and 1 / denominator (the sink joins it when
                 # the CTA finishes the row, else in the combine).
@@ -1191,15 +1243,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
             elif two and tx < 256:
                 ws_set_regs(TOKENS_IN_M_REGS[1])
                 T.fill(acc_o_r, 0)
-                for rnd in T.serial(rounds):
-                    for bf in buffers:
-                        if rnd * NB + bf < tiles:
-                            T.barrier_wait(rg.p_ready[bf], rnd & 1)
-                            T.fence_proxy_async()
-                            T.copy(rg.alpha[bf], alpha_r)
-                            tim_pv_half(acc_o_r, alpha_r, rg.K_r[bf], rg.P[bf])
-                            T.barrier_arrive(rg.k_free[bf])
-                            T.barrier_arrive(rg.p_free[bf])
+                right_tiles(rg, f, rounds, tiles, None)
                 # Warpgroup 0's last QKᵀ has read Q_r (its P of the last tile came after
                 # it), and bar_done brings the heads' reciprocal denominators.
                 T.barrier_arrive(rg.bar_done)
