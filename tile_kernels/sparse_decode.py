@@ -313,9 +313,12 @@ def build_sparse_decode(
                          "(tokens_in_m True); the 64-head schedules load Q and store outputs "
                          "by TMA already where their head groups are whole")
     if tokens_in_m:
+        # Whole head groups only, as the 64-head schedule's (the front end's _Plan applies the
+        # same rule): a padded last group keeps the fixed grid.
+        persistent = persistent and num_heads % HB == 0
         if persistent:
-            raise ValueError("persistent: the tokens-in-M schedule runs on the fixed grid only "
-                             "(bench/PERF_NOTES.md item 34)")
+            check_tokens_in_m_persistent(S, num_stages, ctas_per_sm, raw_ring, tma_io, balance,
+                                         item_cost)
         _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, ctas_per_sm,
                            tma_io and S > 1)
         # Q, the K buffers and their flags, P (one per K buffer with two math warpgroups),
@@ -327,7 +330,8 @@ def build_sparse_decode(
                             raw_ring, ctas_per_sm)
         return _build_tokens_in_m(num_heads, has_extra, fp8_format, S, BI, HB, num_stages,
                                   threads, ctas_per_sm, raw_ring, tma_io, producer_lean,
-                                  pdl_trigger=pdl_trigger)
+                                  pdl_trigger=pdl_trigger, persistent=persistent,
+                                  item_cost=item_cost)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -945,6 +949,23 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_pe
                          f"{threads} threads")
 
 
+def check_tokens_in_m_persistent(S, NB, ctas_per_sm, raw_ring, tma_io, balance, item_cost):
+    """ValueError naming the knob that the tokens-in-M decode's persistent grid cannot take:
+    it walks ``work.walk_items``' tile pairs (two K buffers), one split per item (the walk
+    cuts rows itself), one CTA per SM (the front end's grid), the register path of the
+    producer (a raw ring would drain at every item), outputs by TMA of whole head groups
+    (``tma_io`` changes nothing there but the partials' store, not built for items), and the
+    item balance ("tiles" is refused by the front end, bench/PERF_NOTES.md item 48)."""
+    for name, value, want in (("num_splits", S, 1), ("num_stages", NB, 2),
+                              ("ctas_per_sm", ctas_per_sm, 1), ("raw_ring", raw_ring, 0),
+                              ("tma_io", tma_io, False), ("balance", balance, "items")):
+        if value != want:
+            raise ValueError(f"persistent: the tokens-in-M persistent grid needs {name} "
+                             f"{want!r}, got {value!r}")
+    if item_cost < 1:
+        raise ValueError(f"persistent: needs item_cost >= 1, got {item_cost}")
+
+
 class TokensInMRing:
     """Shared memory and barriers of the tokens-in-M decode: Q halves (then the output's
     stages), a ring of ``NB`` K buffers by halves with validity flags (filled by
@@ -988,7 +1009,7 @@ class TokensInMRing:
 def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                        HB: int, NB: int, threads: int, ctas_per_sm: int, raw_ring: int = 0,
                        tma_io: bool = False, producer_lean: bool = False, *,
-                       pdl_trigger: bool = False):
+                       pdl_trigger: bool = False, persistent: bool = False, item_cost: int = 3):
     """Sparse decode for few heads (TP head counts, speculative drafts): the heads are
     wgmma's N dimension (``HB`` = 8 to 32) and the KV tokens its M dimension, so no head is
     padded to 64. Same arguments, math, grid and split-KV as the warp-specialised schedule.
@@ -1008,6 +1029,16 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     never stored). Split partials are stored per thread from the accumulators. ``tma_io``:
     Q and the finished output by TMA for every head group (the box's bounds zero-fill and
     clip the padded heads) and the split partials through a shared fp32 stage by TMA.
+
+    ``persistent`` (whole head groups, NB = 2, one split, one CTA per SM): ``num_ctas`` CTAs
+    walk the (row, head group, split) items of ``work.py``'s plan (the 64/128-head decode's
+    walk, not a second scheduler). Every role takes every tile of an item's tile pairs (the
+    padding tile of an odd range produced all-invalid, a no-op for the softmax), so the
+    barrier phases run on across items from ``walk_items``' pair and item counts. Per item
+    the math warpgroups meet once both output halves of the last item have left (the outputs
+    stage through the Q halves), then warpgroup 0 loads the item's Q by TMA; a row of one
+    split is finished in place (TMA store, natural-log LSE, sink), a split of a split row
+    writes its fp32 partial at its slot (``RowSplits`` for the combine).
     """
     D = HEAD_DIM
     DH = D // 2
@@ -1262,7 +1293,155 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 produce_tiles(rg, regs, tx - producer0, main, extra,
                               TileRange(r_b, r_s, t_begin, t_end, main_tiles), rounds, 0, tiles)
 
-    return decode_prim_func(shapes, num_heads, S, body)
+    @T.macro
+    def store_item_half(acc_o, inv, stage, bar_id: int, Out, OPartial, item, d0: int):
+        """``store_half`` of a persistent-grid item (whole head groups): a row of one split
+        finished in place through ``stage`` by TMA (the leader waits until the engine has
+        read it: the next item's Q lands there), a split of a split row as an fp32 partial at
+        the item's slot."""
+        h0 = item.hg * HB
+        if item.splits == 1:
+            for d, i in T.Parallel(DH, HB):
+                stage[i, d] = T.cast(acc_o[d, i] * inv[i], T.bfloat16)
+            T.fence_proxy_async()  # the TMA engine reads ``stage`` (async proxy)
+            T.sync_threads(bar_id, 128)
+            T.tma_copy(stage, Out[item.r_b, item.r_s, h0:h0 + HB, d0:d0 + DH],
+                       leader_scope_threads=128)
+            T.tma_store_wait()
+        else:
+            for d, i in T.Parallel(DH, HB):
+                OPartial[item.slot, 0, 0, h0 + i, d0 + d] = acc_o[d, i] * inv[i]
+
+    @T.macro
+    def score_item(rg, f, item, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
+                   sm_scale, scale_log2, rs):
+        """Warpgroup 0's part of one persistent-grid item: (with two math warpgroups, once
+        both have stored the last item's output halves) the item's Q by TMA, its tile
+        pairs, the heads' LSE and 1 / denominator (the sink joins it when the item finishes
+        its row), the row's split-table entry, its output half (with one math warpgroup,
+        both halves)."""
+        r_b, r_s, h0 = item.r_b, item.r_s, item.hg * HB
+        if two:
+            T.sync_threads(10, 256)
+        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, 0:DH], rg.Q_l, barrier=rg.bar_q,
+                   leader_scope_threads=128)
+        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, DH:D], rg.Q_r, barrier=rg.bar_q,
+                   leader_scope_threads=128)
+        T.barrier_arrive(rg.bar_q)
+        T.fill(f.acc_o_l, 0)
+        T.fill(f.l_part, 0)
+        T.fill(f.m_i, M_SENTINEL)
+        if not two:
+            T.fill(f.acc_o_r, 0)
+        T.barrier_wait(rg.bar_q, item.index & 1)
+        score_tiles(rg, f, item.pairs, None, item.pairs_before, scale_log2)
+        T.reduce_sum(f.l_part, f.l_i, dim=0, batch=HB // 4)
+        for i in T.Parallel(HB):
+            has = f.l_i[i] > 0
+            if item.splits == 1:
+                Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                    has, T.log(f.l_i[i]) + f.m_i[i] * sm_scale, T.infinity(T.float32))
+            else:
+                LsePartial[item.slot, 0, 0, h0 + i] = T.if_then_else(
+                    has, T.log2(f.l_i[i]) + f.m_i[i] * scale_log2, -T.infinity(T.float32))
+            f.inv[i] = T.if_then_else(
+                has,
+                1.0 / (f.l_i[i] + T.if_then_else(
+                    item.splits == 1, T.exp2(Sink[h0 + i] * LOG2E - f.m_i[i] * scale_log2),
+                    0.0)),
+                1.0)
+        if tx == 0 and item.hg == 0 and item.k == 0 and rs > 0:
+            RowSplits[item.row, 0] = item.slot
+            RowSplits[item.row, 1] = item.splits
+        if two:
+            T.copy(f.inv, rg.inv)
+            T.barrier_arrive(rg.bar_done)
+        else:
+            store_item_half(f.acc_o_r, f.inv, rg.Q_r, 8, Out, OPartial, item, DH)
+        store_item_half(f.acc_o_l, f.inv, rg.Q_l, 8, Out, OPartial, item, 0)
+
+    @T.macro
+    def right_item(rg, f, item, Out, OPartial):
+        """Warpgroup 1's part of one persistent-grid item: (once both math warpgroups have
+        stored the last item's halves) the right half of its P·V, the heads' 1 /
+        denominators from warpgroup 0 (``bar_done``, one phase per item), the right output
+        half."""
+        T.sync_threads(10, 256)
+        T.fill(f.acc_o_r, 0)
+        right_tiles(rg, f, item.pairs, None, item.pairs_before)
+        T.barrier_arrive(rg.bar_done)
+        T.barrier_wait(rg.bar_done, item.index & 1)
+        T.copy(rg.inv, f.inv_r)
+        store_item_half(f.acc_o_r, f.inv_r, rg.Q_r, 9, Out, OPartial, item, DH)
+
+    @T.macro
+    def produce_item(rg, item, lv, regs, p, main_args, extra_args):
+        """The producer's part of one persistent-grid item: every tile of its pairs
+        (``*_args``: a scope's cache bytes, indices, lengths, width, block size, block
+        stride, block count)."""
+        # (indexed, not unpacked: a buffer bound to a new name is renamed in the kernel)
+        lv[0], lv[1] = row_lengths(main_args[2], extra_args[2], main_args[3], extra_args[3],
+                                   item.r_b, has_extra)
+        main = CacheScope(main_args[0], main_args[1], main_args[3], lv[0], *main_args[4:])
+        extra = CacheScope(extra_args[0], extra_args[1], extra_args[3], lv[1], *extra_args[4:])
+        produce_tiles(rg, regs, p, main, extra,
+                      TileRange(item.r_b, item.r_s, item.t_begin, item.t_end,
+                                T.ceildiv(lv[0], BI)),
+                      item.pairs, item.pairs_before)
+
+    @T.macro
+    def persistent_body(Q, MainFp8, MainBf16, MainU8, MainIndices, MainLength, ExtraFp8,
+                        ExtraBf16, ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse, OPartial,
+                        LsePartial, RowSplits, sm_scale, main_block_size, main_block_stride,
+                        main_num_blocks, extra_block_size, extra_block_stride, extra_num_blocks,
+                        tiles_per_split, num_ctas):
+        with T.Kernel(num_ctas, threads=threads,
+                      prelude=producer_prelude(raw_ring, producer_lean)) as cta:
+            if pdl_trigger:
+                T.pdl_trigger()
+            # Q per item, by warpgroup 0 (its 128 threads arrive)
+            rg = TokensInMRing(HB, BI, D, NB, threads, q_arrivals=128)
+            f = alloc_math_fragments()
+            bounds = T.alloc_shared([PLAN_WORDS["items"]], T.int32, scope="shared")
+            scratch = T.alloc_shared([threads // 32, 3], T.int32, scope="shared")
+            tx = T.get_thread_binding()
+            scale_log2 = sm_scale * LOG2E
+            units = b * s_q * head_groups
+            lens = (MainLength, ExtraLength, topk, ew)
+            tiles = lambda r_b: row_tiles(*row_lengths(*lens, r_b, has_extra),  # noqa: E731
+                                          BI, has_extra)
+            plan_cta_range("items", bounds, scratch, lambda u: tiles((u // head_groups) // s_q),
+                           units, head_groups, tiles_per_split, item_cost, num_ctas, cta,
+                           threads)
+            # (u_begin, k_begin, slot base, u_end, k_end, T: work.cta_work_range)
+            span = T.alloc_local([PLAN_WORDS["items"]], T.int32)
+            for i in unrolled(PLAN_WORDS["items"]):
+                span[i] = bounds[i]
+            if tx < 128:
+                if two:
+                    ws_set_regs(TOKENS_IN_M_REGS[0])
+                walk_plan("items", span, units, head_groups, s_q, tiles,
+                          lambda item: score_item(
+                    rg, f, item, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
+                    sm_scale, scale_log2, rs))
+            elif two and tx < 256:
+                ws_set_regs(TOKENS_IN_M_REGS[1])
+                walk_plan("items", span, units, head_groups, s_q, tiles,
+                          lambda item: right_item(rg, f, item, Out, OPartial))
+            else:
+                if two:
+                    ws_set_regs(TOKENS_IN_M_REGS[2])
+                regs = alloc_producer_registers(BI, raw_ring, producer_lean)
+                lv = T.alloc_local([2], T.int32)  # the row's lengths
+                walk_plan("items", span, units, head_groups, s_q, tiles,
+                          lambda item: produce_item(
+                    rg, item, lv, regs, tx - producer0,
+                    (MainU8, MainIndices, MainLength, topk, main_block_size, main_block_stride,
+                     main_num_blocks),
+                    (ExtraU8, ExtraIndices, ExtraLength, ew, extra_block_size,
+                     extra_block_stride, extra_num_blocks)))
+
+    return decode_prim_func(shapes, num_heads, S, persistent_body if persistent else body)
 
 
 # The combine's merge order (schedule knob ``merge``): "elements" walks the outputs and, per
