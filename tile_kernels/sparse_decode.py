@@ -181,8 +181,9 @@ def build_sparse_decode(
         warp_specialized: the Hopper schedule (384 threads, 64 heads per CTA): a producer
             warpgroup dequantises tiles into two buffers while two consumer warpgroups run
             the attention math (attention_tile.WarpSpecializedState). sm_90a only.
-        persistent: with ``warp_specialized`` and whole head groups (``num_heads`` a multiple
-            of 64; other head counts keep the fixed grid), the persistent grid (``num_ctas``
+        persistent: with ``warp_specialized`` (or ``tokens_in_m``) and whole head groups
+            (``num_heads`` a multiple of ``heads_per_block``; other head counts keep the fixed
+            grid), the persistent grid (``num_ctas``
             CTAs, each walking a balanced range of work items, ``work.py``; ``num_splits``
             must be 1):
             a row is cut into splits of ``tiles_per_split`` KV tiles (the run-time argument;
@@ -210,7 +211,11 @@ def build_sparse_decode(
             8-32 heads do no padded work; ``threads`` 256 (one math warpgroup) or 384 (two),
             the FP8 producer (``fp8_producer``) filling ``num_stages`` (1-4) K buffers;
             ``ctas_per_sm`` (1-3, >1 only with 256 threads) bounds the registers so that
-            several CTAs share an SM. Fixed grid only (``_build_tokens_in_m``). sm_90a only.
+            several CTAs share an SM (``_build_tokens_in_m``). sm_90a only. With
+            ``persistent`` (whole head groups; ``num_splits`` 1, ``num_stages`` 2,
+            ``ctas_per_sm`` 1, no raw ring, ``tma_io`` or lean producer; others refused by
+            name) the persistent grid of the 64-head schedule, its item walk shared
+            (``work.py``; bench/PERF_NOTES.md item 49).
             ``tma_io`` (tokens in M only): every query row in and every output out through
             the TMA box, whose bounds clip the padded heads of a last head group (Q zero-filled,
             stores dropped) instead of per-thread copies there, and a split's fp32 partial

@@ -169,6 +169,14 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
             if c["num_stages"] not in stages:  # (prefill: 4 K buffers of 64 KiB never fit)
                 return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} not in {stages}"
             per_sm = c.get("ctas_per_sm", 1)
+            # tile_kernels/sparse_decode.check_tokens_in_m_persistent
+            if op == "sparse_decode" and c.get("persistent") and (
+                    c["num_splits"] != 1 or c["num_stages"] != 2 or per_sm != 1
+                    or c.get("raw_ring", 0) or c.get("tma_io") or c.get("producer_lean")
+                    or c.get("balance", "items") != "items"):
+                return ("persistent: the tokens-in-M persistent grid needs num_splits 1, "
+                        "num_stages 2, ctas_per_sm 1, raw_ring 0, tma_io and producer_lean "
+                        "false, balance 'items'")
             if per_sm != 1 and (op != "sparse_decode" or threads != 256 or per_sm not in (2, 3)):
                 return f"ctas_per_sm: {per_sm} needs decode's tokens_in_m with threads 256 (2 or 3)"
             # several CTAs per SM share its 64K registers
