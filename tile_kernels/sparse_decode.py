@@ -1674,6 +1674,14 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "num_splits": 2, "cluster_merge": True}},
+    # tokens in M on the persistent grid (work.py's item walk): 16 heads, two math
+    # warpgroups, C4A; 8 heads, one math warpgroup, SWA-only
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "persistent": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 8, "has_extra": False, "tokens_in_m": True, "heads_per_block": 8,
+                "threads": 256, "block_tokens": 64, "num_stages": 2, "persistent": True}},
     # split partials from both math warpgroups (32 heads, SWA-only, 2 splits)
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 32, "has_extra": False, "tokens_in_m": True, "heads_per_block": 32,
