@@ -625,6 +625,9 @@ PDL_BODIES = {
                     "heads_per_block": 16, "threads": 256, "block_tokens": 64,
                     "num_stages": 1, "ctas_per_sm": 2, "num_splits": 8},
     "plain": {"num_heads": 64, "has_extra": True, "num_splits": 4},
+    "tokens_in_m_persistent": {"num_heads": 16, "has_extra": True, "tokens_in_m": True,
+                               "heads_per_block": 16, "threads": 384, "block_tokens": 64,
+                               "num_stages": 2, "persistent": True},
 }
 
 
