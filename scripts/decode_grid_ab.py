@@ -25,7 +25,12 @@ per CTA; an unsplit row without a tokens-in-M bucket the h16 b128 bucket's; ``ti
 same kernel as ``tim`` where the knob changes nothing: unsplit whole head groups); ``--rows
 tim``: issue 24's rows h8 / h16 / h32 x b1 / b8 / b64 / b128 / b256 x SWA / C4A 512 and C128A
 1024 with per-row lengths at h16 b128, the split rows (b1 / b8) first; ``--tim-unsplit-heads``
-keeps the unsplit rows (b >= 64) of those head counts only. ``lean`` the row's resolved schedule with the FP8 producer's lean instruction
+keeps the unsplit rows (b >= 64) of those head counts only. ``tim_pers`` / ``tim_pers_inv`` /
+``tim_pers_inv8``: the tokens-in-M decode on the persistent grid (``TIM_PERSISTENT``, the row's
+heads per CTA; PERF_NOTES item 49) in the default mode and in batch-invariant mode with splits of
+4 and 8 tiles (one compiled variant: the split sizes are plan knobs); ``--rows timp``: its rows
+(h8 / h16 / h32 b128 / b64 / b1 / b8 C4A 512, h16 b128 / b1 SWA and C128A 1024 with per-row
+lengths at b128 / b8). ``lean`` the row's resolved schedule with the FP8 producer's lean instruction
 stream (``producer_lean``); ``--rows lean``: the lean producer's A/B rows (h64 / h128 at b128 /
 b256 on SWA and C4A, b32 SWA, MTP h128 b64 s_q 2, h64 b8 C4A: 12 rows whose default and lean
 kernels and combines are 11 variants). ``--rows ring``: the rows of the raw ring's A/B (full waves at h64 / h128 on
