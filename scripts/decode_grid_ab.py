@@ -237,11 +237,11 @@ def goal_rows(which: str) -> list:
         rows += [DecodeShape(h, b, k) for h in (16, 8, 32) for b in (64, 128, 256)
                  for k in ("swa", "c4a") if not (h == 16 and b == 128)]
         return rows
-    if which == "timp":  # tokens in M on the persistent grid (item 49): one wave and more first
-        rows = [DecodeShape(h, b, "c4a") for b in (128, 64) for h in (8, 16, 32)]
-        rows += [DecodeShape(16, 128, "swa"), DecodeShape(16, 128, "c128a", extra_width=1024,
-                                                          varying=True)]
-        rows += [DecodeShape(h, b, "c4a") for b in (1, 8) for h in (8, 16, 32)]
+    if which == "timp":  # tokens in M on the persistent grid (item 49), most telling first
+        rows = [DecodeShape(h, b, "c4a") for b in (64, 128) for h in (16, 8, 32)]
+        rows += [DecodeShape(16, 128, "c128a", extra_width=1024, varying=True),
+                 DecodeShape(16, 1, "c4a"), DecodeShape(16, 8, "c4a"), DecodeShape(16, 128, "swa")]
+        rows += [DecodeShape(h, b, "c4a") for h in (8, 32) for b in (1, 8)]
         return rows + [DecodeShape(16, 1, "swa"),
                        DecodeShape(16, 8, "c128a", extra_width=1024, varying=True)]
     if which == "ring":

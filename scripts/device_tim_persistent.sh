@@ -15,9 +15,9 @@
 #    persistent grid in the default mode (tim_pers) and batch-invariant mode with splits of 4
 #    and 8 tiles (tim_pers_inv, tim_pers_inv8) and FlashMLA padded to 64 heads, interleaved,
 #    medians of 3 rounds, every implementation reference-checked per row, the JSON rewritten
-#    after every row; h8 / h16 / h32 b128 / b64 C4A 512 first, then h16 b128 SWA and C128A 1024
-#    per-row lengths, then b1 / b8 C4A, h16 b1 SWA, h16 b8 C128A 1024 per-row lengths. No row
-#    is started after the deadline.
+#    after every row; h16 / h8 / h32 b64 then b128 C4A 512 first, then h16 b128 C128A 1024
+#    per-row lengths, h16 b1 / b8 C4A, h16 b128 SWA, h8 / h32 b1 / b8 C4A, h16 b1 SWA, h16 b8
+#    C128A 1024 per-row lengths. No row is started after the deadline.
 # Writes into $OUT: env.txt (device_setup.sh), log.txt (compile, tests, A/B log),
 # decode_grid_ab.json, decode_grid_ab.txt.
 #   bash scripts/device_tim_persistent.sh [seconds for the whole call, default 235]
