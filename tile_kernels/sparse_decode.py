@@ -911,6 +911,17 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
 # every thread may use 255 registers, or 65536 / (256 · ctas_per_sm).
 TOKENS_IN_M_THREADS = (256, 384)
 TOKENS_IN_M_REGS = DECODE_WS_REGS
+# The persistent grid's (384 threads): the producer keeps the item walk's state beside its
+# staged bytes (at 128 registers it spilled 40 / 92 bytes at h16 C4A; 216 / 144 / 144: none,
+# ptxas -v; bench/PERF_NOTES.md item 49). At 8 heads per CTA TileLang's thread-sync pass
+# refuses the kernel with that split ("a sync inside a divergent region with 127 participating
+# threads") and lowers it with TOKENS_IN_M_REGS: those there.
+TOKENS_IN_M_PERSISTENT_REGS = check_ws_regs((216, 144, 144))
+
+
+def tokens_in_m_persistent_regs(HB: int) -> tuple:
+    """The persistent grid's register split of the three warpgroups at ``HB`` heads per CTA."""
+    return TOKENS_IN_M_REGS if HB == 8 else TOKENS_IN_M_PERSISTENT_REGS
 # wgmma N = heads per CTA, a multiple of 8 (8 to 32: Oᵀ [512, N] fp32 takes 4·N registers
 # per thread of one math warpgroup).
 TOKENS_IN_M_HEADS = (8, 16, 24, 32)
@@ -1404,6 +1415,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                       prelude=producer_prelude(raw_ring, producer_lean)) as cta:
             if pdl_trigger:
                 T.pdl_trigger()
+            regs_split = tokens_in_m_persistent_regs(HB)
             # Q per item, by warpgroup 0 (its 128 threads arrive)
             rg = TokensInMRing(HB, BI, D, NB, threads, q_arrivals=128)
             f = alloc_math_fragments()
@@ -1424,18 +1436,18 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 span[i] = bounds[i]
             if tx < 128:
                 if two:
-                    ws_set_regs(TOKENS_IN_M_REGS[0])
+                    ws_set_regs(regs_split[0])
                 walk_plan("items", span, units, head_groups, s_q, tiles,
                           lambda item: score_item(
                     rg, f, item, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
                     sm_scale, scale_log2, rs))
             elif two and tx < 256:
-                ws_set_regs(TOKENS_IN_M_REGS[1])
+                ws_set_regs(regs_split[1])
                 walk_plan("items", span, units, head_groups, s_q, tiles,
                           lambda item: right_item(rg, f, item, Out, OPartial))
             else:
                 if two:
-                    ws_set_regs(TOKENS_IN_M_REGS[2])
+                    ws_set_regs(regs_split[2])
                 regs = alloc_producer_registers(BI, raw_ring, producer_lean)
                 lv = T.alloc_local([2], T.int32)  # the row's lengths
                 walk_plan("items", span, units, head_groups, s_q, tiles,
@@ -1674,10 +1686,13 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "num_splits": 2, "cluster_merge": True}},
-    # tokens in M on the persistent grid (work.py's item walk): 16 heads, two math
-    # warpgroups, C4A; 8 heads, one math warpgroup, SWA-only
+    # tokens in M on the persistent grid (work.py's item walk): 16 and 8 heads (each its
+    # register split), two math warpgroups, C4A; 8 heads, one math warpgroup, SWA-only
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "persistent": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 8, "has_extra": True, "tokens_in_m": True, "heads_per_block": 8,
                 "threads": 384, "block_tokens": 64, "num_stages": 2, "persistent": True}},
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 8, "has_extra": False, "tokens_in_m": True, "heads_per_block": 8,
