@@ -27,7 +27,7 @@ tim``: issue 24's rows h8 / h16 / h32 x b1 / b8 / b64 / b128 / b256 x SWA / C4A 
 1024 with per-row lengths at h16 b128, the split rows (b1 / b8) first; ``--tim-unsplit-heads``
 keeps the unsplit rows (b >= 64) of those head counts only. ``tim_pers`` / ``tim_pers_inv`` /
 ``tim_pers_inv8``: the tokens-in-M decode on the persistent grid (``TIM_PERSISTENT``, the row's
-heads per CTA; PERF_NOTES item 49) in the default mode and in batch-invariant mode with splits of
+heads per CTA; PERF_NOTES item 50) in the default mode and in batch-invariant mode with splits of
 4 and 8 tiles (one compiled variant: the split sizes are plan knobs); ``--rows timp``: its rows
 (h8 / h16 / h32 b128 / b64 / b1 / b8 C4A 512, h16 b128 / b1 SWA and C128A 1024 with per-row
 lengths at b128 / b8). ``lean`` the row's resolved schedule with the FP8 producer's lean instruction
@@ -97,7 +97,7 @@ CLUSTER_IMPLS = ("cmerge",)
 PDL_IMPLS = {"pdl": True, "pdl_wait": False}
 # tokens-in-M implementation -> tma_io (tim_schedule)
 TIM_IMPLS = {"tim": False, "tim_tma": True}
-# tokens in M on the persistent grid (issue 24, PERF_NOTES item 49) -> (batch_invariant, plan
+# tokens in M on the persistent grid (issue 24, PERF_NOTES item 50) -> (batch_invariant, plan
 # knobs over TIM_PERSISTENT's): the default mode (derived split size, whole rows once the units
 # fill half of the SMs) and batch-invariant mode with fixed splits of 4 and 8 tiles (plan knobs:
 # one compiled variant for all three)
@@ -237,7 +237,7 @@ def goal_rows(which: str) -> list:
         rows += [DecodeShape(h, b, k) for h in (16, 8, 32) for b in (64, 128, 256)
                  for k in ("swa", "c4a") if not (h == 16 and b == 128)]
         return rows
-    if which == "timp":  # tokens in M on the persistent grid (item 49), most telling first
+    if which == "timp":  # tokens in M on the persistent grid (item 50), most telling first
         rows = [DecodeShape(h, b, "c4a") for b in (64, 128) for h in (16, 8, 32)]
         rows += [DecodeShape(16, 128, "c128a", extra_width=1024, varying=True),
                  DecodeShape(16, 1, "c4a"), DecodeShape(16, 8, "c4a"), DecodeShape(16, 128, "swa")]
@@ -254,6 +254,15 @@ def goal_rows(which: str) -> list:
         rows = [DecodeShape(h, b, k) for h in (64, 128) for b in (128, 256) for k in ("swa", "c4a")]
         return rows + [DecodeShape(64, 32, "swa"), DecodeShape(128, 32, "swa"),
                        DecodeShape(128, 64, "c4a", s_q=2), DecodeShape(64, 8, "c4a")]
+    if which == "tim_lean":  # the lean producer on the tokens-in-M buckets (issue 24)
+        # (rows whose bucket takes tokens in M: h16 b <= 16 and b >= 67, h32 b <= 16)
+        rows = [DecodeShape(h, b, k) for h in (16, 32) for b in (1, 8) for k in ("swa", "c4a")]
+        return rows + [DecodeShape(16, 128, k) for k in ("swa", "c4a")] + [
+            DecodeShape(16, 128, "c128a", varying=True)]
+    if which == "lean_rest":  # the split-consumer / tokens-in-M buckets run 64 / 68 left untimed
+        rows = [DecodeShape(h, b, "swa") for h in (64, 128) for b in (1, 8)]
+        rows += [DecodeShape(128, 16, k) for k in ("swa", "c4a", "c128a")]
+        return rows + [DecodeShape(h, 8, "c128a") for h in (16, 32)]
     if which == "crossover":
         return [DecodeShape(128, 128, "c4a"), DecodeShape(128, 256, "c4a"),
                 DecodeShape(128, 128, "c128a"), DecodeShape(128, 64, "swa"),
@@ -576,7 +585,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
-                                       "pdl", "tim", "pq", "balance", "lean", "timp"),
+                                       "pdl", "tim", "pq", "balance", "lean", "tim_lean", "lean_rest",
+                                       "timp"),
                     default="quick")
     ap.add_argument("--tim-unsplit-heads", default="",
                     help="with --rows tim: comma-separated head counts whose unsplit rows "

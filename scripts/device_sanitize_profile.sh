@@ -3,7 +3,8 @@
 # against today's producer (bench/PERF_NOTES.md item 38), on a lent H100/H200 (device tool):
 #   export OUT && source scripts/device_setup.sh && bash scripts/device_sanitize_profile.sh
 # Writes sanitize_precompile.txt, memcheck.txt, racecheck.txt, ncu_fixed.txt, ncu_ring4.txt,
-# ncu_sol.txt into $OUT. SKIP_NCU=1 leaves the profile out.
+# ncu_sol.txt into $OUT. SKIP_NCU=1 leaves the profile out; NCU_IMPLS=fixed profiles only the shipped
+# decode (h64 b128 C4A: the lean producer since run 64).
 set -uo pipefail
 python3 - > /tmp/profile_precompile.txt 2>&1 <<'PY' &
 import sys
@@ -22,7 +23,7 @@ timeout 240 compute-sanitizer --tool racecheck --error-exitcode 1 python3 script
   > "$OUT/racecheck.txt" 2>&1
 echo "racecheck exit status $? at ${SECONDS} s" | tee -a "$OUT/racecheck.txt"; tail -4 "$OUT/racecheck.txt"
 if [ -z "${SKIP_NCU:-}" ]; then
-  for impl in fixed ring4; do
+  for impl in ${NCU_IMPLS:-fixed ring4}; do
     sched=""; [ "$impl" = ring4 ] && sched='{"raw_ring": 4, "block_tokens": 32, "consumers": "split"}'
     timeout 90 ncu --clock-control none --kernel-name regex:sparse_decode --launch-skip 1 \
       --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SourceCounters \

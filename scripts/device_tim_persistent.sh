@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 24, tokens in M on the persistent grid (knob persistent with tokens_in_m, off by
-# default; bench/PERF_NOTES.md item 49) on a lent H100/H200 (device tool), from the repository
+# default; bench/PERF_NOTES.md item 50) on a lent H100/H200 (device tool), from the repository
 # root, in one call of <= 240 s:
 #   export OUT && source scripts/device_setup.sh && bash scripts/device_tim_persistent.sh 235
 # 1. Compiles in parallel (28 processes, decode variants first) the A/B's 14 decode variants

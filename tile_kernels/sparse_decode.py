@@ -215,7 +215,7 @@ def build_sparse_decode(
             ``persistent`` (whole head groups; ``num_splits`` 1, ``num_stages`` 2,
             ``ctas_per_sm`` 1, no raw ring, ``tma_io`` or lean producer; others refused by
             name) the persistent grid of the 64-head schedule, its item walk shared
-            (``work.py``; bench/PERF_NOTES.md item 49).
+            (``work.py``; bench/PERF_NOTES.md item 50).
             ``tma_io`` (tokens in M only): every query row in and every output out through
             the TMA box, whose bounds clip the padded heads of a last head group (Q zero-filled,
             stores dropped) instead of per-thread copies there, and a split's fp32 partial
@@ -913,7 +913,7 @@ TOKENS_IN_M_THREADS = (256, 384)
 TOKENS_IN_M_REGS = DECODE_WS_REGS
 # The persistent grid's (384 threads): the producer keeps the item walk's state beside its
 # staged bytes (at 128 registers it spilled 40 / 92 bytes at h16 C4A; 216 / 144 / 144: none,
-# ptxas -v; bench/PERF_NOTES.md item 49). At 8 heads per CTA TileLang's thread-sync pass
+# ptxas -v; bench/PERF_NOTES.md item 50). At 8 heads per CTA TileLang's thread-sync pass
 # refuses the kernel with that split ("a sync inside a divergent region with 127 participating
 # threads") and lowers it with TOKENS_IN_M_REGS: those there.
 TOKENS_IN_M_PERSISTENT_REGS = check_ws_regs((216, 144, 144))

@@ -811,7 +811,7 @@ def test_tim_persistent_has_examples():
 
 @pytest.mark.parametrize("kwargs", _tim_persistent_examples())
 def test_tim_persistent_source(kwargs, tmp_path):
-    """The generated CUDA of tokens in M on the persistent grid (bench/PERF_NOTES.md item 49):
+    """The generated CUDA of tokens in M on the persistent grid (bench/PERF_NOTES.md item 50):
     one CTA range plan (the work items of work.py), Q loaded by TMA per item in one place per
     half, a finished output stored by TMA, with two math warpgroups their per-item meeting
     (named barrier 10 of 256 threads) once in each; the dynamic shared memory within a CTA's

@@ -672,7 +672,7 @@ def test_decode_tokens_in_m_tma_io(h, hb, threads, stages, per_sm, extra_kind, s
 
 
 # ------------------------------------------------------- tokens in M on the persistent grid
-# The tokens-in-M decode walking work.py's items (issue 24, bench/PERF_NOTES.md item 49): two
+# The tokens-in-M decode walking work.py's items (issue 24, bench/PERF_NOTES.md item 50): two
 # K buffers, every tile of an item's pairs (an odd range's padding tile all-invalid), Q per
 # item by TMA, rows of one split stored in place, split rows through the combine. The configs
 # are scripts/decode_grid_ab.py's ``tim_pers`` (the same dict: the same compiled variant per
