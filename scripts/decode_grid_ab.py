@@ -108,7 +108,7 @@ TIM_PERSISTENT_IMPLS = {"tim_pers": (False, {}), "tim_pers_inv": (True, {}),
 TIM_PERSISTENT = {"block_tokens": 64, "threads": 384, "warp_specialized": False,
                   "tokens_in_m": True, "num_stages": 2, "ctas_per_sm": 1, "num_splits": 1,
                   "persistent": True, "item_cost": 2, "tiles_per_split_min": 2,
-                  "invariant_tiles_per_split": 4}
+                  "invariant_tiles_per_split": 4, "producer_lean": True}
 # the row's resolved schedule with the lean FP8 producer (tile_kernels/fp8_producer.py)
 LEAN_IMPLS = ("lean",)
 IMPLS = ("fixed", "persistent", "ptiles", "persistent_inv", "fixed_inv", *SEESAW_IMPLS,

@@ -5,9 +5,10 @@
 #   export OUT && source scripts/device_setup.sh && bash scripts/device_tim_persistent.sh 235
 # 1. Compiles in parallel (28 processes, decode variants first) the A/B's 14 decode variants
 #    (per row its shipped tokens-in-M config, scripts/decode_grid_ab.py tim_schedule: 10; the
-#    persistent grid at h8 / h16 / h32 with the extra scope and h16 SWA-only: 4) and 12 combines
-#    (h8 / h16 / h32 x 2, 4, 8, 16 splits), plus the GPU tests' 2 others (one math warpgroup at
-#    h16; h20 in a padded group of 24, which keeps the fixed grid under the knob).
+#    persistent grid with the lean producer, as the buckets ship it, at h8 / h16 / h32 with the
+#    extra scope and h16 SWA-only: 4) and 12 combines (h8 / h16 / h32 x 2, 4, 8, 16 splits), plus
+#    the GPU tests' 2 others (one math warpgroup with the default producer at h16; h20 in a
+#    padded group of 24, which keeps the fixed grid under the knob).
 # 2. The GPU tests (tests/sparse_decode/test_sparse_decode_gpu.py -k tokens_in_m_persistent:
 #    NaN-poisoned outputs, partials and split table, reference-checked; batch invariance bitwise,
 #    alone and in batches of 8, 37, 133 and 256).
@@ -35,11 +36,12 @@ import test_sparse_decode_gpu as t
 from dsv4_tl.kernels import SPARSE_DECODE
 
 seen = set()
-cases = [(h, hb, threads, kind) for h, hb, threads, _b, _s, kind, _i, _p in t.TIM_PERSISTENT]
-for h, hb, threads, kind in cases + [(20, 24, 384, "c4a512")]:
+cases = [(h, hb, threads, kind, plan)
+         for h, hb, threads, _b, _s, kind, _i, plan in t.TIM_PERSISTENT]
+for h, hb, threads, kind, plan in cases + [(20, 24, 384, "c4a512", {})]:
     scope = "swa" if kind == "swa" else "c4a"
     line = "|".join(["sparse_decode", json.dumps(SPARSE_DECODE.static(h=h, scope=scope)),
-                     json.dumps(t.tim_persistent_config(hb, threads))])
+                     json.dumps(t.tim_persistent_config(hb, threads, **plan))])
     if line not in seen:  # (precompile drops the A/B's own variants named again)
         seen.add(line)
         print(line)

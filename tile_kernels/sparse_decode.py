@@ -213,8 +213,7 @@ def build_sparse_decode(
             ``ctas_per_sm`` (1-3, >1 only with 256 threads) bounds the registers so that
             several CTAs share an SM (``_build_tokens_in_m``). sm_90a only. With
             ``persistent`` (whole head groups; ``num_splits`` 1, ``num_stages`` 2,
-            ``ctas_per_sm`` 1, no raw ring, ``tma_io`` or lean producer; others refused by
-            name) the persistent grid of the 64-head schedule, its item walk shared
+            ``ctas_per_sm`` 1, no raw ring or ``tma_io``; others refused by name) the persistent grid of the 64-head schedule, its item walk shared
             (``work.py``; bench/PERF_NOTES.md item 50).
             ``tma_io`` (tokens in M only): every query row in and every output out through
             the TMA box, whose bounds clip the padded heads of a last head group (Q zero-filled,
@@ -234,9 +233,9 @@ def build_sparse_decode(
             2): the two head-group CTAs of a (row, split) form a cluster; each gathers and
             dequantises one K half of every tile and copies it into its peer's shared memory
             (``sparse_decode_seesaw``). sm_90a only.
-        producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
-            in M on the fixed grid; not with a raw ring, cluster_merge nor the seesaw's half
-            producer): the same loads and K in fewer instructions per 32-token round
+        producer_lean: the FP8 producer's lean instruction stream (split consumers on the
+            fixed grid, tokens in M on either grid; not with a raw ring, cluster_merge nor the
+            seesaw's half producer): the same loads and K in fewer instructions per 32-token round
             (``fp8_producer``, ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md item 46).
         cluster_merge: the warp-specialised schedule's fixed grid with the split consumers
             (no raw ring), ``num_splits`` 2, 4 or 8: the splits of a row form one thread-block
@@ -266,11 +265,11 @@ def build_sparse_decode(
         raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
     check_raw_ring(raw_ring)
     check_producer_lean(producer_lean, raw_ring)
-    if producer_lean and (persistent or cluster_merge
+    if producer_lean and ((persistent and not tokens_in_m) or cluster_merge
                           or not ((warp_specialized and consumers == "split") or tokens_in_m)):
-        # (the persistent grid and the cluster merge: not yet run on a GPU with it)
-        raise ValueError("producer_lean: the lean producer serves the split consumers and tokens "
-                         f"in M on the fixed grid without cluster_merge, got consumers "
+        # (the 64-head persistent grid and the cluster merge: not yet run on a GPU with it)
+        raise ValueError("producer_lean: the lean producer serves the split consumers on the "
+                         "fixed grid and tokens in M, without cluster_merge, got consumers "
                          f"{consumers!r}, warp_specialized {warp_specialized}, tokens_in_m "
                          f"{tokens_in_m}, persistent {persistent}, cluster_merge {cluster_merge}")
     if cluster_merge:
@@ -969,9 +968,9 @@ def check_tokens_in_m_persistent(S, NB, ctas_per_sm, raw_ring, tma_io, balance, 
     """ValueError naming the knob that the tokens-in-M decode's persistent grid cannot take:
     it walks ``work.walk_items``' tile pairs (two K buffers), one split per item (the walk
     cuts rows itself), one CTA per SM (the front end's grid), the register path of the
-    producer (a raw ring would drain at every item), outputs by TMA of whole head groups
-    (``tma_io`` changes nothing there but the partials' store, not built for items), and the
-    item balance ("tiles" is refused by the front end, bench/PERF_NOTES.md item 48)."""
+    producer, lean or not (a raw ring would drain at every item), outputs by TMA of whole head
+    groups (``tma_io`` changes nothing there but the partials' store, not built for items),
+    and the item balance ("tiles" is refused by the front end, bench/PERF_NOTES.md item 48)."""
     for name, value, want in (("num_splits", S, 1), ("num_stages", NB, 2),
                               ("ctas_per_sm", ctas_per_sm, 1), ("raw_ring", raw_ring, 0),
                               ("tma_io", tma_io, False), ("balance", balance, "items")):
@@ -1687,13 +1686,16 @@ LOWERING_EXAMPLES = [
      "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "num_splits": 2, "cluster_merge": True}},
     # tokens in M on the persistent grid (work.py's item walk): 16 and 8 heads (each its
-    # register split), two math warpgroups, C4A; 8 heads, one math warpgroup, SWA-only
+    # register split), two math warpgroups, the lean producer, C4A; 8 heads, one math
+    # warpgroup, the default producer, SWA-only
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
-                "threads": 384, "block_tokens": 64, "num_stages": 2, "persistent": True}},
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "persistent": True,
+                "producer_lean": True}},
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 8, "has_extra": True, "tokens_in_m": True, "heads_per_block": 8,
-                "threads": 384, "block_tokens": 64, "num_stages": 2, "persistent": True}},
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "persistent": True,
+                "producer_lean": True}},
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 8, "has_extra": False, "tokens_in_m": True, "heads_per_block": 8,
                 "threads": 256, "block_tokens": 64, "num_stages": 2, "persistent": True}},

@@ -840,7 +840,6 @@ def test_tim_persistent_source(kwargs, tmp_path):
     ({"raw_ring": 2}, "raw_ring: .*fixed grid"),
     ({"tma_io": True}, "persistent: .*needs tma_io False, got True"),
     ({"balance": "tiles"}, "persistent: .*needs balance 'items', got 'tiles'"),
-    ({"producer_lean": True}, "producer_lean: .*fixed grid"),
     ({"item_cost": 0}, "persistent: needs item_cost >= 1, got 0"),
 ])
 def test_tim_persistent_refused(kwargs, message):
@@ -859,9 +858,9 @@ def test_tim_persistent_refused(kwargs, message):
 
 
 def test_tim_persistent_kept_by_pruning_and_padded_heads_keep_fixed_grid():
-    """The A/B's config (scripts/decode_grid_ab.py TIM_PERSISTENT) is kept by the tuner; a head
-    count with a padded last group builds the fixed grid's kernel under the knob (the front
-    end's rule too)."""
+    """The A/B's config (scripts/decode_grid_ab.py TIM_PERSISTENT, lean producer or not) is kept
+    by the tuner; a head count with a padded last group builds the fixed grid's kernel under
+    the knob (the front end's rule too)."""
     from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
     from dsv4_tl.tune.resources import prune
 
@@ -869,6 +868,7 @@ def test_tim_persistent_kept_by_pruning_and_padded_heads_keep_fixed_grid():
               "threads": 384, "warp_specialized": False, "tokens_in_m": True, "num_stages": 2,
               "ctas_per_sm": 1, "num_splits": 1, "persistent": True}
     assert prune("cuda_sm90a", "sparse_decode", config) is None
+    assert prune("cuda_sm90a", "sparse_decode", {**config, "producer_lean": True}) is None
     padded = {"num_heads": 20, "has_extra": True, "tokens_in_m": True, "heads_per_block": 24,
               "threads": 384, "block_tokens": 64, "num_stages": 2}
     assert (build_sparse_decode(**padded, persistent=True).script()

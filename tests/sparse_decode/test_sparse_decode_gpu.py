@@ -677,17 +677,19 @@ def test_decode_tokens_in_m_tma_io(h, hb, threads, stages, per_sm, extra_kind, s
 # item by TMA, rows of one split stored in place, split rows through the combine. The configs
 # are scripts/decode_grid_ab.py's ``tim_pers`` (the same dict: the same compiled variant per
 # head count and scope; the split sizes are plan knobs, not part of the variant), plus one math
-# warpgroup (threads 256) at 16 heads, C4A: with the A/B's rows (--rows timp) 16 variants.
+# warpgroup (threads 256) with the default producer at 16 heads, C4A: with the A/B's rows (--rows
+# timp) 16 variants.
 def tim_persistent_config(hb, threads=384, **plan) -> dict:
-    """The schedule file's default with tokens in M on the persistent grid (``plan``: the
-    split-size knobs ``tiles_per_split_min`` / ``invariant_tiles_per_split``)."""
+    """The schedule file's default with tokens in M on the persistent grid and the lean
+    producer, as the tokens-in-M buckets ship it (``plan``: over these, e.g. the split-size
+    knobs ``tiles_per_split_min`` / ``invariant_tiles_per_split`` or ``producer_lean``)."""
     from dsv4_tl.schedules import schedule_for
 
     return {**schedule_for("cuda_sm90a", "sparse_decode"), "block_tokens": 64,
             "heads_per_block": hb, "threads": threads, "warp_specialized": False,
             "tokens_in_m": True, "num_stages": 2, "ctas_per_sm": 1, "num_splits": 1,
             "persistent": True, "item_cost": 2, "tiles_per_split_min": 2,
-            "invariant_tiles_per_split": 4, **plan}
+            "invariant_tiles_per_split": 4, "producer_lean": True, **plan}
 
 
 def _tim_persistent(hb, threads=384, **plan):
@@ -700,12 +702,13 @@ TIM_PERSISTENT = [
     (8, 8, 384, 1, 1, "c4a512", False, {}),
     (16, 16, 384, 7, 1, "c4a512", False, {}),
     (32, 32, 384, 3, 2, "c128a256", False, {}),
-    (16, 16, 256, 7, 1, "c4a512", False, {}),  # one math warpgroup
+    # one math warpgroup and the default producer
+    (16, 16, 256, 7, 1, "c4a512", False, {"producer_lean": False}),
     # whole rows (the units fill more than half of the SMs): 1-3 items per CTA
     (16, 16, 384, 300, 1, "c4a512", False, {}),
     (16, 16, 384, 200, 1, "swa", False, {}),
     (32, 32, 384, 140, 1, "c128a256", False, {}),
-    (16, 16, 256, 300, 1, "c4a512", False, {}),
+    (16, 16, 256, 300, 1, "c4a512", False, {"producer_lean": False}),
     # fixed split sizes (batch-invariant mode): one-tile items (a padding tile each, ~5-10
     # items per CTA), three-tile items (odd: the last pair padded)
     (16, 16, 384, 40, 1, "c4a512", True, {"invariant_tiles_per_split": 1}),
@@ -717,7 +720,8 @@ TIM_PERSISTENT = [
 def _tim_persistent_id(case) -> str:
     h, hb, threads, b, s_q, kind, inv, plan = case
     return "_".join([f"h{h}", f"t{threads}", f"b{b}", f"sq{s_q}", kind,
-                     "inv" if inv else "default", *(f"{k[:3]}{v}" for k, v in plan.items())])
+                     "inv" if inv else "default",
+                     *(f"{k.split('_')[-1]}{v}" for k, v in plan.items())])
 
 
 @pytest.mark.parametrize("h,hb,threads,b,s_q,extra_kind,batch_invariant,plan", TIM_PERSISTENT,
