@@ -585,8 +585,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
-                                       "pdl", "tim", "pq", "balance", "lean", "tim_lean", "lean_rest",
-                                       "timp"),
+                                       "pdl", "tim", "pq", "balance", "lean", "tim_lean",
+                                       "lean_rest", "timp"),
                     default="quick")
     ap.add_argument("--tim-unsplit-heads", default="",
                     help="with --rows tim: comma-separated head counts whose unsplit rows "

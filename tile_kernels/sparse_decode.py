@@ -213,8 +213,9 @@ def build_sparse_decode(
             ``ctas_per_sm`` (1-3, >1 only with 256 threads) bounds the registers so that
             several CTAs share an SM (``_build_tokens_in_m``). sm_90a only. With
             ``persistent`` (whole head groups; ``num_splits`` 1, ``num_stages`` 2,
-            ``ctas_per_sm`` 1, no raw ring or ``tma_io``; others refused by name) the persistent grid of the 64-head schedule, its item walk shared
-            (``work.py``; bench/PERF_NOTES.md item 50).
+            ``ctas_per_sm`` 1, no raw ring or ``tma_io``; others refused by name) the
+            persistent grid of the 64-head schedule, its item walk shared (``work.py``;
+            bench/PERF_NOTES.md item 50).
             ``tma_io`` (tokens in M only): every query row in and every output out through
             the TMA box, whose bounds clip the padded heads of a last head group (Q zero-filled,
             stores dropped) instead of per-thread copies there, and a split's fp32 partial
