@@ -25,7 +25,12 @@ per CTA; an unsplit row without a tokens-in-M bucket the h16 b128 bucket's; ``ti
 same kernel as ``tim`` where the knob changes nothing: unsplit whole head groups); ``--rows
 tim``: issue 24's rows h8 / h16 / h32 x b1 / b8 / b64 / b128 / b256 x SWA / C4A 512 and C128A
 1024 with per-row lengths at h16 b128, the split rows (b1 / b8) first; ``--tim-unsplit-heads``
-keeps the unsplit rows (b >= 64) of those head counts only. ``lean`` the row's resolved schedule with the FP8 producer's lean instruction
+keeps the unsplit rows (b >= 64) of those head counts only. ``tim_pers`` / ``tim_pers_inv`` /
+``tim_pers_inv8``: the tokens-in-M decode on the persistent grid (``TIM_PERSISTENT``, the row's
+heads per CTA; PERF_NOTES item 50) in the default mode and in batch-invariant mode with splits of
+4 and 8 tiles (one compiled variant: the split sizes are plan knobs); ``--rows timp``: its rows
+(h8 / h16 / h32 b128 / b64 / b1 / b8 C4A 512, h16 b128 / b1 SWA and C128A 1024 with per-row
+lengths at b128 / b8). ``lean`` the row's resolved schedule with the FP8 producer's lean instruction
 stream (``producer_lean``); ``--rows lean``: the lean producer's A/B rows (h64 / h128 at b128 /
 b256 on SWA and C4A, b32 SWA, MTP h128 b64 s_q 2, h64 b8 C4A: 12 rows whose default and lean
 kernels and combines are 11 variants). ``--rows ring``: the rows of the raw ring's A/B (full waves at h64 / h128 on
@@ -92,12 +97,24 @@ CLUSTER_IMPLS = ("cmerge",)
 PDL_IMPLS = {"pdl": True, "pdl_wait": False}
 # tokens-in-M implementation -> tma_io (tim_schedule)
 TIM_IMPLS = {"tim": False, "tim_tma": True}
+# tokens in M on the persistent grid (issue 24, PERF_NOTES item 50) -> (batch_invariant, plan
+# knobs over TIM_PERSISTENT's): the default mode (derived split size, whole rows once the units
+# fill half of the SMs) and batch-invariant mode with fixed splits of 4 and 8 tiles (plan knobs:
+# one compiled variant for all three)
+TIM_PERSISTENT_IMPLS = {"tim_pers": (False, {}), "tim_pers_inv": (True, {}),
+                        "tim_pers_inv8": (True, {"invariant_tiles_per_split": 8})}
+# its knobs over the schedule file's default (tests/sparse_decode/test_sparse_decode_gpu.py's
+# tim_persistent_config gives the same dict, so the same compiled variants)
+TIM_PERSISTENT = {"block_tokens": 64, "threads": 384, "warp_specialized": False,
+                  "tokens_in_m": True, "num_stages": 2, "ctas_per_sm": 1, "num_splits": 1,
+                  "persistent": True, "item_cost": 2, "tiles_per_split_min": 2,
+                  "invariant_tiles_per_split": 4, "producer_lean": True}
 # the row's resolved schedule with the lean FP8 producer (tile_kernels/fp8_producer.py)
 LEAN_IMPLS = ("lean",)
 IMPLS = ("fixed", "persistent", "ptiles", "persistent_inv", "fixed_inv", *SEESAW_IMPLS,
          *RAW_RING_IMPLS,
          *COMBINE_IMPLS, *CROSSOVER_IMPLS, *CLUSTER_IMPLS, *PDL_IMPLS, *TIM_IMPLS, *LEAN_IMPLS,
-         "flashmla")
+         *TIM_PERSISTENT_IMPLS, "flashmla")
 DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
 
 
@@ -169,6 +186,13 @@ def tim_schedule(shape, tma_io: bool) -> dict:
     return config
 
 
+def tim_persistent_schedule(shape, **plan) -> dict:
+    """Tokens in M on the persistent grid for the row: ``TIM_PERSISTENT`` with the row's
+    heads per CTA (its head count, 8-32), ``plan`` over its split-size knobs."""
+    return {**schedule_for(TARGET.dirname, "sparse_decode"), **TIM_PERSISTENT,
+            "heads_per_block": min(32, -(-shape.h // 8) * 8), **plan}
+
+
 def pdl_schedule(shape, trigger: bool) -> dict:
     """The row's resolved decode schedule with ``pdl_trigger`` set to ``trigger``."""
     fixed = SPARSE_DECODE.variant(TARGET.dirname, **_call(shape))
@@ -213,6 +237,13 @@ def goal_rows(which: str) -> list:
         rows += [DecodeShape(h, b, k) for h in (16, 8, 32) for b in (64, 128, 256)
                  for k in ("swa", "c4a") if not (h == 16 and b == 128)]
         return rows
+    if which == "timp":  # tokens in M on the persistent grid (item 50), most telling first
+        rows = [DecodeShape(h, b, "c4a") for b in (64, 128) for h in (16, 8, 32)]
+        rows += [DecodeShape(16, 128, "c128a", extra_width=1024, varying=True),
+                 DecodeShape(16, 1, "c4a"), DecodeShape(16, 8, "c4a"), DecodeShape(16, 128, "swa")]
+        rows += [DecodeShape(h, b, "c4a") for h in (8, 32) for b in (1, 8)]
+        return rows + [DecodeShape(16, 1, "swa"),
+                       DecodeShape(16, 8, "c128a", extra_width=1024, varying=True)]
     if which == "ring":
         return [DecodeShape(h, b, k) for h in (128, 64) for b in (128, 256) for k in ("c4a",)] + [
             DecodeShape(128, 128, "c128a"), DecodeShape(64, 128, "c128a"),
@@ -315,6 +346,12 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
                     out.add(Variant.make("sparse_decode_combine",
                                          dict(num_heads=shape.h, num_splits=config["num_splits"]),
                                          schedule_for(tdir, "sparse_decode_combine")))
+        if set(TIM_PERSISTENT_IMPLS) & set(impls):  # (the split sizes are plan knobs)
+            out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
+                                 tim_persistent_schedule(shape)))
+            for n in (2, 4, 8, 16):
+                out.add(Variant.make("sparse_decode_combine", dict(num_heads=shape.h, num_splits=n),
+                                     schedule_for(tdir, "sparse_decode_combine")))
         for name, trigger in PDL_IMPLS.items():
             if name in impls:
                 out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
@@ -410,6 +447,9 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS, flush=
                 impls[name] = (_forced(tim_schedule(shape, tma)), False)
         if "lean" in chosen:
             impls["lean"] = (_forced(lean_schedule(shape)), False)
+        for name, (inv, plan) in TIM_PERSISTENT_IMPLS.items():
+            if name in chosen:
+                impls[name] = (_forced(tim_persistent_schedule(shape, **plan)), inv)
         if "cmerge" in chosen:
             config = cluster_merge_schedule(shape)
             if config is not None:
@@ -499,6 +539,9 @@ def impl_table(results: list, chosen) -> str:
     pairs = [("seesaw", "crossover")] if {"seesaw", "crossover"} <= set(ours) else []
     # tma_io against the same tokens-in-M config without it
     pairs += [("tim", "tim_tma")] if {"tim", "tim_tma"} <= set(ours) else []
+    # tokens in M: the fixed grid over the persistent one; invariant mode's cost over the default
+    pairs += [(a, c) for a, c in (("tim", "tim_pers"), ("tim_pers", "tim_pers_inv"),
+                                  ("tim_pers", "tim_pers_inv8")) if {a, c} <= set(ours)]
     head += "".join(f" {a[:4] + '/' + c[-4:]:>9s}" for a, c in pairs)
     lines = [head]
     for e in results:
@@ -542,7 +585,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
-                                       "pdl", "tim", "pq", "balance", "lean", "tim_lean", "lean_rest"),
+                                       "pdl", "tim", "pq", "balance", "lean", "tim_lean",
+                                       "lean_rest", "timp"),
                     default="quick")
     ap.add_argument("--tim-unsplit-heads", default="",
                     help="with --rows tim: comma-separated head counts whose unsplit rows "

@@ -31,7 +31,10 @@ for 8-32 heads: KV tokens in wgmma M, the heads in N) share one FP8 producer war
 Definition of the math: ``dsv4_tl/reference/sparse_decode.py``.
 """
 
+from types import SimpleNamespace
+
 import tilelang.language as T
+from tvm.script.ir_builder import IRBuilder
 
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
 from .fp8 import FP8_FORMATS, fp8_byte_to_float
@@ -179,8 +182,9 @@ def build_sparse_decode(
         warp_specialized: the Hopper schedule (384 threads, 64 heads per CTA): a producer
             warpgroup dequantises tiles into two buffers while two consumer warpgroups run
             the attention math (attention_tile.WarpSpecializedState). sm_90a only.
-        persistent: with ``warp_specialized`` and whole head groups (``num_heads`` a multiple
-            of 64; other head counts keep the fixed grid), the persistent grid (``num_ctas``
+        persistent: with ``warp_specialized`` (or ``tokens_in_m``) and whole head groups
+            (``num_heads`` a multiple of ``heads_per_block``; other head counts keep the fixed
+            grid), the persistent grid (``num_ctas``
             CTAs, each walking a balanced range of work items, ``work.py``; ``num_splits``
             must be 1):
             a row is cut into splits of ``tiles_per_split`` KV tiles (the run-time argument;
@@ -214,7 +218,11 @@ def build_sparse_decode(
             8-32 heads do no padded work; ``threads`` 256 (one math warpgroup) or 384 (two),
             the FP8 producer (``fp8_producer``) filling ``num_stages`` (1-4) K buffers;
             ``ctas_per_sm`` (1-3, >1 only with 256 threads) bounds the registers so that
-            several CTAs share an SM. Fixed grid only (``_build_tokens_in_m``). sm_90a only.
+            several CTAs share an SM (``_build_tokens_in_m``). sm_90a only. With
+            ``persistent`` (whole head groups; ``num_splits`` 1, ``num_stages`` 2,
+            ``ctas_per_sm`` 1, no raw ring or ``tma_io``; others refused by name) the
+            persistent grid of the 64-head schedule, its item walk shared (``work.py``;
+            bench/PERF_NOTES.md item 50).
             ``tma_io`` (tokens in M only): every query row in and every output out through
             the TMA box, whose bounds clip the padded heads of a last head group (Q zero-filled,
             stores dropped) instead of per-thread copies there, and a split's fp32 partial
@@ -233,9 +241,9 @@ def build_sparse_decode(
             2): the two head-group CTAs of a (row, split) form a cluster; each gathers and
             dequantises one K half of every tile and copies it into its peer's shared memory
             (``sparse_decode_seesaw``). sm_90a only.
-        producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
-            in M on the fixed grid; not with a raw ring, cluster_merge nor the seesaw's half
-            producer): the same loads and K in fewer instructions per 32-token round
+        producer_lean: the FP8 producer's lean instruction stream (split consumers on the
+            fixed grid, tokens in M on either grid; not with a raw ring, cluster_merge nor the
+            seesaw's half producer): the same loads and K in fewer instructions per 32-token round
             (``fp8_producer``, ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md item 46).
         cluster_merge: the warp-specialised schedule's fixed grid with the split consumers
             (no raw ring), ``num_splits`` 2, 4 or 8: the splits of a row form one thread-block
@@ -265,11 +273,11 @@ def build_sparse_decode(
         raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
     check_raw_ring(raw_ring)
     check_producer_lean(producer_lean, raw_ring)
-    if producer_lean and (persistent or cluster_merge
+    if producer_lean and ((persistent and not tokens_in_m) or cluster_merge
                           or not ((warp_specialized and consumers == "split") or tokens_in_m)):
-        # (the persistent grid and the cluster merge: not yet run on a GPU with it)
-        raise ValueError("producer_lean: the lean producer serves the split consumers and tokens "
-                         f"in M on the fixed grid without cluster_merge, got consumers "
+        # (the 64-head persistent grid and the cluster merge: not yet run on a GPU with it)
+        raise ValueError("producer_lean: the lean producer serves the split consumers on the "
+                         "fixed grid and tokens in M, without cluster_merge, got consumers "
                          f"{consumers!r}, warp_specialized {warp_specialized}, tokens_in_m "
                          f"{tokens_in_m}, persistent {persistent}, cluster_merge {cluster_merge}")
     if cluster_merge:
@@ -321,9 +329,12 @@ def build_sparse_decode(
                          "(tokens_in_m True); the 64-head schedules load Q and store outputs "
                          "by TMA already where their head groups are whole")
     if tokens_in_m:
+        # Whole head groups only, as the 64-head schedule's (the front end's _Plan applies the
+        # same rule): a padded last group keeps the fixed grid.
+        persistent = persistent and num_heads % HB == 0
         if persistent:
-            raise ValueError("persistent: the tokens-in-M schedule runs on the fixed grid only "
-                             "(bench/PERF_NOTES.md item 34)")
+            check_tokens_in_m_persistent(S, num_stages, ctas_per_sm, raw_ring, tma_io, balance,
+                                         item_cost)
         _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, ctas_per_sm,
                            tma_io and S > 1)
         # Q, the K buffers and their flags, P (one per K buffer with two math warpgroups),
@@ -335,7 +346,8 @@ def build_sparse_decode(
                             raw_ring, ctas_per_sm)
         return _build_tokens_in_m(num_heads, has_extra, fp8_format, S, BI, HB, num_stages,
                                   threads, ctas_per_sm, raw_ring, tma_io, producer_lean,
-                                  pdl_trigger=pdl_trigger)
+                                  pdl_trigger=pdl_trigger, persistent=persistent,
+                                  item_cost=item_cost)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -916,6 +928,17 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
 # every thread may use 255 registers, or 65536 / (256 · ctas_per_sm).
 TOKENS_IN_M_THREADS = (256, 384)
 TOKENS_IN_M_REGS = DECODE_WS_REGS
+# The persistent grid's (384 threads): the producer keeps the item walk's state beside its
+# staged bytes (at 128 registers it spilled 40 / 92 bytes at h16 C4A; 216 / 144 / 144: none,
+# ptxas -v; bench/PERF_NOTES.md item 50). At 8 heads per CTA TileLang's thread-sync pass
+# refuses the kernel with that split ("a sync inside a divergent region with 127 participating
+# threads") and lowers it with TOKENS_IN_M_REGS: those there.
+TOKENS_IN_M_PERSISTENT_REGS = check_ws_regs((216, 144, 144))
+
+
+def tokens_in_m_persistent_regs(HB: int) -> tuple:
+    """The persistent grid's register split of the three warpgroups at ``HB`` heads per CTA."""
+    return TOKENS_IN_M_REGS if HB == 8 else TOKENS_IN_M_PERSISTENT_REGS
 # wgmma N = heads per CTA, a multiple of 8 (8 to 32: Oᵀ [512, N] fp32 takes 4·N registers
 # per thread of one math warpgroup).
 TOKENS_IN_M_HEADS = (8, 16, 24, 32)
@@ -959,6 +982,23 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_pe
                          f"{threads} threads")
 
 
+def check_tokens_in_m_persistent(S, NB, ctas_per_sm, raw_ring, tma_io, balance, item_cost):
+    """ValueError naming the knob that the tokens-in-M decode's persistent grid cannot take:
+    it walks ``work.walk_items``' tile pairs (two K buffers), one split per item (the walk
+    cuts rows itself), one CTA per SM (the front end's grid), the register path of the
+    producer, lean or not (a raw ring would drain at every item), outputs by TMA of whole head
+    groups (``tma_io`` changes nothing there but the partials' store, not built for items),
+    and the item balance ("tiles" is refused by the front end, bench/PERF_NOTES.md item 48)."""
+    for name, value, want in (("num_splits", S, 1), ("num_stages", NB, 2),
+                              ("ctas_per_sm", ctas_per_sm, 1), ("raw_ring", raw_ring, 0),
+                              ("tma_io", tma_io, False), ("balance", balance, "items")):
+        if value != want:
+            raise ValueError(f"persistent: the tokens-in-M persistent grid needs {name} "
+                             f"{want!r}, got {value!r}")
+    if item_cost < 1:
+        raise ValueError(f"persistent: needs item_cost >= 1, got {item_cost}")
+
+
 class TokensInMRing:
     """Shared memory and barriers of the tokens-in-M decode: Q halves (then the output's
     stages), a ring of ``NB`` K buffers by halves with validity flags (filled by
@@ -966,7 +1006,7 @@ class TokensInMRing:
     ``staged_partials`` (``tma_io`` and splits) the fp32 partials' stages."""
 
     def __init__(self, HB: int, BI: int, D: int, NB: int, threads: int,
-                 staged_partials: bool = False):
+                 staged_partials: bool = False, q_arrivals: int = 0):
         DH = D // 2
         two = threads == 384
         buffers = range(NB)
@@ -988,9 +1028,10 @@ class TokensInMRing:
         # free Q / K ones, and a view of those keeps their swizzled layout)
         self.partial = ([T.alloc_shared([HB, TIM_PARTIAL_DIMS], T.float32)
                          for _ in ((0, 1) if two else (0,))] if staged_partials else None)
-        # Q: every thread arrives (ws_load_q); K: filled by the producer's 128 threads, freed
-        # by every math thread; P: warpgroup 0 -> 1 and back.
-        self.bar_q = T.alloc_barrier(arrive_count=threads)
+        # Q: every thread arrives (ws_load_q; ``q_arrivals`` > 0: that many, the persistent
+        # grid's warpgroup 0 loading each item's Q); K: filled by the producer's 128 threads,
+        # freed by every math thread; P: warpgroup 0 -> 1 and back.
+        self.bar_q = T.alloc_barrier(arrive_count=q_arrivals or threads)
         self.k_ready = [T.alloc_barrier(arrive_count=128) for _ in buffers]
         self.k_free = [T.alloc_barrier(arrive_count=threads - 128) for _ in buffers]
         self.p_ready = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
@@ -1001,7 +1042,7 @@ class TokensInMRing:
 def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                        HB: int, NB: int, threads: int, ctas_per_sm: int, raw_ring: int = 0,
                        tma_io: bool = False, producer_lean: bool = False, *,
-                       pdl_trigger: bool = False):
+                       pdl_trigger: bool = False, persistent: bool = False, item_cost: int = 3):
     """Sparse decode for few heads (TP head counts, speculative drafts): the heads are
     wgmma's N dimension (``HB`` = 8 to 32) and the KV tokens its M dimension, so no head is
     padded to 64. Same arguments, math, grid and split-KV as the warp-specialised schedule.
@@ -1021,6 +1062,16 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     never stored). Split partials are stored per thread from the accumulators. ``tma_io``:
     Q and the finished output by TMA for every head group (the box's bounds zero-fill and
     clip the padded heads) and the split partials through a shared fp32 stage by TMA.
+
+    ``persistent`` (whole head groups, NB = 2, one split, one CTA per SM): ``num_ctas`` CTAs
+    walk the (row, head group, split) items of ``work.py``'s plan (the 64/128-head decode's
+    walk, not a second scheduler). Every role takes every tile of an item's tile pairs (the
+    padding tile of an odd range produced all-invalid, a no-op for the softmax), so the
+    barrier phases run on across items from ``walk_items``' pair and item counts. Per item
+    the math warpgroups meet once both output halves of the last item have left (the outputs
+    stage through the Q halves), then warpgroup 0 loads the item's Q by TMA; a row of one
+    split is finished in place (TMA store, natural-log LSE, sink), a split of a split row
+    writes its fp32 partial at its slot (``RowSplits`` for the combine).
     """
     D = HEAD_DIM
     DH = D // 2
@@ -1036,6 +1087,101 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     shapes = _shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
     produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB, raw_ring, producer_lean)
+
+    def alloc_math_fragments():
+        """The math warpgroups' fragments (both grids; allocated in this order, each named in
+        the generated code as its field)."""
+        shapes = {"acc_s": [BI, HB],  # Sᵀ, then Pᵀ
+                  "l_part": [BI, HB],  # per-thread partial sums
+                  "acc_o_l": [DH, HB],  # Oᵀ dims [0, 256)
+                  "acc_o_r": [DH, HB],  # Oᵀ dims [256, 512)
+                  "m_i": [HB], "m_prev": [HB], "alpha": [HB],
+                  # Warpgroup 1's copy of the rescale row (its own fragment: a copy into
+                  # warpgroup 0's was dropped from the generated code)
+                  "alpha_r": [HB] if two else None,
+                  "l_i": [HB], "inv": [HB],
+                  "inv_r": [HB] if two else None}  # warpgroup 1's
+        f = SimpleNamespace()
+        for name, shape in shapes.items():
+            setattr(f, name, None if shape is None else T.alloc_fragment(shape, T.float32))
+            if shape is not None:
+                IRBuilder.name(name, getattr(f, name))  # the name in the generated code
+        return f
+
+    def round_phase(pair0, rnd):
+        """A K / P barrier's phase in round ``rnd`` of a range: ``pair0`` None (the fixed
+        grid: one range per CTA) or the rounds this CTA's roles ran before (the persistent
+        grid, NB = 2: its tile pairs)."""
+        return rnd & 1 if pair0 is None else (pair0 + rnd) & 1
+
+    @T.macro
+    def score_tile(rg, f, bf: int, pair0, rnd, scale_log2):
+        """Warpgroup 0, the tile in K buffer ``bf``: Sᵀ = K·Qᵀ, the softmax step and its P·V
+        (with two math warpgroups the left half, P handed to warpgroup 1)."""
+        T.barrier_wait(rg.k_ready[bf], round_phase(pair0, rnd))
+        # Q may have been written by threads (generic proxy); wgmma
+        # reads it and the K tile through the async proxy.
+        T.fence_proxy_async()
+        for j, i in T.Parallel(BI, HB):
+            f.acc_s[j, i] = T.if_then_else(rg.valid[bf][j], 0, -T.infinity(T.float32))
+        # both halves issued before one wait
+        T.wgmma_gemm(rg.K_l[bf], rg.Q_l, f.acc_s, transpose_B=True)
+        T.wgmma_gemm(rg.K_r[bf], rg.Q_r, f.acc_s, transpose_B=True)
+        T.wait_wgmma(0)
+        if two:
+            # warpgroup 1 is done with this P tile of NB tiles ago (parity 1 on the first
+            # round: a fresh barrier's previous phase counts as complete)
+            T.barrier_wait(rg.p_free[bf], round_phase(pair0, rnd) ^ 1)
+            tim_softmax_step(f.acc_s, f.m_i, f.m_prev, f.alpha, f.l_part, rg.P[bf], scale_log2)
+            T.copy(f.alpha, rg.alpha[bf])
+            # P and alpha go to warpgroup 1 before the left P·V, so that both halves run
+            # together
+            T.barrier_arrive(rg.p_ready[bf])
+            tim_pv_half(f.acc_o_l, f.alpha, rg.K_l[bf], rg.P[bf])
+        else:
+            tim_softmax_step(f.acc_s, f.m_i, f.m_prev, f.alpha, f.l_part, rg.P[0], scale_log2)
+            for d, i in T.Parallel(DH, HB):
+                f.acc_o_l[d, i] *= f.alpha[i]
+                f.acc_o_r[d, i] *= f.alpha[i]
+            T.wgmma_gemm(rg.K_l[bf], rg.P[0], f.acc_o_l, transpose_A=True, transpose_B=True)
+            T.wgmma_gemm(rg.K_r[bf], rg.P[0], f.acc_o_r, transpose_A=True, transpose_B=True)
+            T.wait_wgmma(0)
+        T.barrier_arrive(rg.k_free[bf])
+
+    @T.macro
+    def score_tiles(rg, f, rounds, tiles, pair0, scale_log2):
+        """Warpgroup 0's ``rounds`` rounds of NB tiles: ``tiles`` (the fixed grid) skips the
+        missing tiles of the last round, None (the persistent grid) takes every tile, the
+        padding tile of an odd range produced all-invalid (``pair0``: ``round_phase``)."""
+        for rnd in T.serial(rounds):
+            for bf in buffers:
+                if tiles is None:
+                    score_tile(rg, f, bf, pair0, rnd, scale_log2)
+                else:
+                    if rnd * NB + bf < tiles:
+                        score_tile(rg, f, bf, pair0, rnd, scale_log2)
+
+    @T.macro
+    def right_tile(rg, f, bf: int, pair0, rnd):
+        """Warpgroup 1, the tile in K buffer ``bf``: the right half of P·V with warpgroup
+        0's P tile and rescale row."""
+        T.barrier_wait(rg.p_ready[bf], round_phase(pair0, rnd))
+        T.fence_proxy_async()
+        T.copy(rg.alpha[bf], f.alpha_r)
+        tim_pv_half(f.acc_o_r, f.alpha_r, rg.K_r[bf], rg.P[bf])
+        T.barrier_arrive(rg.k_free[bf])
+        T.barrier_arrive(rg.p_free[bf])
+
+    @T.macro
+    def right_tiles(rg, f, rounds, tiles, pair0):
+        """Warpgroup 1's rounds (arguments as ``score_tiles``')."""
+        for rnd in T.serial(rounds):
+            for bf in buffers:
+                if tiles is None:
+                    right_tile(rg, f, bf, pair0, rnd)
+                else:
+                    if rnd * NB + bf < tiles:
+                        right_tile(rg, f, bf, pair0, rnd)
 
     @T.macro
     def store_half(acc_o, inv, stage, pstage, bar_id: int, Out, OPartial, r_b, r_s, split, h0,
@@ -1092,19 +1238,9 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
             # each math warpgroup's partial stage (tma_io with splits)
             pst_l = rg.partial[0] if staged_partials else None
             pst_r = rg.partial[1 if two else 0] if staged_partials else None
-            acc_s = T.alloc_fragment([BI, HB], T.float32)  # Sᵀ, then Pᵀ
-            l_part = T.alloc_fragment([BI, HB], T.float32)  # per-thread partial sums
-            acc_o_l = T.alloc_fragment([DH, HB], T.float32)  # Oᵀ dims [0, 256)
-            acc_o_r = T.alloc_fragment([DH, HB], T.float32)  # Oᵀ dims [256, 512)
-            m_i = T.alloc_fragment([HB], T.float32)
-            m_prev = T.alloc_fragment([HB], T.float32)
-            alpha = T.alloc_fragment([HB], T.float32)
-            # Warpgroup 1's copy of the rescale row (its own fragment: a copy into warpgroup
-            # 0's was dropped from the generated code)
-            alpha_r = T.alloc_fragment([HB], T.float32) if two else None
-            l_i = T.alloc_fragment([HB], T.float32)
-            inv = T.alloc_fragment([HB], T.float32)
-            inv_r = T.alloc_fragment([HB], T.float32) if two else None  # warpgroup 1's
+            f = alloc_math_fragments()
+            acc_o_l, acc_o_r, l_part, m_i, l_i = f.acc_o_l, f.acc_o_r, f.l_part, f.m_i, f.l_i
+            inv, inv_r = f.inv, f.inv_r
 
             tx = T.get_thread_binding()
             # The fixed grid's split rule (as the other schedules'): split ``split`` of ``S``
@@ -1138,44 +1274,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 if not two:
                     T.fill(acc_o_r, 0)
                 T.barrier_wait(rg.bar_q, 0)
-                for rnd in T.serial(rounds):
-                    for bf in buffers:
-                        if rnd * NB + bf < tiles:
-                            T.barrier_wait(rg.k_ready[bf], rnd & 1)
-                            # Q may have been written by threads (generic proxy); wgmma
-                            # reads it and the K tile through the async proxy.
-                            T.fence_proxy_async()
-                            for j, i in T.Parallel(BI, HB):
-                                acc_s[j, i] = T.if_then_else(rg.valid[bf][j], 0,
-                                                             -T.infinity(T.float32))
-                            # both halves issued before one wait
-                            T.wgmma_gemm(rg.K_l[bf], rg.Q_l, acc_s, transpose_B=True)
-                            T.wgmma_gemm(rg.K_r[bf], rg.Q_r, acc_s, transpose_B=True)
-                            T.wait_wgmma(0)
-                            if two:
-                                # warpgroup 1 is done with this P tile of NB tiles ago
-                                # (parity 1 on the first round: a fresh barrier's previous
-                                # phase counts as complete)
-                                T.barrier_wait(rg.p_free[bf], (rnd & 1) ^ 1)
-                                tim_softmax_step(acc_s, m_i, m_prev, alpha, l_part, rg.P[bf],
-                                                 scale_log2)
-                                T.copy(alpha, rg.alpha[bf])
-                                # P and alpha go to warpgroup 1 before the left P·V, so that
-                                # both halves run together
-                                T.barrier_arrive(rg.p_ready[bf])
-                                tim_pv_half(acc_o_l, alpha, rg.K_l[bf], rg.P[bf])
-                            else:
-                                tim_softmax_step(acc_s, m_i, m_prev, alpha, l_part, rg.P[0],
-                                                 scale_log2)
-                                for d, i in T.Parallel(DH, HB):
-                                    acc_o_l[d, i] *= alpha[i]
-                                    acc_o_r[d, i] *= alpha[i]
-                                T.wgmma_gemm(rg.K_l[bf], rg.P[0], acc_o_l, transpose_A=True,
-                                             transpose_B=True)
-                                T.wgmma_gemm(rg.K_r[bf], rg.P[0], acc_o_r, transpose_A=True,
-                                             transpose_B=True)
-                                T.wait_wgmma(0)
-                            T.barrier_arrive(rg.k_free[bf])
+                score_tiles(rg, f, rounds, tiles, None, scale_log2)
                 # Epilogue: lse (final: natural log, sink excluded, +inf when empty; split:
                 # log2 partial, -inf when empty) and 1 / denominator (the sink joins it when
                 # the CTA finishes the row, else in the combine).
@@ -1208,15 +1307,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
             elif two and tx < 256:
                 ws_set_regs(TOKENS_IN_M_REGS[1])
                 T.fill(acc_o_r, 0)
-                for rnd in T.serial(rounds):
-                    for bf in buffers:
-                        if rnd * NB + bf < tiles:
-                            T.barrier_wait(rg.p_ready[bf], rnd & 1)
-                            T.fence_proxy_async()
-                            T.copy(rg.alpha[bf], alpha_r)
-                            tim_pv_half(acc_o_r, alpha_r, rg.K_r[bf], rg.P[bf])
-                            T.barrier_arrive(rg.k_free[bf])
-                            T.barrier_arrive(rg.p_free[bf])
+                right_tiles(rg, f, rounds, tiles, None)
                 # Warpgroup 0's last QKᵀ has read Q_r (its P of the last tile came after
                 # it), and bar_done brings the heads' reciprocal denominators.
                 T.barrier_arrive(rg.bar_done)
@@ -1235,7 +1326,156 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 produce_tiles(rg, regs, tx - producer0, main, extra,
                               TileRange(r_b, r_s, t_begin, t_end, main_tiles), rounds, 0, tiles)
 
-    return decode_prim_func(shapes, num_heads, S, body)
+    @T.macro
+    def store_item_half(acc_o, inv, stage, bar_id: int, Out, OPartial, item, d0: int):
+        """``store_half`` of a persistent-grid item (whole head groups): a row of one split
+        finished in place through ``stage`` by TMA (the leader waits until the engine has
+        read it: the next item's Q lands there), a split of a split row as an fp32 partial at
+        the item's slot."""
+        h0 = item.hg * HB
+        if item.splits == 1:
+            for d, i in T.Parallel(DH, HB):
+                stage[i, d] = T.cast(acc_o[d, i] * inv[i], T.bfloat16)
+            T.fence_proxy_async()  # the TMA engine reads ``stage`` (async proxy)
+            T.sync_threads(bar_id, 128)
+            T.tma_copy(stage, Out[item.r_b, item.r_s, h0:h0 + HB, d0:d0 + DH],
+                       leader_scope_threads=128)
+            T.tma_store_wait()
+        else:
+            for d, i in T.Parallel(DH, HB):
+                OPartial[item.slot, 0, 0, h0 + i, d0 + d] = acc_o[d, i] * inv[i]
+
+    @T.macro
+    def score_item(rg, f, item, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
+                   sm_scale, scale_log2, rs):
+        """Warpgroup 0's part of one persistent-grid item: (with two math warpgroups, once
+        both have stored the last item's output halves) the item's Q by TMA, its tile
+        pairs, the heads' LSE and 1 / denominator (the sink joins it when the item finishes
+        its row), the row's split-table entry, its output half (with one math warpgroup,
+        both halves)."""
+        r_b, r_s, h0 = item.r_b, item.r_s, item.hg * HB
+        if two:
+            T.sync_threads(10, 256)
+        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, 0:DH], rg.Q_l, barrier=rg.bar_q,
+                   leader_scope_threads=128)
+        T.tma_copy(Q[r_b, r_s, h0:h0 + HB, DH:D], rg.Q_r, barrier=rg.bar_q,
+                   leader_scope_threads=128)
+        T.barrier_arrive(rg.bar_q)
+        T.fill(f.acc_o_l, 0)
+        T.fill(f.l_part, 0)
+        T.fill(f.m_i, M_SENTINEL)
+        if not two:
+            T.fill(f.acc_o_r, 0)
+        T.barrier_wait(rg.bar_q, item.index & 1)
+        score_tiles(rg, f, item.pairs, None, item.pairs_before, scale_log2)
+        T.reduce_sum(f.l_part, f.l_i, dim=0, batch=HB // 4)
+        for i in T.Parallel(HB):
+            has = f.l_i[i] > 0
+            if item.splits == 1:
+                Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                    has, T.log(f.l_i[i]) + f.m_i[i] * sm_scale, T.infinity(T.float32))
+            else:
+                LsePartial[item.slot, 0, 0, h0 + i] = T.if_then_else(
+                    has, T.log2(f.l_i[i]) + f.m_i[i] * scale_log2, -T.infinity(T.float32))
+            f.inv[i] = T.if_then_else(
+                has,
+                1.0 / (f.l_i[i] + T.if_then_else(
+                    item.splits == 1, T.exp2(Sink[h0 + i] * LOG2E - f.m_i[i] * scale_log2),
+                    0.0)),
+                1.0)
+        if tx == 0 and item.hg == 0 and item.k == 0 and rs > 0:
+            RowSplits[item.row, 0] = item.slot
+            RowSplits[item.row, 1] = item.splits
+        if two:
+            T.copy(f.inv, rg.inv)
+            T.barrier_arrive(rg.bar_done)
+        else:
+            store_item_half(f.acc_o_r, f.inv, rg.Q_r, 8, Out, OPartial, item, DH)
+        store_item_half(f.acc_o_l, f.inv, rg.Q_l, 8, Out, OPartial, item, 0)
+
+    @T.macro
+    def right_item(rg, f, item, Out, OPartial):
+        """Warpgroup 1's part of one persistent-grid item: (once both math warpgroups have
+        stored the last item's halves) the right half of its P·V, the heads' 1 /
+        denominators from warpgroup 0 (``bar_done``, one phase per item), the right output
+        half."""
+        T.sync_threads(10, 256)
+        T.fill(f.acc_o_r, 0)
+        right_tiles(rg, f, item.pairs, None, item.pairs_before)
+        T.barrier_arrive(rg.bar_done)
+        T.barrier_wait(rg.bar_done, item.index & 1)
+        T.copy(rg.inv, f.inv_r)
+        store_item_half(f.acc_o_r, f.inv_r, rg.Q_r, 9, Out, OPartial, item, DH)
+
+    @T.macro
+    def produce_item(rg, item, lv, regs, p, main_args, extra_args):
+        """The producer's part of one persistent-grid item: every tile of its pairs
+        (``*_args``: a scope's cache bytes, indices, lengths, width, block size, block
+        stride, block count)."""
+        # (indexed, not unpacked: a buffer bound to a new name is renamed in the kernel)
+        lv[0], lv[1] = row_lengths(main_args[2], extra_args[2], main_args[3], extra_args[3],
+                                   item.r_b, has_extra)
+        main = CacheScope(main_args[0], main_args[1], main_args[3], lv[0], *main_args[4:])
+        extra = CacheScope(extra_args[0], extra_args[1], extra_args[3], lv[1], *extra_args[4:])
+        produce_tiles(rg, regs, p, main, extra,
+                      TileRange(item.r_b, item.r_s, item.t_begin, item.t_end,
+                                T.ceildiv(lv[0], BI)),
+                      item.pairs, item.pairs_before)
+
+    @T.macro
+    def persistent_body(Q, MainFp8, MainBf16, MainU8, MainIndices, MainLength, ExtraFp8,
+                        ExtraBf16, ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse, OPartial,
+                        LsePartial, RowSplits, sm_scale, main_block_size, main_block_stride,
+                        main_num_blocks, extra_block_size, extra_block_stride, extra_num_blocks,
+                        tiles_per_split, num_ctas):
+        with T.Kernel(num_ctas, threads=threads,
+                      prelude=producer_prelude(raw_ring, producer_lean)) as cta:
+            if pdl_trigger:
+                T.pdl_trigger()
+            regs_split = tokens_in_m_persistent_regs(HB)
+            # Q per item, by warpgroup 0 (its 128 threads arrive)
+            rg = TokensInMRing(HB, BI, D, NB, threads, q_arrivals=128)
+            f = alloc_math_fragments()
+            bounds = T.alloc_shared([PLAN_WORDS["items"]], T.int32, scope="shared")
+            scratch = T.alloc_shared([threads // 32, 3], T.int32, scope="shared")
+            tx = T.get_thread_binding()
+            scale_log2 = sm_scale * LOG2E
+            units = b * s_q * head_groups
+            lens = (MainLength, ExtraLength, topk, ew)
+            tiles = lambda r_b: row_tiles(*row_lengths(*lens, r_b, has_extra),  # noqa: E731
+                                          BI, has_extra)
+            plan_cta_range("items", bounds, scratch, lambda u: tiles((u // head_groups) // s_q),
+                           units, head_groups, tiles_per_split, item_cost, num_ctas, cta,
+                           threads)
+            # (u_begin, k_begin, slot base, u_end, k_end, T: work.cta_work_range)
+            span = T.alloc_local([PLAN_WORDS["items"]], T.int32)
+            for i in unrolled(PLAN_WORDS["items"]):
+                span[i] = bounds[i]
+            if tx < 128:
+                if two:
+                    ws_set_regs(regs_split[0])
+                walk_plan("items", span, units, head_groups, s_q, tiles,
+                          lambda item: score_item(
+                    rg, f, item, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
+                    sm_scale, scale_log2, rs))
+            elif two and tx < 256:
+                ws_set_regs(regs_split[1])
+                walk_plan("items", span, units, head_groups, s_q, tiles,
+                          lambda item: right_item(rg, f, item, Out, OPartial))
+            else:
+                if two:
+                    ws_set_regs(regs_split[2])
+                regs = alloc_producer_registers(BI, raw_ring, producer_lean)
+                lv = T.alloc_local([2], T.int32)  # the row's lengths
+                walk_plan("items", span, units, head_groups, s_q, tiles,
+                          lambda item: produce_item(
+                    rg, item, lv, regs, tx - producer0,
+                    (MainU8, MainIndices, MainLength, topk, main_block_size, main_block_stride,
+                     main_num_blocks),
+                    (ExtraU8, ExtraIndices, ExtraLength, ew, extra_block_size,
+                     extra_block_stride, extra_num_blocks)))
+
+    return decode_prim_func(shapes, num_heads, S, persistent_body if persistent else body)
 
 
 # The combine's merge order (schedule knob ``merge``): "elements" walks the outputs and, per
@@ -1468,6 +1708,20 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "num_splits": 2, "cluster_merge": True}},
+    # tokens in M on the persistent grid (work.py's item walk): 16 and 8 heads (each its
+    # register split), two math warpgroups, the lean producer, C4A; 8 heads, one math
+    # warpgroup, the default producer, SWA-only
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "persistent": True,
+                "producer_lean": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 8, "has_extra": True, "tokens_in_m": True, "heads_per_block": 8,
+                "threads": 384, "block_tokens": 64, "num_stages": 2, "persistent": True,
+                "producer_lean": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 8, "has_extra": False, "tokens_in_m": True, "heads_per_block": 8,
+                "threads": 256, "block_tokens": 64, "num_stages": 2, "persistent": True}},
     # split partials from both math warpgroups (32 heads, SWA-only, 2 splits)
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 32, "has_extra": False, "tokens_in_m": True, "heads_per_block": 32,

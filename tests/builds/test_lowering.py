@@ -710,6 +710,9 @@ PDL_BODIES = {
                     "heads_per_block": 16, "threads": 256, "block_tokens": 64,
                     "num_stages": 1, "ctas_per_sm": 2, "num_splits": 8},
     "plain": {"num_heads": 64, "has_extra": True, "num_splits": 4},
+    "tokens_in_m_persistent": {"num_heads": 16, "has_extra": True, "tokens_in_m": True,
+                               "heads_per_block": 16, "threads": 384, "block_tokens": 64,
+                               "num_stages": 2, "persistent": True},
 }
 
 
@@ -848,8 +851,10 @@ def test_tma_io_refused(kwargs, message):
         build_sparse_decode(**{**base, **kwargs, "tma_io": False})
 # --------------------------------------------------- the persistent decode grid's Q stages
 def _persistent_examples():
-    return _examples_with("sparse_decode", "persistent", lambda k: (
+    """The 64/128-head schedule's persistent examples (tokens in M's: _tim_persistent_examples)."""
+    return [p for p in _examples_with("sparse_decode", "persistent", lambda k: (
         f"persistent-h{k['num_heads']}-bt{k['block_tokens']}-{k.get('balance', 'items')}"))
+        if not p.values[0].get("tokens_in_m")]
 
 
 def test_persistent_has_examples():
@@ -878,3 +883,80 @@ def test_persistent_q_stages_source(kwargs, fresh_compiles):
     # Q stages (64 KB each), K buffers (2 x bt x 1 KB), P tiles (2 x 64 x bt x 2 B)
     assert _dynamic_shared_bytes(kernel) == stages * 65536 + 2 * bt * 1024 + 2 * 64 * bt * 2
     assert _dynamic_shared_bytes(kernel) <= 227 * 1024
+
+
+# ------------------------------------------------------- tokens in M on the persistent grid
+def _tim_persistent_examples():
+    return [p for p in _examples_with("sparse_decode", "persistent", lambda k: (
+        f"tim-persistent-h{k['num_heads']}-t{k['threads']}-"
+        f"{'c4a' if k['has_extra'] else 'swa'}")) if p.values[0].get("tokens_in_m")]
+
+
+def test_tim_persistent_has_examples():
+    assert {k.values[0]["threads"] for k in _tim_persistent_examples()} == {256, 384}
+
+
+@pytest.mark.parametrize("kwargs", _tim_persistent_examples())
+def test_tim_persistent_source(kwargs, tmp_path):
+    """The generated CUDA of tokens in M on the persistent grid (bench/PERF_NOTES.md item 50):
+    one CTA range plan (the work items of work.py), Q loaded by TMA per item in one place per
+    half, a finished output stored by TMA, with two math warpgroups their per-item meeting
+    (named barrier 10 of 256 threads) once in each; the dynamic shared memory within a CTA's
+    227 KB; where nvcc is here, it compiles (ptxas -v), spilling nothing with one math
+    warpgroup."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+
+    kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
+                              execution_backend="tvm_ffi", out_idx=None)
+    source = kernel.get_kernel_source()
+    head = source[source.index("sparse_decode_kernel("):]
+    body = head[head.index("{"):]
+    assert body.count("tl::tma_load(Q_desc") == 2
+    assert "tl::tma_store(Out_desc" in body
+    meets = body.count("tl::__sync_thread_partial(10, 256);")
+    assert meets == (2 if kwargs["threads"] == 384 else 0), meets
+    assert 0 < _launch_shared_bytes(kernel) <= 227 * 1024
+    if kwargs["threads"] == 256:
+        _check_no_spills(source, tmp_path)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"num_splits": 2}, "persistent: .*needs num_splits 1, got 2"),
+    ({"num_stages": 1}, "persistent: .*needs num_stages 2, got 1"),
+    ({"threads": 256, "ctas_per_sm": 2}, "persistent: .*needs ctas_per_sm 1, got 2"),
+    ({"raw_ring": 2}, "raw_ring: .*fixed grid"),
+    ({"tma_io": True}, "persistent: .*needs tma_io False, got True"),
+    ({"balance": "tiles"}, "persistent: .*needs balance 'items', got 'tiles'"),
+    ({"item_cost": 0}, "persistent: needs item_cost >= 1, got 0"),
+])
+def test_tim_persistent_refused(kwargs, message):
+    """What tokens in M on the persistent grid cannot take: a ValueError naming the knob from
+    the builder, and the tuner's resource model prunes the same config."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+    from dsv4_tl.tune.resources import prune
+
+    base = {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
+            "threads": 384, "block_tokens": 64, "num_stages": 2, "persistent": True}
+    with pytest.raises(ValueError, match=message):
+        build_sparse_decode(**{**base, **kwargs})
+    config = {"num_splits": 1, "ctas_per_sm": 1, "warp_specialized": False, **base, **kwargs}
+    if "item_cost" not in kwargs:
+        assert prune("cuda_sm90a", "sparse_decode", config)
+
+
+def test_tim_persistent_kept_by_pruning_and_padded_heads_keep_fixed_grid():
+    """The A/B's config (scripts/decode_grid_ab.py TIM_PERSISTENT, lean producer or not) is kept
+    by the tuner; a head count with a padded last group builds the fixed grid's kernel under
+    the knob (the front end's rule too)."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+    from dsv4_tl.tune.resources import prune
+
+    config = {"num_heads": 16, "has_extra": True, "heads_per_block": 16, "block_tokens": 64,
+              "threads": 384, "warp_specialized": False, "tokens_in_m": True, "num_stages": 2,
+              "ctas_per_sm": 1, "num_splits": 1, "persistent": True}
+    assert prune("cuda_sm90a", "sparse_decode", config) is None
+    assert prune("cuda_sm90a", "sparse_decode", {**config, "producer_lean": True}) is None
+    padded = {"num_heads": 20, "has_extra": True, "tokens_in_m": True, "heads_per_block": 24,
+              "threads": 384, "block_tokens": 64, "num_stages": 2}
+    assert (build_sparse_decode(**padded, persistent=True).script()
+            == build_sparse_decode(**padded).script())

@@ -711,6 +711,132 @@ def test_decode_tokens_in_m_tma_io(h, hb, threads, stages, per_sm, extra_kind, s
         _case(1, 1, h, extra_kind, gen)
 
 
+# ------------------------------------------------------- tokens in M on the persistent grid
+# The tokens-in-M decode walking work.py's items (issue 24, bench/PERF_NOTES.md item 50): two
+# K buffers, every tile of an item's pairs (an odd range's padding tile all-invalid), Q per
+# item by TMA, rows of one split stored in place, split rows through the combine. The configs
+# are scripts/decode_grid_ab.py's ``tim_pers`` (the same dict: the same compiled variant per
+# head count and scope; the split sizes are plan knobs, not part of the variant), plus one math
+# warpgroup (threads 256) with the default producer at 16 heads, C4A: with the A/B's rows (--rows
+# timp) 16 variants.
+def tim_persistent_config(hb, threads=384, **plan) -> dict:
+    """The schedule file's default with tokens in M on the persistent grid and the lean
+    producer, as the tokens-in-M buckets ship it (``plan``: over these, e.g. the split-size
+    knobs ``tiles_per_split_min`` / ``invariant_tiles_per_split`` or ``producer_lean``)."""
+    from dsv4_tl.schedules import schedule_for
+
+    return {**schedule_for("cuda_sm90a", "sparse_decode"), "block_tokens": 64,
+            "heads_per_block": hb, "threads": threads, "warp_specialized": False,
+            "tokens_in_m": True, "num_stages": 2, "ctas_per_sm": 1, "num_splits": 1,
+            "persistent": True, "item_cost": 2, "tiles_per_split_min": 2,
+            "invariant_tiles_per_split": 4, "producer_lean": True, **plan}
+
+
+def _tim_persistent(hb, threads=384, **plan):
+    return _forcing_sm90a("sparse_decode", tim_persistent_config(hb, threads, **plan))
+
+
+TIM_PERSISTENT = [
+    # (h, heads_per_block, threads, b, s_q, extra kind, batch_invariant, plan knobs)
+    # few rows, derived split size (2 tiles): every row split over the CTAs, the combine
+    (8, 8, 384, 1, 1, "c4a512", False, {}),
+    (16, 16, 384, 7, 1, "c4a512", False, {}),
+    (32, 32, 384, 3, 2, "c128a256", False, {}),
+    # one math warpgroup and the default producer
+    (16, 16, 256, 7, 1, "c4a512", False, {"producer_lean": False}),
+    # whole rows (the units fill more than half of the SMs): 1-3 items per CTA
+    (16, 16, 384, 300, 1, "c4a512", False, {}),
+    (16, 16, 384, 200, 1, "swa", False, {}),
+    (32, 32, 384, 140, 1, "c128a256", False, {}),
+    (16, 16, 256, 300, 1, "c4a512", False, {"producer_lean": False}),
+    # fixed split sizes (batch-invariant mode): one-tile items (a padding tile each, ~5-10
+    # items per CTA), three-tile items (odd: the last pair padded)
+    (16, 16, 384, 40, 1, "c4a512", True, {"invariant_tiles_per_split": 1}),
+    (32, 32, 384, 37, 3, "c4a512", True, {"invariant_tiles_per_split": 3}),
+    (8, 8, 384, 64, 1, "c128a256", True, {}),
+]
+
+
+def _tim_persistent_id(case) -> str:
+    h, hb, threads, b, s_q, kind, inv, plan = case
+    return "_".join([f"h{h}", f"t{threads}", f"b{b}", f"sq{s_q}", kind,
+                     "inv" if inv else "default",
+                     *(f"{k.split('_')[-1]}{v}" for k, v in plan.items())])
+
+
+@pytest.mark.parametrize("h,hb,threads,b,s_q,extra_kind,batch_invariant,plan", TIM_PERSISTENT,
+                         ids=[_tim_persistent_id(c) for c in TIM_PERSISTENT])
+def test_decode_tokens_in_m_persistent(h, hb, threads, b, s_q, extra_kind, batch_invariant, plan,
+                                       seed, monkeypatch):
+    """Tokens in M on the persistent grid against the float32 reference: per-row lengths
+    (odd tile counts: padding tiles), holes, garbage past the lengths, empty rows alone and in
+    runs (items without tiles), split rows merged by the combine, CTAs walking several items
+    (barrier phases and the Q reload carried across them); outputs, split partials and the
+    split table NaN-poisoned."""
+    import importlib
+
+    front_end = importlib.import_module("dsv4_tl.ops.sparse_decode")
+    monkeypatch.setattr(front_end, "stream_scratch", _PoisonedScratch())
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen)
+    empty = [r for r in range(b) if r % 7 in (2, 3) or r % 11 == 5]  # alone and in runs
+    main[2][empty] = 0
+    if extra[2] is not None:
+        extra[2][empty] = 0
+    with _tim_persistent(hb, threads, **plan):
+        out, lse = _rows_of(q, main, extra, sink, list(range(b)), batch_invariant)
+        torch.cuda.synchronize()
+    ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+    check_attention(max(cache_kmax(c) for c in (main[0], extra[0]) if c is not None),
+                    out, ref_out, lse=(lse, ref_lse))
+
+
+def test_decode_tokens_in_m_persistent_padded_heads_keep_fixed_grid(seed):
+    """A head count with a padded last group (20 in groups of 24) keeps the fixed grid under
+    the persistent knob (builder and front end apply the same rule), and is correct."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    with _tim_persistent(24):
+        _case(5, 1, 20, "c4a512", gen)
+
+
+@pytest.mark.parametrize("h,extra_kind,tps", [(8, "c4a512", 4), (16, "c128a1024", 4),
+                                              (16, "swa", 1), (32, "c4a512", 3)],
+                         ids=["h8-c4a512-T4", "h16-c128a1024-T4", "h16-swa-T1", "h32-c4a512-T3"])
+def test_decode_tokens_in_m_persistent_batch_invariant(h, extra_kind, tps, seed):
+    """batch_invariant=True with tokens in M on the persistent grid (splits of a fixed
+    ``invariant_tiles_per_split`` tiles): a row's out and lse are bitwise identical alone, at
+    other positions of batches of 8, 37 and 133 and in the whole batch of 256 (per-row lengths,
+    empty rows, holes); the whole batch against the reference."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    b = 256
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    main[2][5] = 0  # an empty window (request 255 is empty in both scopes)
+    if extra[2] is not None:
+        extra[2][6] = 0
+    with _tim_persistent(h, invariant_tiles_per_split=tps):
+        full_out, full_lse = _rows_of(q, main, extra, sink, list(range(b)), True)
+        torch.cuda.synchronize()
+        ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+        check_attention(max(cache_kmax(c) for c in (main[0], extra[0]) if c is not None),
+                        full_out, ref_out, lse=(full_lse, ref_lse))
+
+        def bits(x):
+            return x.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
+
+        others = torch.randperm(b, generator=gen, device=DEV).tolist()
+        for r in (0, 5, 6, b // 2 + 2, b - 1):
+            mates = [o for o in others if o != r]
+            for got, pos in ((_rows_of(q, main, extra, sink, [r], True), 0),
+                             (_rows_of(q, main, extra, sink, mates[:5] + [r] + mates[5:7],
+                                       True), 5),
+                             (_rows_of(q, main, extra, sink, mates[:30] + [r] + mates[30:36],
+                                       True), 30),
+                             (_rows_of(q, main, extra, sink, mates[:99] + [r] + mates[99:132],
+                                       True), 99)):
+                assert torch.equal(bits(got[0][pos]), bits(full_out[r])), f"row {r}: out differs"
+                assert torch.equal(bits(got[1][pos]), bits(full_lse[r])), f"row {r}: lse differs"
+
+
 # ----------------------------------------------------------------------------- seesaw consumers
 # The warp-specialised schedule with prefill's seesaw consumers (tile_kernels/seesaw.py) and
 # the FP8 producer by K halves (tile_kernels/sparse_decode_seesaw.py), forced for every shape;

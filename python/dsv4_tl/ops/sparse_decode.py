@@ -225,8 +225,10 @@ class _Plan:
             kernel = resolve_with(SPARSE_DECODE, target, schedule, **call,
                                   fp8_format=fp8_format)
         rows = b * s_q
-        # (whole head groups only, as the builder decides: padded ones keep the fixed grid)
-        self.persistent = bool(schedule.get("persistent") and schedule["warp_specialized"]
+        # (the 64/128-head schedule's and tokens in M's; whole head groups only, as the
+        # builder decides: padded ones keep the fixed grid)
+        self.persistent = bool(schedule.get("persistent")
+                               and (schedule["warp_specialized"] or schedule.get("tokens_in_m"))
                                and h % schedule["heads_per_block"] == 0)
         grid = {"tiles_per_split": 0, "num_ctas": 0}
         if self.persistent:

@@ -146,11 +146,12 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
             return "tma_io: the TMA box input / output of the tokens-in-M schedule"
         # tile_kernels/sparse_decode.build_sparse_decode (producer_lean)
         if op == "sparse_decode" and c.get("producer_lean") and (
-                c.get("raw_ring", 0) or c.get("persistent") or c.get("cluster_merge")
+                c.get("raw_ring", 0) or (c.get("persistent") and not c.get("tokens_in_m"))
+                or c.get("cluster_merge")
                 or not c.get("tokens_in_m") and not (
                     c.get("warp_specialized") and c.get("consumers", "split") == "split")):
-            return ("producer_lean: the register-path producer of the split consumers or "
-                    "tokens in M on the fixed grid, no raw ring, no cluster_merge")
+            return ("producer_lean: the register-path producer of the split consumers on the "
+                    "fixed grid or tokens in M, no raw ring, no cluster_merge")
         # (tokens in M: the heads are wgmma's N, a multiple of 8)
         if bi % 16 or hb % (8 if c.get("tokens_in_m") else 16):
             return (f"tile: block_tokens {bi} and heads_per_block {hb} must be multiples of 16 "
@@ -169,6 +170,13 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
             if c["num_stages"] not in stages:  # (prefill: 4 K buffers of 64 KiB never fit)
                 return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} not in {stages}"
             per_sm = c.get("ctas_per_sm", 1)
+            # tile_kernels/sparse_decode.check_tokens_in_m_persistent
+            if op == "sparse_decode" and c.get("persistent") and (
+                    c["num_splits"] != 1 or c["num_stages"] != 2 or per_sm != 1
+                    or c.get("raw_ring", 0) or c.get("tma_io")
+                    or c.get("balance", "items") != "items"):
+                return ("persistent: the tokens-in-M persistent grid needs num_splits 1, "
+                        "num_stages 2, ctas_per_sm 1, raw_ring 0, tma_io false, balance 'items'")
             if per_sm != 1 and (op != "sparse_decode" or threads != 256 or per_sm not in (2, 3)):
                 return f"ctas_per_sm: {per_sm} needs decode's tokens_in_m with threads 256 (2 or 3)"
             # several CTAs per SM share its 64K registers
