@@ -41,6 +41,7 @@ from .fp8 import FP8_FORMATS, fp8_byte_to_float
 from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers, check_producer_lean,
                            check_raw_ring, make_fp8_producer, producer_prelude, raw_ring_bytes,
                            unrolled)
+from .schedule_rules import producer_lean_refusal
 from .tile_math import check_tile_math
 from .cluster_merge import (DSMEM_PRELUDE, ClusterMergeState, check_cluster_merge,
                             cluster_barrier, cluster_barrier_relaxed, make_merge_half,
@@ -241,9 +242,9 @@ def build_sparse_decode(
             2): the two head-group CTAs of a (row, split) form a cluster; each gathers and
             dequantises one K half of every tile and copies it into its peer's shared memory
             (``sparse_decode_seesaw``). sm_90a only.
-        producer_lean: the FP8 producer's lean instruction stream (split consumers on the
-            fixed grid, tokens in M on either grid; not with a raw ring, cluster_merge nor the
-            seesaw's half producer): the same loads and K in fewer instructions per 32-token round
+        producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
+            in M, on either grid; not with a raw ring, cluster_merge nor the seesaw's half
+            producer: ``schedule_rules.producer_lean_refusal``): the same loads and K in fewer instructions per 32-token round
             (``fp8_producer``, ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md item 46).
         cluster_merge: the warp-specialised schedule's fixed grid with the split consumers
             (no raw ring), ``num_splits`` 2, 4 or 8: the splits of a row form one thread-block
@@ -273,13 +274,12 @@ def build_sparse_decode(
         raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
     check_raw_ring(raw_ring)
     check_producer_lean(producer_lean, raw_ring)
-    if producer_lean and ((persistent and not tokens_in_m) or cluster_merge
-                          or not ((warp_specialized and consumers == "split") or tokens_in_m)):
-        # (the 64-head persistent grid and the cluster merge: not yet run on a GPU with it)
-        raise ValueError("producer_lean: the lean producer serves the split consumers on the "
-                         "fixed grid and tokens in M, without cluster_merge, got consumers "
-                         f"{consumers!r}, warp_specialized {warp_specialized}, tokens_in_m "
-                         f"{tokens_in_m}, persistent {persistent}, cluster_merge {cluster_merge}")
+    refusal = producer_lean_refusal(producer_lean, raw_ring=raw_ring,
+                                    cluster_merge=cluster_merge,
+                                    warp_specialized=warp_specialized, consumers=consumers,
+                                    tokens_in_m=tokens_in_m)
+    if refusal:
+        raise ValueError(refusal)
     if cluster_merge:
         check_cluster_merge(num_splits, warp_specialized, consumers, persistent, tokens_in_m,
                             raw_ring)
@@ -1688,6 +1688,15 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
                 "threads": 384, "block_tokens": 64, "num_stages": 2, "producer_lean": True}},
+    # the lean producer on the 64-head persistent grid (PERF_NOTES item 51): the tile balance
+    # at h64 (two Q stages), the item walk of two head groups at h128 (one Q stage)
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "persistent": True, "balance": "tiles",
+                "producer_lean": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "persistent": True, "producer_lean": True}},
     # tokens in M (TP head counts): 16 heads, two math warpgroups, C4A; 20 heads in a padded
     # group of 24, one math warpgroup, 3 K buffers, SWA-only split-KV; 8 heads, 2 CTAs per SM
     {"builder": "build_sparse_decode",

@@ -187,7 +187,8 @@ def test_raw_ring_producer_source(kwargs, tmp_path):
 def _producer_lean_examples():
     return _examples_with("sparse_decode", "producer_lean", lambda k: (
         f"lean-h{k['num_heads']}-bt{k['block_tokens']}-"
-        f"{'tim' if k.get('tokens_in_m') else 'split'}-{'c4a' if k['has_extra'] else 'swa'}"))
+        f"{'tim' if k.get('tokens_in_m') else 'split'}-{'c4a' if k['has_extra'] else 'swa'}"
+        + (f"-persistent-{k.get('balance', 'items')}" if k.get("persistent") else "")))
 
 
 def test_producer_lean_has_examples():
@@ -201,7 +202,8 @@ def test_producer_lean_source(kwargs, tmp_path):
     division magic to its last K store) no barrier that TileLang inserted, no integer
     division, every token's bytes through ``dsv4_ldg_token`` (one call per branch of each
     round's scope choice, as the default producer's loads), one ``dsv4_lean_fast`` branch per
-    round, and, where nvcc is here, no spills."""
+    round, and, where nvcc is here, no spills (on the 64-head persistent grid: no more than
+    ``LEAN_PERSISTENT_SPILLS``, bench/PERF_NOTES.md item 51)."""
     from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
 
     kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
@@ -219,7 +221,16 @@ def test_producer_lean_source(kwargs, tmp_path):
     # the first round before the loop, then one per step, in each branch of the round's
     # scope choice (window / compressed; SWA-only: window / an all-invalid padding tile)
     assert producer.count("dsv4_ldg_token(") == 2 * (1 + steps), producer.count("dsv4_ldg_token(")
-    _check_no_spills(source, tmp_path)
+    if kwargs.get("persistent") and not kwargs.get("tokens_in_m"):
+        _check_no_spills(source, tmp_path, LEAN_PERSISTENT_SPILLS)
+    else:
+        _check_no_spills(source, tmp_path)
+
+
+# Spill bytes (stored, loaded; ptxas -v, nvcc 13.0) the 64-head persistent grid's lean kernels
+# may reach: its item walk's live state pushes warpgroup 0's shared addresses and a producer
+# value out of registers (bench/PERF_NOTES.md items 30, 44, 51); the bound keeps it from growing.
+LEAN_PERSISTENT_SPILLS = (280, 512)
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -229,7 +240,6 @@ def test_producer_lean_source(kwargs, tmp_path):
     ({"block_tokens": 32, "producer_lean": True, "warp_specialized": False, "threads": 256},
      "producer_lean: .*split consumers"),
     ({"block_tokens": 32, "producer_lean": 1}, "producer_lean: expected True or False"),
-    ({"block_tokens": 32, "producer_lean": True, "persistent": True}, "producer_lean: .*fixed grid"),
     ({"block_tokens": 32, "producer_lean": True, "num_splits": 4, "cluster_merge": True},
      "producer_lean: .*cluster_merge True"),
 ])
@@ -257,11 +267,15 @@ def test_producer_lean_kept_by_pruning():
     tim = {**base, "warp_specialized": False, "tokens_in_m": True, "heads_per_block": 16,
            "block_tokens": 64, "num_stages": 2, "ctas_per_sm": 1}
     assert not (prune("cuda_sm90a", "sparse_decode", tim) or "").startswith("producer_lean")
+    for balance in ("items", "tiles"):  # the 64-head persistent grid (item 51)
+        persistent = {**base, "persistent": True, "balance": balance}
+        assert not (prune("cuda_sm90a", "sparse_decode", persistent) or "").startswith(
+            "producer_lean")
 
 
-def _check_no_spills(source: str, tmp_path) -> None:
+def _check_no_spills(source: str, tmp_path, at_most=(0, 0)) -> None:
     """``ptxas -v`` (nvcc, sm_90a) on the generated CUDA ``source``, where nvcc is here: it
-    compiles and spills nothing."""
+    compiles and spills nothing (or at most ``at_most``: bytes stored, loaded)."""
     import os
     import shutil
     import subprocess
@@ -279,7 +293,8 @@ def _check_no_spills(source: str, tmp_path) -> None:
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out.stderr)
-    assert spills and all(s == ("0", "0") for s in spills), out.stderr[-1000:]
+    assert spills and all(int(st) <= at_most[0] and int(ld) <= at_most[1]
+                          for st, ld in spills), out.stderr[-1000:]
 
 
 # Words of a condition that do not make it thread- or data-dependent (with the kernel's
