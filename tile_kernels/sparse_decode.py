@@ -167,6 +167,7 @@ def build_sparse_decode(
     tma_io: bool = False,
     balance: str = "items",
     debug_plan_only: bool = False,
+    q_stages: int = 0,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -200,6 +201,12 @@ def build_sparse_decode(
             front end runs batch-invariant calls with "items"). (Runs 63 and 65: every call of
             "tiles" hung -- a CTA barrier inside its plan's owner branch; fixed, PERF_NOTES
             item 48.)
+        q_stages: the persistent grid's Q stages (warp-specialised, whole head groups): 0 the
+            rule above (two with 32-token tiles where the walk lowers with them: one head
+            group, or the tile balance; else one), 1 one stage (loaded by warpgroup 0 once both
+            consumers met: the consumers' tile loop traced once, ~136 KB of shared memory
+            instead of ~200 KB, so a larger L1; bench/PERF_NOTES.md item 51), 2 two where the
+            rule allows them (refused elsewhere).
         debug_plan_only: DEBUG ONLY, never a shipped schedule (``scripts/balance_probe.py``):
             the persistent grid plans its range, thread 0 of each CTA writes the plan's words
             (``work.PLAN_WORDS``) as floats to ``OPartial[cta, 0, 0, 0, :words]`` (CTAs past
@@ -290,6 +297,11 @@ def build_sparse_decode(
                          f"tokens in M on the fixed grid, got consumers {consumers!r}, "
                          f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}, "
                          f"persistent {persistent}")
+    if q_stages not in (0, 1, 2) or type(q_stages) is not int or (
+            q_stages and not (persistent and warp_specialized and not tokens_in_m)):
+        raise ValueError("q_stages: 0 (the rule), 1 or 2 Q stages of the warp-specialised "
+                         f"persistent grid, got {q_stages!r} with persistent {persistent}, "
+                         f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}")
     if balance not in BALANCES:
         raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
     if debug_plan_only is not False and not (debug_plan_only is True and persistent
@@ -373,6 +385,7 @@ def build_sparse_decode(
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost, raw_ring, cluster_merge, producer_lean,
                                        pdl_trigger=pdl_trigger, balance=balance,
+                                       q_stages=q_stages,
                                        debug_plan_only=debug_plan_only)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
@@ -552,7 +565,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                             persistent: bool = False, item_cost: int = 3, raw_ring: int = 0,
                             cluster_merge: bool = False, producer_lean: bool = False, *,
                             pdl_trigger: bool = False, balance: str = "items",
-                            debug_plan_only: bool = False):
+                            debug_plan_only: bool = False, q_stages: int = 0):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``fp8_producer`` (raw FP8 token quarters into registers, dequantised
@@ -636,6 +649,12 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     # thread-sync pass: a sync "inside a divergent region with 81 participating threads",
     # run 62): it keeps one stage there; the tile balance's walk lowers with two.
     NQ = 2 if BI == 32 and (head_groups == 1 or balance == "tiles") else 1
+    if q_stages == 2 and NQ == 1:
+        raise ValueError(f"q_stages: 2 Q stages need 32-token tiles and one head group or the "
+                         f"tile balance, got block_tokens {BI}, {head_groups} head groups, "
+                         f"balance {balance!r}")
+    if q_stages:  # (knob 1: one stage where two would be the rule, item 51)
+        NQ = q_stages
 
     def first_stage(item):
         """Whether the item's Q is in stage 0 (a trace-time True with one stage)."""

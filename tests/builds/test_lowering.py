@@ -257,6 +257,22 @@ def test_producer_lean_refused(kwargs, message):
         assert (prune("cuda_sm90a", "sparse_decode", config) or "").startswith("producer_lean")
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    ({"q_stages": 3, "persistent": True}, "q_stages: 0 .* got 3"),
+    ({"q_stages": 1}, "q_stages: .*persistent False"),
+    ({"q_stages": 2, "persistent": True, "num_heads": 128}, "q_stages: 2 Q stages need"),
+    ({"q_stages": 2, "persistent": True, "block_tokens": 64}, "q_stages: 2 Q stages need"),
+])
+def test_q_stages_refused(kwargs, message):
+    """The persistent grid's Q stage knob where it does not apply: a ValueError naming it."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+
+    base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+            "block_tokens": 32}
+    with pytest.raises(ValueError, match=message):
+        build_sparse_decode(**{**base, **kwargs})
+
+
 def test_producer_lean_kept_by_pruning():
     """Where the builder takes the knob (split consumers, tokens in M), the tuner keeps it."""
     from dsv4_tl.tune.resources import prune
@@ -868,7 +884,9 @@ def test_tma_io_refused(kwargs, message):
 def _persistent_examples():
     """The 64/128-head schedule's persistent examples (tokens in M's: _tim_persistent_examples)."""
     return [p for p in _examples_with("sparse_decode", "persistent", lambda k: (
-        f"persistent-h{k['num_heads']}-bt{k['block_tokens']}-{k.get('balance', 'items')}"))
+        f"persistent-h{k['num_heads']}-bt{k['block_tokens']}-{k.get('balance', 'items')}"
+        + (f"-q{k['q_stages']}" if k.get("q_stages") else "")
+        + ("-lean" if k.get("producer_lean") else "")))
         if not p.values[0].get("tokens_in_m")]
 
 
@@ -888,7 +906,7 @@ def test_persistent_q_stages_source(kwargs, fresh_compiles):
     bt = kwargs["block_tokens"]
     # (the item walk of two head groups keeps one stage: two did not lower, run 62)
     whole = kwargs["num_heads"] <= 64 or kwargs.get("balance") == "tiles"
-    stages = 2 if bt == 32 and whole else 1
+    stages = kwargs.get("q_stages") or (2 if bt == 32 and whole else 1)
     kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
                               execution_backend="tvm_ffi", out_idx=None)
     source = kernel.get_kernel_source()

@@ -541,6 +541,32 @@ def test_decode_persistent_lean(h, b, s_q, extra_kind, uniform, tps_min, balance
         check_decode(q, main, extra, sink)
 
 
+@pytest.mark.parametrize(
+    "h,b,s_q,extra_kind,uniform,tps_min",
+    [
+        (64, 128, 1, "c4a1024", True, 4),
+        (64, 32, 1, "c128a8192", False, 4),
+        (64, 9, 2, "c128a1024", False, 1),
+        (128, 7, 2, "c128a4096", False, 3),
+        (128, 128, 1, "c4a1024", True, 4),
+    ],
+    ids=lambda v: str(v),
+)
+def test_decode_persistent_lean_one_q_stage(h, b, s_q, extra_kind, uniform, tps_min, seed):
+    """The tile balance with the lean producer and one Q stage (``q_stages`` 1: warpgroup 0
+    loads each item's Q once both consumers met; item 51): whole rows, per-row lengths, pieces
+    of 1 and 3 tiles (many items per CTA: the meeting before each), MTP; outputs poisoned,
+    checked against the float32 reference."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen, lonely_row=not uniform)
+    if uniform:
+        main[2].fill_(WINDOW)
+        extra[2].fill_(extra[1].shape[-1])
+    with _persistent(balance="tiles", tiles_per_split_min=tps_min, producer_lean=True,
+                     q_stages=1):
+        check_decode(q, main, extra, sink)
+
+
 def test_decode_persistent_lean_batch_invariant(seed):
     """batch_invariant=True on the persistent grid with the lean producer (fixed splits of 1
     tile: many items per CTA): a row alone, in a batch of 8 and in the whole batch bitwise
