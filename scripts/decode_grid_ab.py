@@ -40,7 +40,7 @@ split (b1 / b8 / b32, both scopes and SWA, C128A 4096 / 8192 with per-row length
 with ``balance="tiles"``, PERF_NOTES item 48): C128A 4096 / 8192 with per-row lengths at b2 /
 b32 / b128, h64 / h128, and h64 b128 C4A 1024 as a control. ``plean`` / ``ptlean``: the
 persistent grid with the item / tile balance and the lean FP8 producer, ``ptlean1`` the latter
-with one Q stage (item 51). ``--rows crossover``: the
+with one Q stage (item 52). ``--rows crossover``: the
 crossover's (h128: full waves on both compressed scopes and SWA,
 MTP); ``--rows cluster``: the b1 / b8 rows of ``splits`` (h64 / h128, SWA, C4A, C128A: 8
 splits each) and C128A 8192 with per-row lengths at b2; ``--rows pq``: the persistent grid's
@@ -81,7 +81,7 @@ PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_sp
               "tiles_per_split_min": 4, "invariant_tiles_per_split": 16}
 # the persistent grid with the tile-granular balance (tile_kernels/work.py, PERF_NOTES item 48)
 PERSISTENT_TILES = {**PERSISTENT, "balance": "tiles"}
-# both with the lean FP8 producer (PERF_NOTES item 51): implementation -> schedule
+# both with the lean FP8 producer (PERF_NOTES item 52): implementation -> schedule
 # and the tile balance with one Q stage (q_stages 1: the consumers' loop traced once, ~136 KB
 # of shared memory)
 PERSISTENT_LEAN_IMPLS = {"plean": {**PERSISTENT, "producer_lean": True},

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 23: the lean FP8 producer on the 64/128-head persistent grid (bench/PERF_NOTES.md item
-# 51), on a lent H100/H200 in one call (<= 240 s with compiles):
+# 52), on a lent H100/H200 in one call (<= 240 s with compiles):
 #   export OUT && source scripts/device_setup.sh && bash scripts/device_persistent_lean.sh [seconds, 235]
 # 1. Compiles in 16 processes the A/B's variants (decode_grid_ab.py --rows balance with impls
 #    fixed / plean / ptlean / ptlean1: the rows' fixed-grid decodes, the persistent grid with

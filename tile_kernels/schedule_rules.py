@@ -11,7 +11,7 @@ def producer_lean_refusal(producer_lean, *, raw_ring=0, cluster_merge=False,
     """Why the lean FP8 producer (``producer_lean``, bench/PERF_NOTES.md item 46) cannot serve
     this schedule, or None. It is the register path of the one FP8 producer
     (``fp8_producer``): the split consumers of the warp-specialised schedule on the fixed
-    and the persistent grid (both balances; bench/PERF_NOTES.md item 51), and tokens in M
+    and the persistent grid (both balances; bench/PERF_NOTES.md item 52), and tokens in M
     on either grid; not with a raw ring (raw bytes in shared slots), the cluster merge (not
     yet run on a GPU with it) nor the seesaw's half producer."""
     if not producer_lean:

@@ -205,7 +205,7 @@ def build_sparse_decode(
             rule above (two with 32-token tiles where the walk lowers with them: one head
             group, or the tile balance; else one), 1 one stage (loaded by warpgroup 0 once both
             consumers met: the consumers' tile loop traced once, ~136 KB of shared memory
-            instead of ~200 KB, so a larger L1; bench/PERF_NOTES.md item 51), 2 two where the
+            instead of ~200 KB, so a larger L1; bench/PERF_NOTES.md item 52), 2 two where the
             rule allows them (refused elsewhere).
         debug_plan_only: DEBUG ONLY, never a shipped schedule (``scripts/balance_probe.py``):
             the persistent grid plans its range, thread 0 of each CTA writes the plan's words
@@ -653,7 +653,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         raise ValueError(f"q_stages: 2 Q stages need 32-token tiles and one head group or the "
                          f"tile balance, got block_tokens {BI}, {head_groups} head groups, "
                          f"balance {balance!r}")
-    if q_stages:  # (knob 1: one stage where two would be the rule, item 51)
+    if q_stages:  # (knob 1: one stage where two would be the rule, item 52)
         NQ = q_stages
 
     def first_stage(item):
@@ -1707,7 +1707,7 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
                 "threads": 384, "block_tokens": 64, "num_stages": 2, "producer_lean": True}},
-    # the lean producer on the 64-head persistent grid (PERF_NOTES item 51): the tile balance
+    # the lean producer on the 64-head persistent grid (PERF_NOTES item 52): the tile balance
     # at h64 (two Q stages), the item walk of two head groups at h128 (one Q stage)
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,

@@ -509,7 +509,7 @@ def test_decode_persistent_tile_balance(h, b, s_q, extra_kind, uniform, tps_min,
         check_decode(q, main, extra, sink)
 
 
-# The lean FP8 producer on the 64-head persistent grid (bench/PERF_NOTES.md item 51), both
+# The lean FP8 producer on the 64-head persistent grid (bench/PERF_NOTES.md item 52), both
 # balances, h64 and h128 (the item walk of two head groups: one Q stage), C4A / C128A scopes
 # (four compiled variants): per-row lengths with holes and a lonely last row, rows split into
 # pieces of 1 and 3 tiles (padding tiles produced all-invalid), MTP, uniform rows kept whole.
@@ -554,7 +554,7 @@ def test_decode_persistent_lean(h, b, s_q, extra_kind, uniform, tps_min, balance
 )
 def test_decode_persistent_lean_one_q_stage(h, b, s_q, extra_kind, uniform, tps_min, seed):
     """The tile balance with the lean producer and one Q stage (``q_stages`` 1: warpgroup 0
-    loads each item's Q once both consumers met; item 51): whole rows, per-row lengths, pieces
+    loads each item's Q once both consumers met; item 52): whole rows, per-row lengths, pieces
     of 1 and 3 tiles (many items per CTA: the meeting before each), MTP; outputs poisoned,
     checked against the float32 reference."""
     gen = torch.Generator(DEV).manual_seed(seed)
