@@ -27,7 +27,7 @@ PY
 echo "precompile exit $? at ${SECONDS} s: $(tail -1 "$OUT/precompile.txt")"
 for set in $sets; do
   mkdir -p "$OUT/$set"
-  timeout $((${DEADLINE:-170} + 30)) python3 scripts/decode_grid_ab.py --rows "$set" --impls "$(impls_of "$set")" \
+  timeout $((${DEADLINE:-170} + 60)) python3 scripts/decode_grid_ab.py --rows "$set" --impls "$(impls_of "$set")" \
     --out "$OUT/$set" --deadline ${DEADLINE:-170} > "$OUT/$set/log.txt" 2>&1
   echo "$set: exit $? at ${SECONDS} s"
   cat "$OUT/$set/decode_grid_ab.txt" 2>/dev/null || tail -5 "$OUT/$set/log.txt"
