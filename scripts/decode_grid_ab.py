@@ -596,7 +596,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
                                        "pdl", "tim", "pq", "balance", "lean", "tim_lean",
-                                       "lean_rest", "timp"),
+                                       "lean_rest", "timp", "issue24", "tim_b64"),
                     default="quick")
     ap.add_argument("--tim-unsplit-heads", default="",
                     help="with --rows tim: comma-separated head counts whose unsplit rows "
