@@ -269,6 +269,12 @@ def goal_rows(which: str) -> list:
     if which == "tim_b64":  # the persistent tokens-in-M default against the shipped b64 rows
         return [DecodeShape(h, 64, k, extra_width={"swa": None, "c4a": 512, "c128a": 1024}[k],
                             varying=k == "c128a") for h in (8, 16, 32) for k in ("swa", "c4a", "c128a")]
+    if which == "tim_ship":  # h8 (on the 64-head tile today) and h32 b >= 128: tokens in M?
+        ew = {"swa": None, "c4a": 512, "c128a": 1024}
+        rows = [DecodeShape(8, b, k, extra_width=ew[k], varying=k == "c128a")
+                for b in (1, 8, 64, 128, 256) for k in ("swa", "c4a", "c128a")]
+        return rows + [DecodeShape(32, b, k, extra_width=ew[k], varying=k == "c128a")
+                       for b in (128, 256) for k in ("swa", "c4a", "c128a")]
     if which == "lean_rest":  # the split-consumer / tokens-in-M buckets run 64 / 68 left untimed
         rows = [DecodeShape(h, b, "swa") for h in (64, 128) for b in (1, 8)]
         rows += [DecodeShape(128, 16, k) for k in ("swa", "c4a", "c128a")]
@@ -596,7 +602,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
                                        "pdl", "tim", "pq", "balance", "lean", "tim_lean",
-                                       "lean_rest", "timp", "issue24", "tim_b64"),
+                                       "lean_rest", "timp", "issue24", "tim_b64",
+                                       "tim_ship"),
                     default="quick")
     ap.add_argument("--tim-unsplit-heads", default="",
                     help="with --rows tim: comma-separated head counts whose unsplit rows "

@@ -9,7 +9,7 @@
 # after it) so a slow call still writes JSON.
 set -uo pipefail
 sets=${1:-"goal tim_b64 issue24"}
-impls_of() { [ "$1" = tim_b64 ] && echo fixed,tim_pers,flashmla || echo fixed,flashmla; }
+impls_of() { case "$1" in tim_b64) echo fixed,tim_pers,flashmla ;; tim_ship) echo fixed,tim,tim_pers,flashmla ;; *) echo fixed,flashmla ;; esac; }
 python3 - $sets > "$OUT/precompile.txt" 2>&1 <<'PY'
 import sys
 from pathlib import Path
@@ -17,8 +17,9 @@ sys.path.insert(0, "scripts")
 import decode_grid_ab as ab
 from dsv4_tl.loader import default_kernel_dir
 kdir = Path(default_kernel_dir())
-sets = [(ab.goal_rows(name), ("fixed", "tim_pers", "flashmla") if name == "tim_b64"
-         else ("fixed", "flashmla")) for name in sys.argv[1:]]
+IMPLS = {"tim_b64": ("fixed", "tim_pers", "flashmla"),
+         "tim_ship": ("fixed", "tim", "tim_pers", "flashmla")}
+sets = [(ab.goal_rows(name), IMPLS.get(name, ("fixed", "flashmla"))) for name in sys.argv[1:]]
 # one pool over every set's variants (precompile drops the repeats)
 extra = [(v.op, dict(v.static), dict(v.schedule), kdir)
          for rows, impls in sets[1:] for v in ab._variants(rows, impls)]
