@@ -267,6 +267,22 @@ def goal_rows(which: str) -> list:
         rows = [DecodeShape(h, b, k) for h in (16, 32) for b in (1, 8) for k in ("swa", "c4a")]
         return rows + [DecodeShape(16, 128, k) for k in ("swa", "c4a")] + [
             DecodeShape(16, 128, "c128a", varying=True)]
+    if which == "issue24":  # issue 24's goal rows: 8-32 heads x b 1-256 x the three scopes,
+        # then the speculative-draft rows (window 128 + 5 drafts = 133 tokens at width 192 / 256)
+        rows = [DecodeShape(h, b, k, extra_width={"swa": None, "c4a": 512, "c128a": 1024}[k],
+                            varying=k == "c128a")
+                for h in (8, 16, 32) for k in ("swa", "c4a", "c128a") for b in (1, 8, 64, 128, 256)]
+        return rows + [DecodeShape(h, 32, "swa", s_q=s_q, window=width, window_len=133)
+                       for h in (32, 64) for width in (192, 256) for s_q in (1, 6)]
+    if which == "tim_b64":  # the persistent tokens-in-M default against the shipped b64 rows
+        return [DecodeShape(h, 64, k, extra_width={"swa": None, "c4a": 512, "c128a": 1024}[k],
+                            varying=k == "c128a") for h in (8, 16, 32) for k in ("swa", "c4a", "c128a")]
+    if which == "tim_ship":  # h8 (on the 64-head tile today) and h32 b >= 128: tokens in M?
+        ew = {"swa": None, "c4a": 512, "c128a": 1024}
+        rows = [DecodeShape(8, b, k, extra_width=ew[k], varying=k == "c128a")
+                for b in (1, 8, 64, 128, 256) for k in ("swa", "c4a", "c128a")]
+        return rows + [DecodeShape(32, b, k, extra_width=ew[k], varying=k == "c128a")
+                       for b in (128, 256) for k in ("swa", "c4a", "c128a")]
     if which == "lean_rest":  # the split-consumer / tokens-in-M buckets run 64 / 68 left untimed
         rows = [DecodeShape(h, b, "swa") for h in (64, 128) for b in (1, 8)]
         rows += [DecodeShape(128, 16, k) for k in ("swa", "c4a", "c128a")]
@@ -598,7 +614,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
                                        "pdl", "tim", "pq", "balance", "lean", "tim_lean",
-                                       "lean_rest", "timp"),
+                                       "lean_rest", "timp", "issue24", "tim_b64",
+                                       "tim_ship"),
                     default="quick")
     ap.add_argument("--tim-unsplit-heads", default="",
                     help="with --rows tim: comma-separated head counts whose unsplit rows "

@@ -75,6 +75,21 @@ def _case(b, s_q, h, extra_kind, gen, *, sink="mixed", fp8_format="e4m3fn"):
         # h16 at b >= 67: config D (2 CTAs per SM), C128A with 2 splits (run 61)
         (16, 80, "c4a512"),
         (16, 96, "c128a256"),
+        # tokens in M routed by runs 75-77: h8 everywhere (8 heads in wgmma N), h32 at
+        # b >= 67, and the persistent grid at h8 C4A / h16 / h32 SWA and C4A b34-66
+        (8, 3, "swa"),
+        (8, 12, "c4a512"),
+        (8, 50, "swa"),
+        (8, 40, "c4a512"),
+        (8, 64, "c128a1024"),
+        (8, 100, "c4a512"),
+        (8, 70, "c128a256"),
+        (16, 64, "swa"),
+        (16, 45, "c4a512"),
+        (32, 60, "swa"),
+        (32, 37, "c4a512"),
+        (32, 130, "swa"),
+        (32, 90, "c128a1024"),
     ],
     ids=lambda v: str(v),
 )

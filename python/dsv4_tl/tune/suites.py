@@ -71,12 +71,15 @@ def _dsv4_suite() -> dict:
             for tag, b in by_range.items():
                 decode[f"h{h}_{kind}_{tag}"] = DecodeShape(h, b, kind)
     # TP head counts on the tokens-in-M schedule: the rows of bench.tp_decode_shapes
+    # (h8 in every CTA range, h32 at >= 67 CTAs, h16 / h32 SWA and C4A at 34-66: item 51)
     for kind, width in (("swa", None), ("c4a", 512), ("c128a", 1024)):
-        decode[f"h16_{kind}_ctas67_up"] = DecodeShape(16, 128, kind, extra_width=width,
-                                                      varying=kind == "c128a")
-        for h in (16, 32):
-            decode[f"h{h}_{kind}_ctas1_16"] = DecodeShape(h, 8, kind, extra_width=width,
-                                                          varying=kind == "c128a")
+        tp = {16: ("ctas1_16", "ctas67_up"), 32: ("ctas1_16", "ctas67_up"),
+              8: ("ctas1_16", "ctas34_66", "ctas67_up")}
+        for h, tags in tp.items():
+            for tag in tags + (("ctas34_66",) if h > 8 and kind != "c128a" else ()):
+                b = {"ctas1_16": 8, "ctas34_66": 64, "ctas67_up": 128}[tag]
+                decode[f"h{h}_{kind}_{tag}"] = DecodeShape(h, b, kind, extra_width=width,
+                                                           varying=kind == "c128a")
     # TP head counts (V4-Pro TP8 = 16 heads, TP4 = 32), Flash C4A width
     prefill = {"h16_tp": PrefillShape(16, 4096, 640, 32768),
                "h32_tp": PrefillShape(32, 4096, 640, 32768)}
