@@ -15,8 +15,39 @@
 #    budget's end (deadline), each flushed to the JSON as measured.
 # Files in $OUT: env.txt (device_setup.sh), log.txt (compiles, tests, A/B rows as measured),
 # decode_grid_ab.json, decode_grid_ab.txt.
+# MODE=ncu instead (~200 s): the control row h64 b128 C4A 1024 under ncu, one launch each of the
+# fixed grid, ptlean and ptlean1 (compiled first, with their combines, in 10 processes): duration, L1 hit rate of the
+# local-memory loads (warpgroup 0's spills; the L1 reading of item 52) and of all loads, warp
+# states; $OUT/ncu_control.txt.
 set -uo pipefail
 budget=${1:-235}
+if [ "${MODE:-ab}" = ncu ]; then
+  timeout 110 python3 - > "$OUT/ncu_control.txt" 2>&1 <<'PY'
+import sys
+sys.path[:0] = ["scripts"]
+import decode_grid_ab as ab
+from dsv4_tl.bench import DecodeShape
+ab.precompile([DecodeShape(64, 128, "c4a", extra_width=1024)], 10, (), ("fixed", "ptlean", "ptlean1"))
+PY
+  metrics=gpu__time_duration.sum,l1tex__t_sector_hit_rate.pct
+  metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum
+  metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_ld_lookup_hit.sum
+  metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum
+  metrics=$metrics,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio
+  metrics=$metrics,smsp__average_warp_latency_issue_stalled_barrier.ratio
+  metrics=$metrics,smsp__inst_executed.sum
+  for impl in fixed ptlean ptlean1; do
+    sched=$(python3 -c "import sys, json; sys.path[:0] = ['scripts']; import decode_grid_ab as ab
+print(json.dumps(ab.PERSISTENT_LEAN_IMPLS.get('$impl', {})))")
+    echo "== $impl $sched" >> "$OUT/ncu_control.txt"
+    timeout 60 ncu --clock-control none --kernel-name regex:^sparse_decode_kernel --launch-skip 1 \
+      --launch-count 1 --metrics "$metrics" python3 scripts/profile_kernels.py --decode 64,128,c4a \
+      --extra-width 1024 --decode-only --schedule "$sched" 2>&1 \
+      | grep -E "sparse_decode_kernel|gpu__|l1tex__|smsp__" >> "$OUT/ncu_control.txt"
+  done
+  cat "$OUT/ncu_control.txt" | tail -40
+  exit 0
+fi
 impls=fixed,plean,ptlean,ptlean1,flashmla
 log="$OUT/log.txt"
 timeout 110 python3 - "$impls" > "$log" 2>&1 <<'PY'
