@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 23: the lean FP8 producer on the 64/128-head persistent grid (bench/PERF_NOTES.md item
 # 52), on a lent H100/H200 in one call (<= 240 s with compiles):
-#   export OUT && source scripts/device_setup.sh && bash scripts/device_persistent_lean.sh [seconds, 235]
+#   export OUT && source scripts/device_setup.sh \
+#     && bash scripts/device_persistent_lean.sh [seconds, 235]
 # 1. Compiles in 16 processes the A/B's variants (decode_grid_ab.py --rows balance with impls
 #    fixed / plean / ptlean / ptlean1: the rows' fixed-grid decodes, the persistent grid with
 #    the item and the tile balance, both with producer_lean, and the tile balance with one Q
@@ -16,9 +17,9 @@
 # Files in $OUT: env.txt (device_setup.sh), log.txt (compiles, tests, A/B rows as measured),
 # decode_grid_ab.json, decode_grid_ab.txt.
 # MODE=ncu instead (~200 s): the control row h64 b128 C4A 1024 under ncu, one launch each of the
-# fixed grid, ptlean and ptlean1 (compiled first, with their combines, in 10 processes): duration, L1 hit rate of the
-# local-memory loads (warpgroup 0's spills; the L1 reading of item 52) and of all loads, warp
-# states; $OUT/ncu_control.txt.
+# fixed grid, ptlean and ptlean1 (compiled first, with their combines, in 10 processes):
+# duration, L1 hit rate of the local-memory loads (warpgroup 0's spills; the L1 reading of item
+# 52) and of all loads, warp stalls; $OUT/ncu_control.txt.
 set -uo pipefail
 budget=${1:-235}
 if [ "${MODE:-ab}" = ncu ]; then
@@ -27,7 +28,8 @@ import sys
 sys.path[:0] = ["scripts"]
 import decode_grid_ab as ab
 from dsv4_tl.bench import DecodeShape
-ab.precompile([DecodeShape(64, 128, "c4a", extra_width=1024)], 10, (), ("fixed", "ptlean", "ptlean1"))
+ab.precompile([DecodeShape(64, 128, "c4a", extra_width=1024)], 10, (),
+              ("fixed", "ptlean", "ptlean1"))
 PY
   metrics=gpu__time_duration.sum,l1tex__t_sector_hit_rate.pct
   metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum

@@ -251,8 +251,9 @@ def build_sparse_decode(
             (``sparse_decode_seesaw``). sm_90a only.
         producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
             in M, on either grid; not with a raw ring, cluster_merge nor the seesaw's half
-            producer: ``schedule_rules.producer_lean_refusal``): the same loads and K in fewer instructions per 32-token round
-            (``fp8_producer``, ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md item 46).
+            producer: ``schedule_rules.producer_lean_refusal``): the same loads and K in
+            fewer instructions per 32-token round (``fp8_producer``,
+            ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md items 46, 52).
         cluster_merge: the warp-specialised schedule's fixed grid with the split consumers
             (no raw ring), ``num_splits`` 2, 4 or 8: the splits of a row form one thread-block
             cluster and are merged through distributed shared memory (``cluster_merge.py``);
