@@ -40,7 +40,7 @@ split (b1 / b8 / b32, both scopes and SWA, C128A 4096 / 8192 with per-row length
 with ``balance="tiles"``, PERF_NOTES item 48): C128A 4096 / 8192 with per-row lengths at b2 /
 b32 / b128, h64 / h128, and h64 b128 C4A 1024 as a control. ``plean`` / ``ptlean``: the
 persistent grid with the item / tile balance and the lean FP8 producer, ``ptlean1`` the latter
-with one Q stage (item 52). ``--rows crossover``: the
+with one Q stage, ``ptlean216`` with the fixed grid's register split (item 52). ``--rows crossover``: the
 crossover's (h128: full waves on both compressed scopes and SWA,
 MTP); ``--rows cluster``: the b1 / b8 rows of ``splits`` (h64 / h128, SWA, C4A, C128A: 8
 splits each) and C128A 8192 with per-row lengths at b2; ``--rows pq``: the persistent grid's
@@ -82,11 +82,14 @@ PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_sp
 # the persistent grid with the tile-granular balance (tile_kernels/work.py, PERF_NOTES item 48)
 PERSISTENT_TILES = {**PERSISTENT, "balance": "tiles"}
 # both with the lean FP8 producer (PERF_NOTES item 52): implementation -> schedule
-# and the tile balance with one Q stage (q_stages 1: the consumers' loop traced once, ~136 KB
-# of shared memory)
+# (their register split: the rule's 224 / 160 / 120, no spills in warpgroup 0's tile loop);
+# the tile balance with one Q stage (q_stages 1: ~136 KB of shared memory, a larger L1), and
+# with the fixed grid's split 216 / 160 / 128 (warpgroup 0 reloading 14 values per tile pair)
 PERSISTENT_LEAN_IMPLS = {"plean": {**PERSISTENT, "producer_lean": True},
                          "ptlean": {**PERSISTENT_TILES, "producer_lean": True},
-                         "ptlean1": {**PERSISTENT_TILES, "producer_lean": True, "q_stages": 1}}
+                         "ptlean1": {**PERSISTENT_TILES, "producer_lean": True, "q_stages": 1},
+                         "ptlean216": {**PERSISTENT_TILES, "producer_lean": True,
+                                       "ws_regs": "216/160/128"}}
 
 
 # Implementations a row can run (--impls); the seesaw ones replace the consumers and tile

@@ -4,20 +4,21 @@
 #   export OUT && source scripts/device_setup.sh \
 #     && bash scripts/device_persistent_lean.sh [seconds, 235]
 # 1. Compiles in 16 processes the A/B's variants (decode_grid_ab.py --rows balance with impls
-#    fixed / plean / ptlean / ptlean1: the rows' fixed-grid decodes, the persistent grid with
-#    the item and the tile balance, both with producer_lean, and the tile balance with one Q
-#    stage (q_stages 1), h64 / h128: 12 decodes) and the combines at the split bounds the rows
-#    and the GPU tests need (10); the GPU tests use the same 6 persistent variants (the
-#    split-size knobs are plan knobs, out of the kernel key).
+#    fixed / plean / ptlean / ptlean1 / ptlean216: the rows' fixed-grid decodes, the persistent
+#    grid with the item and the tile balance, both with producer_lean (register split 224 /
+#    160 / 120), the tile balance with one Q stage (q_stages 1) and with the fixed grid's split
+#    216 / 160 / 128, h64 / h128: 14 decodes) and the combines at the split bounds the rows and
+#    the GPU tests need (10); the GPU tests use 6 of the persistent variants (the split-size
+#    knobs are plan knobs, out of the kernel key).
 # 2. The lean persistent GPU tests (poisoned outputs, float32 reference; 8 workers, 80 s).
-# 3. The A/B of the rows "balance": fixed / plean / ptlean / ptlean1 / FlashMLA, the control
-#    row (h64 b128 C4A 1024: whole rows, the per-tile rate) first, 3 interleaved rounds,
+# 3. The A/B of the rows "balance": fixed / plean / ptlean / ptlean1 / ptlean216 / FlashMLA, the
+#    control row (h64 b128 C4A 1024: whole rows, the per-tile rate) first, 3 interleaved rounds,
 #    medians of CUDA-graph replays, every output reference-checked; rows started until the
 #    budget's end (deadline), each flushed to the JSON as measured.
 # Files in $OUT: env.txt (device_setup.sh), log.txt (compiles, tests, A/B rows as measured),
 # decode_grid_ab.json, decode_grid_ab.txt.
 # MODE=ncu instead (~200 s): the control row h64 b128 C4A 1024 under ncu, one launch each of the
-# fixed grid, ptlean and ptlean1 (compiled first, with their combines, in 10 processes):
+# fixed grid, ptlean, ptlean1 and ptlean216 (compiled first, with combines, in 11 processes):
 # duration, L1 hit rate of the local-memory loads (warpgroup 0's spills; the L1 reading of item
 # 52) and of all loads, warp stalls; $OUT/ncu_control.txt.
 set -uo pipefail
@@ -28,8 +29,8 @@ import sys
 sys.path[:0] = ["scripts"]
 import decode_grid_ab as ab
 from dsv4_tl.bench import DecodeShape
-ab.precompile([DecodeShape(64, 128, "c4a", extra_width=1024)], 10, (),
-              ("fixed", "ptlean", "ptlean1"))
+ab.precompile([DecodeShape(64, 128, "c4a", extra_width=1024)], 11, (),
+              ("fixed", "ptlean", "ptlean1", "ptlean216"))
 PY
   metrics=gpu__time_duration.sum,l1tex__t_sector_hit_rate.pct
   metrics=$metrics,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum
@@ -38,7 +39,7 @@ PY
   metrics=$metrics,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio
   metrics=$metrics,smsp__average_warp_latency_issue_stalled_barrier.ratio
   metrics=$metrics,smsp__inst_executed.sum
-  for impl in fixed ptlean ptlean1; do
+  for impl in fixed ptlean ptlean1 ptlean216; do
     sched=$(python3 -c "import sys, json; sys.path[:0] = ['scripts']; import decode_grid_ab as ab
 print(json.dumps(ab.PERSISTENT_LEAN_IMPLS.get('$impl', {})))")
     echo "== $impl $sched" >> "$OUT/ncu_control.txt"
@@ -50,7 +51,7 @@ print(json.dumps(ab.PERSISTENT_LEAN_IMPLS.get('$impl', {})))")
   cat "$OUT/ncu_control.txt" | tail -40
   exit 0
 fi
-impls=fixed,plean,ptlean,ptlean1,flashmla
+impls=fixed,plean,ptlean,ptlean1,ptlean216,flashmla
 log="$OUT/log.txt"
 timeout 110 python3 - "$impls" > "$log" 2>&1 <<'PY'
 import sys

@@ -74,6 +74,25 @@ from .layout import (HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, ROPE_DIM, TOKEN_
 # tiles warpgroup 0 spills a little and still measured fastest (240/160/104 spills the
 # producer's staged bytes instead; bench/PERF_NOTES.md item 15).
 DECODE_WS_REGS = check_ws_regs((216, 160, 128))
+# The persistent grid's with the lean producer and 32-token tiles: the item walk's state, live
+# across warpgroup 0's tile loop, pushed 14-18 of its values per tile pair into local memory
+# at 216 (bench/PERF_NOTES.md item 52); at 224 none, and the lean producer keeps its tile loop
+# at 120 with 4 reloads per pair (warpgroup 1 spills 1268 B at 152: it stays at 160).
+DECODE_PERSISTENT_LEAN_REGS = check_ws_regs((224, 160, 120))
+
+
+def persistent_ws_regs(block_tokens: int, producer_lean: bool, ws_regs: str = "") -> tuple:
+    """The persistent warp-specialised grid's register split: ``ws_regs``, the knob, as
+    "w0/w1/producer" (three multiples of 8; a string, so that a schedule stays hashable and
+    JSON), or "" for the rule: ``DECODE_PERSISTENT_LEAN_REGS`` with the lean producer and
+    32-token tiles, else ``DECODE_WS_REGS``."""
+    if ws_regs != "":
+        parts = ws_regs.split("/") if isinstance(ws_regs, str) else []
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"ws_regs: 'w0/w1/producer' (e.g. '216/160/128') or '', got "
+                             f"{ws_regs!r}")
+        return check_ws_regs(tuple(int(p) for p in parts))
+    return DECODE_PERSISTENT_LEAN_REGS if producer_lean and block_tokens == 32 else DECODE_WS_REGS
 # The warp-specialised schedule's consumer pairs (``consumers`` of build_sparse_decode).
 DECODE_CONSUMERS = ("split", "seesaw")
 
@@ -168,6 +187,7 @@ def build_sparse_decode(
     balance: str = "items",
     debug_plan_only: bool = False,
     q_stages: int = 0,
+    ws_regs: str = "",
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -207,6 +227,8 @@ def build_sparse_decode(
             consumers met: the consumers' tile loop traced once, ~136 KB of shared memory
             instead of ~200 KB, so a larger L1; bench/PERF_NOTES.md item 52), 2 two where the
             rule allows them (refused elsewhere).
+        ws_regs: the persistent grid's register split of its three warpgroups, "w0/w1/producer"
+            ("": the rule, ``persistent_ws_regs``; e.g. "216/160/128", the fixed grid's).
         debug_plan_only: DEBUG ONLY, never a shipped schedule (``scripts/balance_probe.py``):
             the persistent grid plans its range, thread 0 of each CTA writes the plan's words
             (``work.PLAN_WORDS``) as floats to ``OPartial[cta, 0, 0, 0, :words]`` (CTAs past
@@ -303,6 +325,10 @@ def build_sparse_decode(
         raise ValueError("q_stages: 0 (the rule), 1 or 2 Q stages of the warp-specialised "
                          f"persistent grid, got {q_stages!r} with persistent {persistent}, "
                          f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}")
+    if ws_regs != "" and not (persistent and warp_specialized and not tokens_in_m):
+        raise ValueError(f"ws_regs: the warp-specialised persistent grid's register split, got "
+                         f"{ws_regs!r} with persistent {persistent}, warp_specialized "
+                         f"{warp_specialized}, tokens_in_m {tokens_in_m}")
     if balance not in BALANCES:
         raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
     if debug_plan_only is not False and not (debug_plan_only is True and persistent
@@ -386,7 +412,7 @@ def build_sparse_decode(
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost, raw_ring, cluster_merge, producer_lean,
                                        pdl_trigger=pdl_trigger, balance=balance,
-                                       q_stages=q_stages,
+                                       q_stages=q_stages, ws_regs=ws_regs,
                                        debug_plan_only=debug_plan_only)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
@@ -566,7 +592,8 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                             persistent: bool = False, item_cost: int = 3, raw_ring: int = 0,
                             cluster_merge: bool = False, producer_lean: bool = False, *,
                             pdl_trigger: bool = False, balance: str = "items",
-                            debug_plan_only: bool = False, q_stages: int = 0):
+                            debug_plan_only: bool = False, q_stages: int = 0,
+                            ws_regs: str = ""):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``fp8_producer`` (raw FP8 token quarters into registers, dequantised
@@ -650,6 +677,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     # thread-sync pass: a sync "inside a divergent region with 81 participating threads",
     # run 62): it keeps one stage there; the tile balance's walk lowers with two.
     NQ = 2 if BI == 32 and (head_groups == 1 or balance == "tiles") else 1
+    regs_p = persistent_ws_regs(BI, producer_lean, ws_regs)  # (the persistent grid's)
     if q_stages == 2 and NQ == 1:
         raise ValueError(f"q_stages: 2 Q stages need 32-token tiles and one head group or the "
                          f"tile balance, got block_tokens {BI}, {head_groups} head groups, "
@@ -827,19 +855,19 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                         for i in unrolled(PLAN_WORDS[balance]):
                             OPartial[cta, 0, 0, 0, i] = T.cast(span[i], T.float32)
                 elif tx < 128:
-                    ws_set_regs(DECODE_WS_REGS[0])
+                    ws_set_regs(regs_p[0])
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
                               lambda item: softmax_item(
                         st, qs, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial,
                         RowSplits, sm_scale, scale_log2, rs))
                 elif tx < 256:
-                    ws_set_regs(DECODE_WS_REGS[1])
+                    ws_set_regs(regs_p[1])
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
                               lambda item: pv_item(st, qs, item, inv, Out, OPartial))
                 else:
-                    ws_set_regs(DECODE_WS_REGS[2])
+                    ws_set_regs(regs_p[2])
                     p = tx - 256
                     regs = alloc_producer_registers(BI, raw_ring, producer_lean)
                     lv = T.alloc_local([2], T.int32)  # the row's lengths
