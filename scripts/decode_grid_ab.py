@@ -40,7 +40,8 @@ split (b1 / b8 / b32, both scopes and SWA, C128A 4096 / 8192 with per-row length
 with ``balance="tiles"``, PERF_NOTES item 48): C128A 4096 / 8192 with per-row lengths at b2 /
 b32 / b128, h64 / h128, and h64 b128 C4A 1024 as a control. ``plean`` / ``ptlean``: the
 persistent grid with the item / tile balance and the lean FP8 producer, ``ptlean1`` the latter
-with one Q stage, ``ptlean216`` with the fixed grid's register split (item 52). ``--rows crossover``: the
+with one Q stage, ``ptlean216`` with the fixed grid's register split (item 52).
+``--rows crossover``: the
 crossover's (h128: full waves on both compressed scopes and SWA,
 MTP); ``--rows cluster``: the b1 / b8 rows of ``splits`` (h64 / h128, SWA, C4A, C128A: 8
 splits each) and C128A 8192 with per-row lengths at b2; ``--rows pq``: the persistent grid's
