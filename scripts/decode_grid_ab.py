@@ -322,7 +322,8 @@ def goal_rows(which: str) -> list:
 
 def _call(shape: DecodeShape, batch_invariant: bool = False) -> dict:
     scope = "swa" if shape.kind == "swa" else ("c4a" if shape.kind == "c4a" else "c128a")
-    return dict(h=shape.h, b=shape.b, s_q=shape.s_q, scope=scope, batch_invariant=batch_invariant)
+    return dict(h=shape.h, b=shape.b, s_q=shape.s_q, scope=scope, batch_invariant=batch_invariant,
+                extra_width=shape.extra_topk)
 
 
 def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:

@@ -90,6 +90,12 @@ def _case(b, s_q, h, extra_kind, gen, *, sink="mixed", fp8_format="e4m3fn"):
         (32, 37, "c4a512"),
         (32, 130, "swa"),
         (32, 90, "c128a1024"),
+        # C128A at long context (index width >= 4096): the persistent grid, item balance at
+        # <= 16 CTAs, tile balance with one Q stage above (item 53)
+        (64, 2, "c128a4096"),
+        (64, 20, "c128a8192"),
+        (128, 3, "c128a4096"),
+        (128, 24, "c128a4096"),
     ],
     ids=lambda v: str(v),
 )
