@@ -925,10 +925,7 @@ def test_tim_persistent_source(kwargs, tmp_path):
     (named barrier 10 of 256 threads) once in each; the dynamic shared memory within a CTA's
     227 KB; where nvcc is here, it compiles (ptxas -v), spilling nothing with one math
     warpgroup."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-
-    kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
-                              execution_backend="tvm_ffi", out_idx=None)
+    kernel = _compiled_decode(kwargs)
     source = kernel.get_kernel_source()
     head = source[source.index("sparse_decode_kernel("):]
     body = head[head.index("{"):]
