@@ -38,7 +38,10 @@ both compressed scopes, SWA, MTP, below one wave, b8); ``--rows splits``: rows w
 split (b1 / b8 / b32, both scopes and SWA, C128A 4096 / 8192 with per-row lengths at b2 / b32);
 ``--rows balance``: the tile balance's (``ptiles``: the persistent grid
 with ``balance="tiles"``, PERF_NOTES item 48): C128A 4096 / 8192 with per-row lengths at b2 /
-b32 / b128, h64 / h128, and h64 b128 C4A 1024 as a control. ``--rows crossover``: the
+b32 / b128, h64 / h128, and h64 b128 C4A 1024 as a control. ``plean`` / ``ptlean``: the
+persistent grid with the item / tile balance and the lean FP8 producer, ``ptlean1`` the latter
+with one Q stage, ``ptlean216`` with the fixed grid's register split (item 52).
+``--rows crossover``: the
 crossover's (h128: full waves on both compressed scopes and SWA,
 MTP); ``--rows cluster``: the b1 / b8 rows of ``splits`` (h64 / h128, SWA, C4A, C128A: 8
 splits each) and C128A 8192 with per-row lengths at b2; ``--rows pq``: the persistent grid's
@@ -79,6 +82,15 @@ PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_sp
               "tiles_per_split_min": 4, "invariant_tiles_per_split": 16}
 # the persistent grid with the tile-granular balance (tile_kernels/work.py, PERF_NOTES item 48)
 PERSISTENT_TILES = {**PERSISTENT, "balance": "tiles"}
+# both with the lean FP8 producer (PERF_NOTES item 52): implementation -> schedule
+# (their register split: the rule's 224 / 160 / 120, no spills in warpgroup 0's tile loop);
+# the tile balance with one Q stage (q_stages 1: ~136 KB of shared memory, a larger L1), and
+# with the fixed grid's split 216 / 160 / 128 (warpgroup 0 reloading 14 values per tile pair)
+PERSISTENT_LEAN_IMPLS = {"plean": {**PERSISTENT, "producer_lean": True},
+                         "ptlean": {**PERSISTENT_TILES, "producer_lean": True},
+                         "ptlean1": {**PERSISTENT_TILES, "producer_lean": True, "q_stages": 1},
+                         "ptlean216": {**PERSISTENT_TILES, "producer_lean": True,
+                                       "ws_regs": "216/160/128"}}
 
 
 # Implementations a row can run (--impls); the seesaw ones replace the consumers and tile
@@ -114,7 +126,7 @@ LEAN_IMPLS = ("lean",)
 IMPLS = ("fixed", "persistent", "ptiles", "persistent_inv", "fixed_inv", *SEESAW_IMPLS,
          *RAW_RING_IMPLS,
          *COMBINE_IMPLS, *CROSSOVER_IMPLS, *CLUSTER_IMPLS, *PDL_IMPLS, *TIM_IMPLS, *LEAN_IMPLS,
-         *TIM_PERSISTENT_IMPLS, "flashmla")
+         *TIM_PERSISTENT_IMPLS, *PERSISTENT_LEAN_IMPLS, "flashmla")
 DEFAULT_IMPLS = ("fixed", "persistent", "persistent_inv", "fixed_inv", "flashmla")
 
 
@@ -310,7 +322,8 @@ def goal_rows(which: str) -> list:
 
 def _call(shape: DecodeShape, batch_invariant: bool = False) -> dict:
     scope = "swa" if shape.kind == "swa" else ("c4a" if shape.kind == "c4a" else "c128a")
-    return dict(h=shape.h, b=shape.b, s_q=shape.s_q, scope=scope, batch_invariant=batch_invariant)
+    return dict(h=shape.h, b=shape.b, s_q=shape.s_q, scope=scope, batch_invariant=batch_invariant,
+                extra_width=shape.extra_topk)
 
 
 def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
@@ -336,6 +349,9 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
             out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call), PERSISTENT))
         if "ptiles" in impls:
             out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call), PERSISTENT_TILES))
+        for name, config in PERSISTENT_LEAN_IMPLS.items():
+            if name in impls:
+                out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call), config))
         for name, (bt, slots) in SEESAW_IMPLS.items():
             if name in impls:
                 out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
@@ -376,7 +392,7 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
                     out.add(Variant.make("sparse_decode_combine",
                                          dict(num_heads=shape.h, num_splits=splits),
                                          combine_schedule(pdl=True)))
-    if {"persistent", "persistent_inv", "ptiles"} & set(impls):
+    if {"persistent", "persistent_inv", "ptiles", *PERSISTENT_LEAN_IMPLS} & set(impls):
         for h in sorted({s.h for s in rows}):
             for n in (2, 4, 8, 16, 32, 64, 128):
                 out.add(Variant.make("sparse_decode_combine", dict(num_heads=h, num_splits=n),
@@ -443,6 +459,7 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS, flush=
             "fixed": (_nothing, False),
             "persistent": (_forced(PERSISTENT), False),
             "ptiles": (_forced(PERSISTENT_TILES), False),
+            **{name: (_forced(config), False) for name, config in PERSISTENT_LEAN_IMPLS.items()},
             "persistent_inv": (_forced(PERSISTENT), True),
             "fixed_inv": (_nothing, True),
             **{name: (_forced(seesaw_schedule(shape, bt, slots)), False)
@@ -547,7 +564,7 @@ def impl_table(results: list, chosen) -> str:
     head = f"{'shape':66s} " + " ".join(f"{k[:9]:>9s}" for k in chosen)
     head += " " + " ".join(f"{'FM/' + k[:6]:>9s}" for k in ours)
     seesaws = [k for k in ours if k.startswith(("seesaw", "ring", "merge", "crossover", "cmerge",
-                                                  "pdl", "lean"))
+                                                  "pdl", "lean", "plean", "ptlean"))
                and "fixed" in ours]
     head += " " + " ".join(f"{'fx/' + k.replace('seesaw', 'ss').replace('crossover', 'xo'):>9s}"
                            for k in seesaws)

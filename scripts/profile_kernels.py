@@ -26,9 +26,11 @@ def main() -> None:
     ap.add_argument("--decode", default="128,128,c4a")
     ap.add_argument("--schedule", default="")
     ap.add_argument("--decode-only", action="store_true")
+    ap.add_argument("--extra-width", type=int, default=None,
+                    help="the compressed scope's width (DecodeShape's default otherwise)")
     args = ap.parse_args()
     h, b, kind = args.decode.split(",")
-    shape = DecodeShape(int(h), int(b), kind)
+    shape = DecodeShape(int(h), int(b), kind, extra_width=args.extra_width)
     gen = torch.Generator("cuda").manual_seed(0)
     x = decode_inputs(shape, gen, 1, "cuda")[0]
     calls = []

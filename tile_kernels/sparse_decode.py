@@ -41,6 +41,7 @@ from .fp8 import FP8_FORMATS, fp8_byte_to_float
 from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers, check_producer_lean,
                            check_raw_ring, make_fp8_producer, producer_prelude, raw_ring_bytes,
                            unrolled)
+from .schedule_rules import producer_lean_refusal
 from .tile_math import check_tile_math
 from .cluster_merge import (DSMEM_PRELUDE, ClusterMergeState, check_cluster_merge,
                             cluster_barrier, cluster_barrier_relaxed, make_merge_half,
@@ -73,6 +74,25 @@ from .layout import (HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, ROPE_DIM, TOKEN_
 # tiles warpgroup 0 spills a little and still measured fastest (240/160/104 spills the
 # producer's staged bytes instead; bench/PERF_NOTES.md item 15).
 DECODE_WS_REGS = check_ws_regs((216, 160, 128))
+# The persistent grid's with the lean producer and 32-token tiles: the item walk's state, live
+# across warpgroup 0's tile loop, pushed 14-18 of its values per tile pair into local memory
+# at 216 (bench/PERF_NOTES.md item 52); at 224 none, and the lean producer keeps its tile loop
+# at 120 with 4 reloads per pair (warpgroup 1 spills 1268 B at 152: it stays at 160).
+DECODE_PERSISTENT_LEAN_REGS = check_ws_regs((224, 160, 120))
+
+
+def persistent_ws_regs(block_tokens: int, producer_lean: bool, ws_regs: str = "") -> tuple:
+    """The persistent warp-specialised grid's register split: ``ws_regs``, the knob, as
+    "w0/w1/producer" (three multiples of 8; a string, so that a schedule stays hashable and
+    JSON), or "" for the rule: ``DECODE_PERSISTENT_LEAN_REGS`` with the lean producer and
+    32-token tiles, else ``DECODE_WS_REGS``."""
+    if ws_regs != "":
+        parts = ws_regs.split("/") if isinstance(ws_regs, str) else []
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"ws_regs: 'w0/w1/producer' (e.g. '216/160/128') or '', got "
+                             f"{ws_regs!r}")
+        return check_ws_regs(tuple(int(p) for p in parts))
+    return DECODE_PERSISTENT_LEAN_REGS if producer_lean and block_tokens == 32 else DECODE_WS_REGS
 # The warp-specialised schedule's consumer pairs (``consumers`` of build_sparse_decode).
 DECODE_CONSUMERS = ("split", "seesaw")
 
@@ -166,6 +186,8 @@ def build_sparse_decode(
     tma_io: bool = False,
     balance: str = "items",
     debug_plan_only: bool = False,
+    q_stages: int = 0,
+    ws_regs: str = "",
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -199,6 +221,14 @@ def build_sparse_decode(
             front end runs batch-invariant calls with "items"). (Runs 63 and 65: every call of
             "tiles" hung -- a CTA barrier inside its plan's owner branch; fixed, PERF_NOTES
             item 48.)
+        q_stages: the persistent grid's Q stages (warp-specialised, whole head groups): 0 the
+            rule above (two with 32-token tiles where the walk lowers with them: one head
+            group, or the tile balance; else one), 1 one stage (loaded by warpgroup 0 once both
+            consumers met: the consumers' tile loop traced once, ~136 KB of shared memory
+            instead of ~200 KB, so a larger L1; bench/PERF_NOTES.md item 52), 2 two where the
+            rule allows them (refused elsewhere).
+        ws_regs: the persistent grid's register split of its three warpgroups, "w0/w1/producer"
+            ("": the rule, ``persistent_ws_regs``; e.g. "216/160/128", the fixed grid's).
         debug_plan_only: DEBUG ONLY, never a shipped schedule (``scripts/balance_probe.py``):
             the persistent grid plans its range, thread 0 of each CTA writes the plan's words
             (``work.PLAN_WORDS``) as floats to ``OPartial[cta, 0, 0, 0, :words]`` (CTAs past
@@ -241,10 +271,11 @@ def build_sparse_decode(
             2): the two head-group CTAs of a (row, split) form a cluster; each gathers and
             dequantises one K half of every tile and copies it into its peer's shared memory
             (``sparse_decode_seesaw``). sm_90a only.
-        producer_lean: the FP8 producer's lean instruction stream (split consumers on the
-            fixed grid, tokens in M on either grid; not with a raw ring, cluster_merge nor the
-            seesaw's half producer): the same loads and K in fewer instructions per 32-token round
-            (``fp8_producer``, ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md item 46).
+        producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
+            in M, on either grid; not with a raw ring, cluster_merge nor the seesaw's half
+            producer: ``schedule_rules.producer_lean_refusal``): the same loads and K in
+            fewer instructions per 32-token round (``fp8_producer``,
+            ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md items 46, 52).
         cluster_merge: the warp-specialised schedule's fixed grid with the split consumers
             (no raw ring), ``num_splits`` 2, 4 or 8: the splits of a row form one thread-block
             cluster and are merged through distributed shared memory (``cluster_merge.py``);
@@ -273,13 +304,12 @@ def build_sparse_decode(
         raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
     check_raw_ring(raw_ring)
     check_producer_lean(producer_lean, raw_ring)
-    if producer_lean and ((persistent and not tokens_in_m) or cluster_merge
-                          or not ((warp_specialized and consumers == "split") or tokens_in_m)):
-        # (the 64-head persistent grid and the cluster merge: not yet run on a GPU with it)
-        raise ValueError("producer_lean: the lean producer serves the split consumers on the "
-                         "fixed grid and tokens in M, without cluster_merge, got consumers "
-                         f"{consumers!r}, warp_specialized {warp_specialized}, tokens_in_m "
-                         f"{tokens_in_m}, persistent {persistent}, cluster_merge {cluster_merge}")
+    refusal = producer_lean_refusal(producer_lean, raw_ring=raw_ring,
+                                    cluster_merge=cluster_merge,
+                                    warp_specialized=warp_specialized, consumers=consumers,
+                                    tokens_in_m=tokens_in_m)
+    if refusal:
+        raise ValueError(refusal)
     if cluster_merge:
         check_cluster_merge(num_splits, warp_specialized, consumers, persistent, tokens_in_m,
                             raw_ring)
@@ -290,6 +320,15 @@ def build_sparse_decode(
                          f"tokens in M on the fixed grid, got consumers {consumers!r}, "
                          f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}, "
                          f"persistent {persistent}")
+    if q_stages not in (0, 1, 2) or type(q_stages) is not int or (
+            q_stages and not (persistent and warp_specialized and not tokens_in_m)):
+        raise ValueError("q_stages: 0 (the rule), 1 or 2 Q stages of the warp-specialised "
+                         f"persistent grid, got {q_stages!r} with persistent {persistent}, "
+                         f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}")
+    if ws_regs != "" and not (persistent and warp_specialized and not tokens_in_m):
+        raise ValueError(f"ws_regs: the warp-specialised persistent grid's register split, got "
+                         f"{ws_regs!r} with persistent {persistent}, warp_specialized "
+                         f"{warp_specialized}, tokens_in_m {tokens_in_m}")
     if balance not in BALANCES:
         raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
     if debug_plan_only is not False and not (debug_plan_only is True and persistent
@@ -373,6 +412,7 @@ def build_sparse_decode(
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost, raw_ring, cluster_merge, producer_lean,
                                        pdl_trigger=pdl_trigger, balance=balance,
+                                       q_stages=q_stages, ws_regs=ws_regs,
                                        debug_plan_only=debug_plan_only)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
@@ -552,7 +592,8 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                             persistent: bool = False, item_cost: int = 3, raw_ring: int = 0,
                             cluster_merge: bool = False, producer_lean: bool = False, *,
                             pdl_trigger: bool = False, balance: str = "items",
-                            debug_plan_only: bool = False):
+                            debug_plan_only: bool = False, q_stages: int = 0,
+                            ws_regs: str = ""):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``fp8_producer`` (raw FP8 token quarters into registers, dequantised
@@ -636,6 +677,13 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     # thread-sync pass: a sync "inside a divergent region with 81 participating threads",
     # run 62): it keeps one stage there; the tile balance's walk lowers with two.
     NQ = 2 if BI == 32 and (head_groups == 1 or balance == "tiles") else 1
+    regs_p = persistent_ws_regs(BI, producer_lean, ws_regs)  # (the persistent grid's)
+    if q_stages == 2 and NQ == 1:
+        raise ValueError(f"q_stages: 2 Q stages need 32-token tiles and one head group or the "
+                         f"tile balance, got block_tokens {BI}, {head_groups} head groups, "
+                         f"balance {balance!r}")
+    if q_stages:  # (knob 1: one stage where two would be the rule, item 52)
+        NQ = q_stages
 
     def first_stage(item):
         """Whether the item's Q is in stage 0 (a trace-time True with one stage)."""
@@ -807,19 +855,19 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                         for i in unrolled(PLAN_WORDS[balance]):
                             OPartial[cta, 0, 0, 0, i] = T.cast(span[i], T.float32)
                 elif tx < 128:
-                    ws_set_regs(DECODE_WS_REGS[0])
+                    ws_set_regs(regs_p[0])
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
                               lambda item: softmax_item(
                         st, qs, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial,
                         RowSplits, sm_scale, scale_log2, rs))
                 elif tx < 256:
-                    ws_set_regs(DECODE_WS_REGS[1])
+                    ws_set_regs(regs_p[1])
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
                               lambda item: pv_item(st, qs, item, inv, Out, OPartial))
                 else:
-                    ws_set_regs(DECODE_WS_REGS[2])
+                    ws_set_regs(regs_p[2])
                     p = tx - 256
                     regs = alloc_producer_registers(BI, raw_ring, producer_lean)
                     lv = T.alloc_local([2], T.int32)  # the row's lengths
@@ -1688,6 +1736,15 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
                 "threads": 384, "block_tokens": 64, "num_stages": 2, "producer_lean": True}},
+    # the lean producer on the 64-head persistent grid (PERF_NOTES item 52): the tile balance
+    # at h64 (two Q stages), the item walk of two head groups at h128 (one Q stage)
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "persistent": True, "balance": "tiles",
+                "producer_lean": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "persistent": True, "producer_lean": True}},
     # tokens in M (TP head counts): 16 heads, two math warpgroups, C4A; 20 heads in a padded
     # group of 24, one math warpgroup, 3 K buffers, SWA-only split-KV; 8 heads, 2 CTAs per SM
     {"builder": "build_sparse_decode",

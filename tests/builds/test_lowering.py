@@ -228,7 +228,8 @@ def test_raw_ring_producer_source(kwargs, tmp_path):
 def _producer_lean_examples():
     return _examples_with("sparse_decode", "producer_lean", lambda k: (
         f"lean-h{k['num_heads']}-bt{k['block_tokens']}-"
-        f"{'tim' if k.get('tokens_in_m') else 'split'}-{'c4a' if k['has_extra'] else 'swa'}"))
+        f"{'tim' if k.get('tokens_in_m') else 'split'}-{'c4a' if k['has_extra'] else 'swa'}"
+        + (f"-persistent-{k.get('balance', 'items')}" if k.get("persistent") else "")))
 
 
 def test_producer_lean_has_examples():
@@ -242,7 +243,8 @@ def test_producer_lean_source(kwargs, tmp_path):
     division magic to its last K store) no barrier that TileLang inserted, no integer
     division, every token's bytes through ``dsv4_ldg_token`` (one call per branch of each
     round's scope choice, as the default producer's loads), one ``dsv4_lean_fast`` branch per
-    round, and, where nvcc is here, no spills."""
+    round, and, where nvcc is here, no spills (on the 64-head persistent grid: no more than
+    ``LEAN_PERSISTENT_SPILLS``, bench/PERF_NOTES.md item 52)."""
     kernel = _compiled_decode(kwargs)
     source = kernel.get_kernel_source()
     start = source.index("divm[0] = dsv4_div_mul(")
@@ -257,7 +259,17 @@ def test_producer_lean_source(kwargs, tmp_path):
     # the first round before the loop, then one per step, in each branch of the round's
     # scope choice (window / compressed; SWA-only: window / an all-invalid padding tile)
     assert producer.count("dsv4_ldg_token(") == 2 * (1 + steps), producer.count("dsv4_ldg_token(")
-    _check_no_spills(source, tmp_path)
+    if kwargs.get("persistent"):
+        _check_no_spills(source, tmp_path, LEAN_PERSISTENT_SPILLS)
+    else:
+        _check_no_spills(source, tmp_path)
+
+
+# Spill bytes (stored, loaded; ptxas -v, nvcc 13.0) the persistent grid's lean kernels may reach:
+# the item walk's live state pushes warpgroup 0's shared addresses out of registers (64 heads:
+# up to 276 / 508, bench/PERF_NOTES.md items 30, 44, 52; tokens in M: h16 4 / 4, h8 28 / 64,
+# item 50); the bound keeps it from growing.
+LEAN_PERSISTENT_SPILLS = (300, 540)
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -267,7 +279,6 @@ def test_producer_lean_source(kwargs, tmp_path):
     ({"block_tokens": 32, "producer_lean": True, "warp_specialized": False, "threads": 256},
      "producer_lean: .*split consumers"),
     ({"block_tokens": 32, "producer_lean": 1}, "producer_lean: expected True or False"),
-    ({"block_tokens": 32, "producer_lean": True, "persistent": True}, "producer_lean: .*fixed grid"),
     ({"block_tokens": 32, "producer_lean": True, "num_splits": 4, "cluster_merge": True},
      "producer_lean: .*cluster_merge True"),
 ])
@@ -285,6 +296,27 @@ def test_producer_lean_refused(kwargs, message):
         assert (prune("cuda_sm90a", "sparse_decode", config) or "").startswith("producer_lean")
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    ({"q_stages": 3, "persistent": True}, "q_stages: 0 .* got 3"),
+    ({"q_stages": 1}, "q_stages: .*persistent False"),
+    ({"q_stages": 2, "persistent": True, "num_heads": 128}, "q_stages: 2 Q stages need"),
+    ({"q_stages": 2, "persistent": True, "block_tokens": 64}, "q_stages: 2 Q stages need"),
+    ({"ws_regs": "216/160/128"}, "ws_regs: the warp-specialised persistent grid's"),
+    ({"ws_regs": "216/160", "persistent": True}, "ws_regs: 'w0/w1/producer'"),
+    ({"ws_regs": [216, 160, 128], "persistent": True}, "ws_regs: 'w0/w1/producer'"),
+    ({"ws_regs": "256/160/128", "persistent": True}, "warp-specialised registers"),
+])
+def test_q_stages_refused(kwargs, message):
+    """The persistent grid's Q stage and register split knobs where they do not apply or are
+    malformed: a ValueError naming them."""
+    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+
+    base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+            "block_tokens": 32}
+    with pytest.raises(ValueError, match=message):
+        build_sparse_decode(**{**base, **kwargs})
+
+
 def test_producer_lean_kept_by_pruning():
     """Where the builder takes the knob (split consumers, tokens in M), the tuner keeps it."""
     from dsv4_tl.tune.resources import prune
@@ -295,11 +327,15 @@ def test_producer_lean_kept_by_pruning():
     tim = {**base, "warp_specialized": False, "tokens_in_m": True, "heads_per_block": 16,
            "block_tokens": 64, "num_stages": 2, "ctas_per_sm": 1}
     assert not (prune("cuda_sm90a", "sparse_decode", tim) or "").startswith("producer_lean")
+    for balance in ("items", "tiles"):  # the 64-head persistent grid (item 52)
+        persistent = {**base, "persistent": True, "balance": balance}
+        assert not (prune("cuda_sm90a", "sparse_decode", persistent) or "").startswith(
+            "producer_lean")
 
 
-def _check_no_spills(source: str, tmp_path) -> None:
+def _check_no_spills(source: str, tmp_path, at_most=(0, 0)) -> None:
     """``ptxas -v`` (nvcc, sm_90a) on the generated CUDA ``source``, where nvcc is here: it
-    compiles and spills nothing."""
+    compiles and spills nothing (or at most ``at_most``: bytes stored, loaded)."""
     import os
     import shutil
     import subprocess
@@ -317,7 +353,8 @@ def _check_no_spills(source: str, tmp_path) -> None:
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out.stderr)
-    assert spills and all(s == ("0", "0") for s in spills), out.stderr[-1000:]
+    assert spills and all(int(st) <= at_most[0] and int(ld) <= at_most[1]
+                          for st, ld in spills), out.stderr[-1000:]
 
 
 # Words of a condition that do not make it thread- or data-dependent (with the kernel's
@@ -877,7 +914,9 @@ def test_tma_io_refused(kwargs, message):
 def _persistent_examples():
     """The 64/128-head schedule's persistent examples (tokens in M's: _tim_persistent_examples)."""
     return [p for p in _examples_with("sparse_decode", "persistent", lambda k: (
-        f"persistent-h{k['num_heads']}-bt{k['block_tokens']}-{k.get('balance', 'items')}"))
+        f"persistent-h{k['num_heads']}-bt{k['block_tokens']}-{k.get('balance', 'items')}"
+        + (f"-q{k['q_stages']}" if k.get("q_stages") else "")
+        + ("-lean" if k.get("producer_lean") else "")))
         if not p.values[0].get("tokens_in_m")]
 
 
@@ -895,7 +934,7 @@ def test_persistent_q_stages_source(kwargs):
     bt = kwargs["block_tokens"]
     # (the item walk of two head groups keeps one stage: two did not lower, run 62)
     whole = kwargs["num_heads"] <= 64 or kwargs.get("balance") == "tiles"
-    stages = 2 if bt == 32 and whole else 1
+    stages = kwargs.get("q_stages") or (2 if bt == 32 and whole else 1)
     kernel = _compiled_decode(kwargs)
     source = kernel.get_kernel_source()
     # every CTA-wide barrier of the plan reached by every thread (item 48's hang)

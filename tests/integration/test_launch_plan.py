@@ -120,7 +120,9 @@ def test_spec_ties_the_names_of_each_layer(op):
 
 def test_decode_features_and_static_parameters():
     call = dict(h=64, b=8, scope="c4a")
-    assert SPARSE_DECODE.features("cuda_sm90a", **call) == {"ctas": 8, "h": 64, "scope": "c4a"}
+    assert SPARSE_DECODE.features("cuda_sm90a", **call) == {"ctas": 8, "h": 64, "scope": "c4a",
+                                                            "width": 0}
+    assert SPARSE_DECODE.features("cuda_sm90a", **call, extra_width=8192)["width"] == 8192
     assert SPARSE_DECODE.features("cuda_sm90a", **dict(call, h=128, s_q=2))["ctas"] == 32
     assert SPARSE_DECODE.features("cuda_sm90a", **call, batch_invariant=True)["ctas"] == 1
     assert SPARSE_DECODE.static(**call) == dict(num_heads=64, has_extra=True, fp8_format="e4m3fn")

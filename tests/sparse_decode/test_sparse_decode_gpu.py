@@ -90,6 +90,12 @@ def _case(b, s_q, h, extra_kind, gen, *, sink="mixed", fp8_format="e4m3fn"):
         (32, 37, "c4a512"),
         (32, 130, "swa"),
         (32, 90, "c128a1024"),
+        # C128A at long context (index width >= 4096): the persistent grid, item balance at
+        # <= 16 CTAs, tile balance with one Q stage above (item 53)
+        (64, 2, "c128a4096"),
+        (64, 20, "c128a8192"),
+        (128, 3, "c128a4096"),
+        (128, 24, "c128a4096"),
     ],
     ids=lambda v: str(v),
 )
@@ -522,6 +528,88 @@ def test_decode_persistent_tile_balance(h, b, s_q, extra_kind, uniform, tps_min,
             extra[2].fill_(extra[1].shape[-1])
     with _persistent(balance="tiles", tiles_per_split_min=tps_min):
         check_decode(q, main, extra, sink)
+
+
+# The lean FP8 producer on the 64-head persistent grid (bench/PERF_NOTES.md item 52), both
+# balances, h64 and h128 (the item walk of two head groups: one Q stage), C4A / C128A scopes
+# (four compiled variants): per-row lengths with holes and a lonely last row, rows split into
+# pieces of 1 and 3 tiles (padding tiles produced all-invalid), MTP, uniform rows kept whole.
+@pytest.mark.parametrize("balance", ["items", "tiles"])
+@pytest.mark.parametrize(
+    "h,b,s_q,extra_kind,uniform,tps_min",
+    [
+        (64, 32, 1, "c128a8192", False, 4),
+        (128, 7, 2, "c128a4096", False, 3),
+        (64, 9, 2, "c128a1024", False, 1),
+        (128, 1, 1, "c4a1024", False, 1),
+        (64, 128, 1, "c4a1024", True, 4),
+        (128, 128, 1, "c4a1024", True, 4),
+    ],
+    ids=lambda v: str(v),
+)
+def test_decode_persistent_lean(h, b, s_q, extra_kind, uniform, tps_min, balance, seed):
+    """``producer_lean`` on the persistent grid: outputs poisoned (check_decode), checked
+    against the float32 reference."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen, lonely_row=not uniform)
+    if uniform:
+        main[2].fill_(WINDOW)
+        extra[2].fill_(extra[1].shape[-1])
+    # (the item balance is the schedule's default: named, it would key another variant than
+    # the A/B's, scripts/device_persistent_lean.sh precompiles those)
+    over = {"balance": "tiles"} if balance == "tiles" else {}
+    with _persistent(tiles_per_split_min=tps_min, producer_lean=True, **over):
+        check_decode(q, main, extra, sink)
+
+
+@pytest.mark.parametrize(
+    "h,b,s_q,extra_kind,uniform,tps_min",
+    [
+        (64, 128, 1, "c4a1024", True, 4),
+        (64, 32, 1, "c128a8192", False, 4),
+        (64, 9, 2, "c128a1024", False, 1),
+        (128, 7, 2, "c128a4096", False, 3),
+        (128, 128, 1, "c4a1024", True, 4),
+    ],
+    ids=lambda v: str(v),
+)
+def test_decode_persistent_lean_one_q_stage(h, b, s_q, extra_kind, uniform, tps_min, seed):
+    """The tile balance with the lean producer and one Q stage (``q_stages`` 1: warpgroup 0
+    loads each item's Q once both consumers met; item 52): whole rows, per-row lengths, pieces
+    of 1 and 3 tiles (many items per CTA: the meeting before each), MTP; outputs poisoned,
+    checked against the float32 reference."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen, lonely_row=not uniform)
+    if uniform:
+        main[2].fill_(WINDOW)
+        extra[2].fill_(extra[1].shape[-1])
+    with _persistent(balance="tiles", tiles_per_split_min=tps_min, producer_lean=True,
+                     q_stages=1):
+        check_decode(q, main, extra, sink)
+
+
+def test_decode_persistent_lean_batch_invariant(seed):
+    """batch_invariant=True on the persistent grid with the lean producer (fixed splits of 1
+    tile: many items per CTA): a row alone, in a batch of 8 and in the whole batch bitwise
+    equal, and right."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(40, 1, 128, "c128a1024", gen)
+    with _persistent(producer_lean=True, invariant_tiles_per_split=1):
+        full_out, full_lse = _rows_of(q, main, extra, sink, list(range(40)), True)
+        torch.cuda.synchronize()
+        ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+        check_attention(max(cache_kmax(c) for c in (main[0], extra[0]) if c is not None),
+                        full_out, ref_out, lse=(full_lse, ref_lse))
+
+        def bits(x):
+            return x.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32)
+
+        for r in (0, 17, 39):
+            mates = [o for o in range(40) if o != r][:7]
+            for rows, pos in (([r], 0), (mates[:5] + [r] + mates[5:], 5)):
+                got = _rows_of(q, main, extra, sink, rows, True)
+                assert torch.equal(bits(got[0][pos]), bits(full_out[r])), f"row {r}: out differs"
+                assert torch.equal(bits(got[1][pos]), bits(full_lse[r])), f"row {r}: lse differs"
 
 
 def test_decode_persistent_tile_balance_keeps_batch_invariance(seed):

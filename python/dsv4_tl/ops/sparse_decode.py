@@ -205,7 +205,8 @@ class _Plan:
 
         target = _target(dev)
         scope = decode_scope(None if e_geom is None else e_geom.block_size)
-        call = dict(h=h, b=b, s_q=s_q, scope=scope, batch_invariant=batch_invariant)
+        call = dict(h=h, b=b, s_q=s_q, scope=scope, batch_invariant=batch_invariant,
+                    extra_width=extra_indices.shape[-1] if self.has_extra else 0)
         # The splits of a row merged inside a thread-block cluster (fixed grid only): the
         # kernel stores out / lse itself, no partials and no combine (cluster_merge.py).
         # Checked before the variant is loaded (its build refuses it too, but inside a

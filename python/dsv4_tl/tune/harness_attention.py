@@ -40,7 +40,7 @@ def _decode_check(x: dict, ref, device) -> None:
 SPARSE_DECODE = OpHarness(
     spec=DECODE_SPEC,
     describe=lambda rep: dict(h=rep.h, b=rep.b, s_q=rep.s_q, scope=rep.kind,
-                              batch_invariant=rep.batch_invariant),
+                              batch_invariant=rep.batch_invariant, extra_width=rep.extra_topk),
     inputs=lambda rep, gen, sets, device: bench_module().decode_inputs(rep, gen, sets, device),
     reference=_decode_reference,
     check=_decode_check,

@@ -8,6 +8,7 @@ from typing import Optional
 
 from ..targets import target_for_dirname
 from ..tile_kernels.layout import HEAD_DIM
+from ..tile_kernels.schedule_rules import producer_lean_refusal
 from .harnesses import harness_for
 from .suites import decode_tiles
 
@@ -144,14 +145,15 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
         # tile_kernels/sparse_decode.build_sparse_decode
         if op == "sparse_decode" and c.get("tma_io") and not c.get("tokens_in_m"):
             return "tma_io: the TMA box input / output of the tokens-in-M schedule"
-        # tile_kernels/sparse_decode.build_sparse_decode (producer_lean)
-        if op == "sparse_decode" and c.get("producer_lean") and (
-                c.get("raw_ring", 0) or (c.get("persistent") and not c.get("tokens_in_m"))
-                or c.get("cluster_merge")
-                or not c.get("tokens_in_m") and not (
-                    c.get("warp_specialized") and c.get("consumers", "split") == "split")):
-            return ("producer_lean: the register-path producer of the split consumers on the "
-                    "fixed grid or tokens in M, no raw ring, no cluster_merge")
+        # tile_kernels/schedule_rules.producer_lean_refusal (the builder's own rule)
+        if op == "sparse_decode":
+            refusal = producer_lean_refusal(
+                c.get("producer_lean"), raw_ring=c.get("raw_ring", 0),
+                cluster_merge=c.get("cluster_merge", False),
+                warp_specialized=c.get("warp_specialized", False),
+                consumers=c.get("consumers", "split"), tokens_in_m=c.get("tokens_in_m", False))
+            if refusal:
+                return refusal
         # (tokens in M: the heads are wgmma's N, a multiple of 8)
         if bi % 16 or hb % (8 if c.get("tokens_in_m") else 16):
             return (f"tile: block_tokens {bi} and heads_per_block {hb} must be multiples of 16 "

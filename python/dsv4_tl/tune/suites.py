@@ -80,6 +80,11 @@ def _dsv4_suite() -> dict:
                 b = {"ctas1_16": 8, "ctas34_66": 64, "ctas67_up": 128}[tag]
                 decode[f"h{h}_{kind}_{tag}"] = DecodeShape(h, b, kind, extra_width=width,
                                                            varying=kind == "c128a")
+    # C128A at long context (index width >= 4096, per-row lengths): the persistent grid (item 53)
+    for h in (64, 128):
+        for tag, b in (("ctas1_16", 2), ("ctas17_up", 32)):
+            decode[f"h{h}_c128a_long_{tag}"] = DecodeShape(h, b, "c128a", extra_width=8192,
+                                                           varying=True)
     # TP head counts (V4-Pro TP8 = 16 heads, TP4 = 32), Flash C4A width
     prefill = {"h16_tp": PrefillShape(16, 4096, 640, 32768),
                "h32_tp": PrefillShape(32, 4096, 640, 32768)}
