@@ -3,7 +3,22 @@
 #
 #   bash scripts/test.sh              # everything; gpu-marked tests skip without a CUDA device
 #   bash scripts/test.sh -m gpu       # extra arguments go to pytest
+#
+# Without an NVIDIA GPU the tests run in one pytest-xdist worker per core (`nproc`): most of
+# the suite's time is compiles (TileLang lowering, nvcc, hipcc, SYCL) of one core each.
+# --dist loadgroup keeps each test file in one worker (its module-scoped builds run once) and
+# the tests of one compiled kernel together (tests/conftest.py). With a GPU, one process: with
+# several workers the gpu_heavy tests skip (scripts/device_gpu_tests.sh runs the GPU suite in
+# its two passes). DSV4_TL_TEST_WORKERS=N sets the count (1: no xdist).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-exec "${DSV4_TL_VENV:-.venv}/bin/python" -m pytest -q tests "$@"
+workers="${DSV4_TL_TEST_WORKERS:-$(nproc)}"
+if [ -z "${DSV4_TL_TEST_WORKERS:-}" ] && nvidia-smi -L >/dev/null 2>&1; then
+    workers=1
+fi
+xdist=()
+if [ "$workers" -gt 1 ]; then
+    xdist=(-n "$workers" --dist loadgroup)
+fi
+exec "${DSV4_TL_VENV:-.venv}/bin/python" -m pytest -q "${xdist[@]}" tests "$@"

@@ -132,7 +132,15 @@ def gpu_worker_share(total_bytes: int, workers: int) -> float:
     return max(0.0, (total_bytes - workers * GPU_CONTEXT_BYTES) / workers / total_bytes)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    # pytest-xdist's --dist loadgroup (scripts/test.sh) hands each xdist_group to one worker.
+    # A test file is one group unless its tests name their own (test_lowering: the tests that
+    # read one compiled kernel): its module-scoped set-up (the HIP build of every variant, the
+    # SYCL kernel dir, the AOT builds) then runs once, not once in every worker.
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if not CUDA_AVAILABLE:
         skip = pytest.mark.skip(reason="gpu test: no CUDA device here")
         for item in items:

@@ -36,8 +36,20 @@ def _import(name):
 def _examples_with(module: str, knob: str, id_of) -> list:
     """pytest params of the ``LOWERING_EXAMPLES`` of ``tile_kernels.<module>`` that set
     ``knob``, each named ``id_of(kwargs)``."""
-    return [pytest.param(e["kwargs"], id=id_of(e["kwargs"]))
+    return [pytest.param(e["kwargs"], id=id_of(e["kwargs"]),
+                         marks=_kernel_group(module, e["builder"], e["kwargs"]))
             for e in _import(module).LOWERING_EXAMPLES if e["kwargs"].get(knob)]
+
+
+def _kernel_group(module: str, builder: str, kwargs: dict) -> list:
+    """The ``xdist_group`` mark of the tests that read one compiled kernel (named as its
+    ``test_lowering`` case; none for a kernel outside ``LOWERING_EXAMPLES``): with
+    pytest-xdist's ``--dist loadgroup`` (scripts/test.sh) they run in one worker, which
+    compiles the kernel once (:func:`_compile`)."""
+    for i, e in enumerate(_import(module).LOWERING_EXAMPLES):
+        if e["builder"] == builder and e["kwargs"] == kwargs:
+            return [pytest.mark.xdist_group(f"{module}.{builder}.{i}")]
+    return []
 
 
 def _own_builders(module) -> set:
@@ -58,7 +70,8 @@ def _examples():
             continue
         for i, example in enumerate(getattr(module, "LOWERING_EXAMPLES", [])):
             builder = example.get("builder", "?") if isinstance(example, dict) else "?"
-            params.append(pytest.param(name, example, id=f"{name}.{builder}.{i}"))
+            params.append(pytest.param(name, example, id=f"{name}.{builder}.{i}",
+                                       marks=[pytest.mark.xdist_group(f"{name}.{builder}.{i}")]))
     return params
 
 
@@ -92,23 +105,54 @@ def test_examples_cover_builders(name):
     assert not missing, f"{name}: no LOWERING_EXAMPLES entry for {sorted(missing)}"
 
 
-@pytest.fixture(scope="module")
-def fresh_compiles():
-    """Compile for real (nvcc included) instead of reading TileLang's on-disk kernel cache."""
-    was_enabled = tilelang.is_cache_enabled()
-    tilelang.disable_cache()
-    yield
-    if was_enabled:
-        tilelang.enable_cache()
+# A compile takes about a minute of one core, building a kernel's TIR seconds; the tests below
+# read the same kernels, so each is built and compiled once per test process, not once per test.
+_built: dict = {}  # (module, builder, kwargs) -> prim_func
+_compiled: dict = {}  # (module, builder, kwargs) -> compiled kernel
+
+
+def _key(name, example) -> tuple:
+    return name, example["builder"], tuple(sorted(example["kwargs"].items()))
+
+
+def _build(name, example):
+    """The prim_func of ``example`` (``{"builder": ..., "kwargs": {...}}``) of
+    ``tile_kernels.<name>``, built on first use and shared after."""
+    key = _key(name, example)
+    if key not in _built:
+        _built[key] = getattr(_import(name), example["builder"])(**example["kwargs"])
+    return _built[key]
 
 
 def _compile(name, example):
-    func = getattr(_import(name), example["builder"])(**example["kwargs"])
-    return func, tilelang.compile(func, target=TARGET, execution_backend="tvm_ffi", out_idx=None)
+    """``(prim_func, kernel)`` of ``example``, compiled for real on first use (nvcc included,
+    TileLang's on-disk kernel cache bypassed) and shared by every test that asks for the same
+    kernel after."""
+    key = _key(name, example)
+    if key not in _compiled:
+        was_enabled = tilelang.is_cache_enabled()
+        tilelang.disable_cache()
+        try:
+            _compiled[key] = tilelang.compile(_build(name, example), target=TARGET,
+                                              execution_backend="tvm_ffi", out_idx=None)
+        finally:
+            if was_enabled:
+                tilelang.enable_cache()
+    return _build(name, example), _compiled[key]
+
+
+def _compiled_decode(kwargs: dict):
+    """The compiled ``build_sparse_decode(**kwargs)`` (:func:`_compile`)."""
+    return _compile("sparse_decode", {"builder": "build_sparse_decode", "kwargs": kwargs})[1]
+
+
+def _compiled_prefill(kwargs: dict):
+    """The compiled ``build_sparse_prefill(**kwargs)`` (:func:`_compile`)."""
+    return _compile("sparse_prefill", {"builder": "build_sparse_prefill", "kwargs": kwargs})[1]
 
 
 @pytest.mark.parametrize("name,example", _examples())
-def test_lowering(name, example, fresh_compiles):
+def test_lowering(name, example):
     func, kernel = _compile(name, example)
     symbol = str(func.attrs["global_symbol"])
     source = kernel.get_kernel_source()
@@ -124,13 +168,13 @@ def test_parameters_keep_their_names(name, example):
     local name inside a ``T.macro`` renames it; two buffers renamed alike (``cache_u8``,
     ``cache_u8_1``) made TileLang's generated argument checks compare one argument's shape
     with the other's (every C4A decode call failed on the H200, run 15)."""
-    func = getattr(_import(name), example["builder"])(**example["kwargs"])
+    func = _build(name, example)
     renamed = {str(p.name): buf.name for p, buf in func.buffer_map.items()
                if buf.name + "_handle" != str(p.name)}
     assert not renamed, f"parameters renamed by the kernel body: {renamed}"
 
 
-def test_export_and_load(tmp_path, fresh_compiles):
+def test_export_and_load(tmp_path):
     """A compiled kernel exports to a shared library that tvm-ffi loads back without a GPU."""
     import tvm_ffi
 
@@ -157,18 +201,15 @@ def test_raw_ring_has_examples():
 
 @pytest.mark.parametrize("kwargs", _raw_ring_examples())
 def test_raw_ring_producer_source(kwargs, tmp_path):
-    """The generated CUDA of a raw-ring decode (sparse_decode.LOWERING_EXAMPLES, compiled from
-    TileLang's cache when test_lowering compiled it): in the producer's loop (from its first
+    """The generated CUDA of a raw-ring decode (sparse_decode.LOWERING_EXAMPLES, the kernel
+    test_lowering compiled): in the producer's loop (from its first
     ``cp.async`` commit to the final ``wait_group 0``) no barrier that TileLang inserted (each
     would lock the producer's four warps together); one commit per round of 32 tokens, N - 1
     before the loop; every wait before a dequantisation leaves N - 1 groups in flight; the
     dynamic shared memory within the 227 KB of a CTA; and, where nvcc is here, no spills."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-
     n = kwargs["raw_ring"]
     steps = kwargs.get("num_stages", 2) * kwargs["block_tokens"] // 32  # K buffers x rounds
-    kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
-                              execution_backend="tvm_ffi", out_idx=None)
+    kernel = _compiled_decode(kwargs)
     source = kernel.get_kernel_source()
     start = source.index("dsv4_cp_async_commit();")
     end = source.index("dsv4_cp_async_wait<0>();")
@@ -198,16 +239,13 @@ def test_producer_lean_has_examples():
 @pytest.mark.parametrize("kwargs", _producer_lean_examples())
 def test_producer_lean_source(kwargs, tmp_path):
     """The generated CUDA of a decode with the lean producer (sparse_decode.LOWERING_EXAMPLES,
-    compiled from TileLang's cache when test_lowering compiled it): in the producer (from its
+    the kernel test_lowering compiled): in the producer (from its
     division magic to its last K store) no barrier that TileLang inserted, no integer
     division, every token's bytes through ``dsv4_ldg_token`` (one call per branch of each
     round's scope choice, as the default producer's loads), one ``dsv4_lean_fast`` branch per
     round, and, where nvcc is here, no spills (on the 64-head persistent grid: no more than
     ``LEAN_PERSISTENT_SPILLS``, bench/PERF_NOTES.md item 52)."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-
-    kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
-                              execution_backend="tvm_ffi", out_idx=None)
+    kernel = _compiled_decode(kwargs)
     source = kernel.get_kernel_source()
     start = source.index("divm[0] = dsv4_div_mul(")
     end = source.rindex("dsv4_st16(")
@@ -460,15 +498,12 @@ def test_k_halves_has_examples():
 @pytest.mark.parametrize("kwargs", _k_halves_examples())
 def test_k_halves_prefill_source(kwargs, tmp_path):
     """The generated CUDA of a tokens-in-M prefill with K by halves (sparse_prefill's
-    LOWERING_EXAMPLES, from TileLang's cache when test_lowering compiled it): every K half
+    LOWERING_EXAMPLES, the kernel test_lowering compiled): every K half
     of every buffer signalled by its own cp.async arrival; the producer's branch (the last
     role, from its first tile loop) free of barriers that TileLang inserted (one would
     lock its warps to another role's); warpgroup 0 issues Sᵀ's first product between the
     waits for the two halves of a buffer; shared memory within 227 KB and no spills."""
-    from dsv4_tl.tile_kernels.sparse_prefill import build_sparse_prefill
-
-    kernel = tilelang.compile(build_sparse_prefill(**kwargs), target=TARGET,
-                              execution_backend="tvm_ffi", out_idx=None)
+    kernel = _compiled_prefill(kwargs)
     source = kernel.get_kernel_source()
     arrivals = re.findall(r"tl::mbarrier_cp_async_arrive_noinc\((\w+)\[0\]\)", source)
     assert len(arrivals) == len(set(arrivals)) == 2 * kwargs["num_stages"], arrivals
@@ -501,10 +536,7 @@ def test_cluster_gather_prefill_source(kwargs, tmp_path):
     inserted, sending each of its two K halves (32 KB) by one bulk shared::cluster copy from
     one thread after its own named barrier (id 10); the consumers' releases remote, from one
     lane per warp; a cluster sync before the exit; shared memory and no spills."""
-    from dsv4_tl.tile_kernels.sparse_prefill import build_sparse_prefill
-
-    kernel = tilelang.compile(build_sparse_prefill(**kwargs), target=TARGET,
-                              execution_backend="tvm_ffi", out_idx=None)
+    kernel = _compiled_prefill(kwargs)
     source = kernel.get_kernel_source()
     init = source.index("tl::fence_barrier_init();")
     assert source.index("tl::cluster_sync();") > init
@@ -537,7 +569,7 @@ def test_crossover_has_examples():
 
 
 @pytest.mark.parametrize("kwargs", _crossover_examples())
-def test_crossover_source(kwargs, tmp_path, fresh_compiles):
+def test_crossover_source(kwargs, tmp_path):
     """The generated CUDA of a crossover decode (sparse_decode.LOWERING_EXAMPLES): launched in
     clusters of (1, 2, 1) (the device function's ``cluster_dims``); each K half reaches the
     peer whole, by ``tl::tma_store_cluster`` (mapa, remote ``arrive.expect_tx``,
@@ -546,11 +578,9 @@ def test_crossover_source(kwargs, tmp_path, fresh_compiles):
     release halves by remote arrivals; no ``__syncthreads`` inside the role branches (the
     producer meets at its own named barrier before each copy); cluster barriers fenced and a
     cluster sync before the roles and at the end; shared memory within 227 KB; no spills."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
     from dsv4_tl.tile_kernels.sparse_decode_seesaw import CROSSOVER_PRODUCER_BAR
 
-    kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
-                              execution_backend="tvm_ffi", out_idx=None)
+    kernel = _compiled_decode(kwargs)
     dims = [list(f.attrs["cluster_dims"]) for f in kernel.artifact.device_mod.functions.values()
             if f.attrs is not None and "cluster_dims" in f.attrs]
     assert dims == [[1, 2, 1]], dims
@@ -636,7 +666,7 @@ def test_cluster_merge_has_examples():
 
 
 @pytest.mark.parametrize("kwargs", _cluster_merge_examples())
-def test_cluster_merge_source(kwargs, tmp_path, fresh_compiles):
+def test_cluster_merge_source(kwargs, tmp_path):
     """The generated CUDA of a cluster-merged decode (tile_kernels/cluster_merge.py): launched
     as clusters of ``num_splits`` CTAs along the split axis; each of the three warpgroups
     passes the two cluster barriers (barrier.cluster counts every thread of the cluster);
@@ -649,11 +679,8 @@ def test_cluster_merge_source(kwargs, tmp_path, fresh_compiles):
     import shutil
     import subprocess
 
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-
     def compiled(**over):
-        kernel = tilelang.compile(build_sparse_decode(**{**kwargs, **over}), target=TARGET,
-                                  execution_backend="tvm_ffi", out_idx=None)
+        kernel = _compiled_decode({**kwargs, **over})
         (attrs,) = [fn.attrs for fn in kernel.artifact.device_mod.functions.values()]
         return kernel.get_kernel_source(), attrs
 
@@ -776,7 +803,7 @@ def test_pdl_trigger_refused(knob, value):
         build_sparse_decode(**PDL_BODIES["split"], **{knob: value})
 
 
-def test_pdl_combine_launch(tmp_path, fresh_compiles):
+def test_pdl_combine_launch(tmp_path):
     """The combine with ``pdl``: the grid-dependency wait comes before its first global read
     (the split table the decode kernel wrote), and the exported library carries TVM's launch
     tag for programmatic dependent launch, so TVM's CUDA runtime launches it with the
@@ -786,8 +813,8 @@ def test_pdl_combine_launch(tmp_path, fresh_compiles):
 
     tag = b"tirx.use_programtic_dependent_launch"  # (TVM's spelling)
     for pdl in (True, False):
-        kernel = tilelang.compile(build_sparse_decode_combine(64, 8, merge="splits", pdl=pdl),
-                                  target=TARGET, execution_backend="tvm_ffi", out_idx=None)
+        kernel = _compile("sparse_decode", {"builder": "build_sparse_decode_combine", "kwargs": {
+            "num_heads": 64, "num_splits": 8, "merge": "splits", "pdl": pdl}})[1]
         source = kernel.get_kernel_source()
         body = source[source.index("sparse_decode_combine_kernel(", source.index("__global__")):]
         path = tmp_path / f"combine_{pdl}.so"
@@ -822,10 +849,7 @@ def test_tma_io_source(kwargs, tmp_path):
     finished output) are written only by TMA stores, each partial store is followed by the
     leader's read-wait; the dynamic shared memory within the SM's share of a CTA; where
     nvcc is here, it compiles (ptxas -v), spilling nothing with one math warpgroup."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-
-    kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
-                              execution_backend="tvm_ffi", out_idx=None)
+    kernel = _compiled_decode(kwargs)
     source = kernel.get_kernel_source()
     head = source[source.index("sparse_decode_kernel("):]
     signature = head[:head.index(")")]
@@ -847,7 +871,7 @@ def test_tma_io_source(kwargs, tmp_path):
 
 
 def _launch_shared_bytes(kernel) -> int:
-    """The dynamic shared memory of a compiled kernel (fresh or from TileLang's cache): the
+    """The dynamic shared memory of a compiled kernel: the
     last int64 launch argument the host code sets before it calls the device function."""
     host = kernel.get_host_source()
     launch = host[:host.index('"sparse_decode_kernel", &')]
@@ -901,20 +925,17 @@ def test_persistent_has_examples():
 
 
 @pytest.mark.parametrize("kwargs", _persistent_examples())
-def test_persistent_q_stages_source(kwargs, fresh_compiles):
+def test_persistent_q_stages_source(kwargs):
     """The generated CUDA of a persistent-grid decode (bench/PERF_NOTES.md item 44): with
     32-token tiles two Q stages (Q loaded by TMA in four places: two stages x two halves;
     dynamic shared memory 2 x 64 KB of Q + 2 K buffers + 2 P tiles), with 64-token tiles or
     the item walk of two head groups one (two places; one Q); within the 227 KB of a CTA
     either way."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-
     bt = kwargs["block_tokens"]
     # (the item walk of two head groups keeps one stage: two did not lower, run 62)
     whole = kwargs["num_heads"] <= 64 or kwargs.get("balance") == "tiles"
     stages = kwargs.get("q_stages") or (2 if bt == 32 and whole else 1)
-    kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
-                              execution_backend="tvm_ffi", out_idx=None)
+    kernel = _compiled_decode(kwargs)
     source = kernel.get_kernel_source()
     # every CTA-wide barrier of the plan reached by every thread (item 48's hang)
     assert not _divergent_cta_barriers(source)
@@ -943,10 +964,7 @@ def test_tim_persistent_source(kwargs, tmp_path):
     (named barrier 10 of 256 threads) once in each; the dynamic shared memory within a CTA's
     227 KB; where nvcc is here, it compiles (ptxas -v), spilling nothing with one math
     warpgroup."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-
-    kernel = tilelang.compile(build_sparse_decode(**kwargs), target=TARGET,
-                              execution_backend="tvm_ffi", out_idx=None)
+    kernel = _compiled_decode(kwargs)
     source = kernel.get_kernel_source()
     head = source[source.index("sparse_decode_kernel("):]
     body = head[head.index("{"):]
