@@ -9,7 +9,7 @@ import pytest
 
 import dsv4_tl
 from dsv4_tl.build import build, build_variants
-from dsv4_tl.kernels import KERNELS, Variant
+from dsv4_tl.kernels import KERNELS, MAX_COMBINE_SPLITS, Variant
 from dsv4_tl.loader import (
     MANIFEST_NAME,
     KernelBuildMismatchError,
@@ -41,10 +41,15 @@ def _copy(built, tmp_path):
 def test_manifest_records_every_variant_with_hashes(built):
     out, manifest = built
     expected = build_variants(TARGET, heads=(64,), ops=OPS)
-    # combine: one variant per split count >1 of the decode schedules; global_topk: dense and
-    # ragged for each of its distinct schedules (file + tuning logs)
+    # combine: one variant per split count >1 of the decode schedules, and every power of two
+    # up to MAX_COMBINE_SPLITS once a shipped decode schedule is persistent (its split bound
+    # follows the index widths); global_topk: dense and ragged for each of its distinct
+    # schedules (file + tuning logs)
     target_dir = parse_target(TARGET).dirname
-    splits = {c["num_splits"] for c in KERNELS["sparse_decode"].schedules(target_dir)} - {1}
+    configs = KERNELS["sparse_decode"].schedules(target_dir)
+    splits = {c["num_splits"] for c in configs} - {1}
+    if any(c.get("persistent") for c in configs):
+        splits |= {1 << i for i in range(1, MAX_COMBINE_SPLITS.bit_length())}
     assert len(expected) == len(splits) + 2 * len(KERNELS["global_topk"].schedules(target_dir))
     assert sorted(e["key"] for e in manifest["kernels"]) == sorted(v.key for v in expected)
     assert manifest["target"] == TARGET
