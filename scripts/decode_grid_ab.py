@@ -121,8 +121,11 @@ TIM_PERSISTENT = {"block_tokens": 64, "threads": 384, "warp_specialized": False,
                   "tokens_in_m": True, "num_stages": 2, "ctas_per_sm": 1, "num_splits": 1,
                   "persistent": True, "item_cost": 2, "tiles_per_split_min": 2,
                   "invariant_tiles_per_split": 4, "producer_lean": True}
-# the row's resolved schedule with the lean FP8 producer (tile_kernels/fp8_producer.py)
-LEAN_IMPLS = ("lean",)
+# the row's resolved schedule with knobs overridden: the lean FP8 producer on / off
+# (tile_kernels/fp8_producer.py), the raw FP8 ring of 3 slots (register path off: the lean
+# producer stages in registers; tokens in M with 2 K buffers takes N <= 3)
+LEAN_IMPLS = {"lean": {"producer_lean": True}, "nolean": {"producer_lean": False},
+              "tim_ring3": {"producer_lean": False, "raw_ring": 3}}
 IMPLS = ("fixed", "persistent", "ptiles", "persistent_inv", "fixed_inv", *SEESAW_IMPLS,
          *RAW_RING_IMPLS,
          *COMBINE_IMPLS, *CROSSOVER_IMPLS, *CLUSTER_IMPLS, *PDL_IMPLS, *TIM_IMPLS, *LEAN_IMPLS,
@@ -153,12 +156,12 @@ def raw_ring_schedule(shape, raw_ring: int) -> dict:
             "producer_slots": 2, "raw_ring": raw_ring}
 
 
-def lean_schedule(shape) -> dict:
-    """The row's resolved schedule (fixed grid, the bucket's split count) with the lean FP8
-    producer (``producer_lean``)."""
+def lean_schedule(shape, impl: str = "lean") -> dict:
+    """The row's resolved schedule (its bucket's, the grid and split count as shipped) with
+    ``LEAN_IMPLS[impl]``'s knobs (``lean``: the lean FP8 producer)."""
     fixed = SPARSE_DECODE.variant(TARGET.dirname, **_call(shape))
     return {**schedule_for(TARGET.dirname, "sparse_decode"), **dict(fixed.schedule),
-            "producer_lean": True}
+            **LEAN_IMPLS[impl]}
 
 
 def cluster_merge_schedule(shape):
@@ -287,6 +290,9 @@ def goal_rows(which: str) -> list:
                 for b in (1, 8, 64, 128, 256) for k in ("swa", "c4a", "c128a")]
         return rows + [DecodeShape(32, b, k, extra_width=ew[k], varying=k == "c128a")
                        for b in (128, 256) for k in ("swa", "c4a", "c128a")]
+    if which == "tim_ring":  # the raw FP8 ring on tokens in M with 2 K buffers (config A rows;
+        # at 32 heads three slots exceed 227 KB: the tuner's resource rule refuses them)
+        return [DecodeShape(h, b, "c4a", extra_width=512) for h in (8, 16) for b in (1, 8)]
     if which == "lean_rest":  # the split-consumer / tokens-in-M buckets run 64 / 68 left untimed
         rows = [DecodeShape(h, b, "swa") for h in (64, 128) for b in (1, 8)]
         rows += [DecodeShape(128, 16, k) for k in ("swa", "c4a", "c128a")]
@@ -364,9 +370,10 @@ def _variants(rows: list, impls=DEFAULT_IMPLS) -> list:
             if name in impls and shape.h == 128:
                 out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
                                      crossover_schedule(shape, bt, slots)))
-        if "lean" in impls:
-            out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
-                                 lean_schedule(shape)))
+        for name in LEAN_IMPLS:
+            if name in impls:
+                out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
+                                     lean_schedule(shape, name)))
         if "cmerge" in impls and cluster_merge_schedule(shape) is not None:
             out.add(Variant.make("sparse_decode", SPARSE_DECODE.static(**call),
                                  cluster_merge_schedule(shape)))
@@ -478,8 +485,9 @@ def measure_rows(rows: list, rounds: int, flashmla, chosen=DEFAULT_IMPLS, flush=
         for name, tma in TIM_IMPLS.items():
             if name in chosen:
                 impls[name] = (_forced(tim_schedule(shape, tma)), False)
-        if "lean" in chosen:
-            impls["lean"] = (_forced(lean_schedule(shape)), False)
+        for name in LEAN_IMPLS:
+            if name in chosen:
+                impls[name] = (_forced(lean_schedule(shape, name)), False)
         for name, (inv, plan) in TIM_PERSISTENT_IMPLS.items():
             if name in chosen:
                 impls[name] = (_forced(tim_persistent_schedule(shape, **plan)), inv)
@@ -620,7 +628,7 @@ def main():
     ap.add_argument("--rows", choices=("quick", "goal", "ring", "splits", "crossover", "cluster",
                                        "pdl", "tim", "pq", "balance", "lean", "tim_lean",
                                        "lean_rest", "timp", "issue24", "tim_b64",
-                                       "tim_ship"),
+                                       "tim_ship", "tim_ring"),
                     default="quick")
     ap.add_argument("--tim-unsplit-heads", default="",
                     help="with --rows tim: comma-separated head counts whose unsplit rows "

@@ -9,7 +9,8 @@
 # after it) so a slow call still writes JSON.
 set -uo pipefail
 sets=${1:-"goal tim_b64 issue24"}
-impls_of() { case "$1" in tim_b64) echo fixed,tim_pers,flashmla ;; tim_ship) echo fixed,tim,tim_pers,flashmla ;; *) echo fixed,flashmla ;; esac; }
+impls_of() { case "$1" in tim_b64) echo fixed,tim_pers,flashmla ;; tim_ship) echo fixed,tim,tim_pers,flashmla ;;
+  tim_ring) echo fixed,nolean,tim_ring3,flashmla ;; *) echo fixed,flashmla ;; esac; }
 python3 - $sets > "$OUT/precompile.txt" 2>&1 <<'PY'
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ import decode_grid_ab as ab
 from dsv4_tl.loader import default_kernel_dir
 kdir = Path(default_kernel_dir())
 IMPLS = {"tim_b64": ("fixed", "tim_pers", "flashmla"),
-         "tim_ship": ("fixed", "tim", "tim_pers", "flashmla")}
+         "tim_ship": ("fixed", "tim", "tim_pers", "flashmla"),
+         "tim_ring": ("fixed", "nolean", "tim_ring3", "flashmla")}
 sets = [(ab.goal_rows(name), IMPLS.get(name, ("fixed", "flashmla"))) for name in sys.argv[1:]]
 # one pool over every set's variants (precompile drops the repeats)
 extra = [(v.op, dict(v.static), dict(v.schedule), kdir)
