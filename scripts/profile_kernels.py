@@ -41,7 +41,7 @@ def main() -> None:
         from dsv4_tl.tune import forcing
         target = parse_target("cuda:sm_90a")
         resolved = dict(SPARSE_DECODE.variant(target.dirname, h=shape.h, b=shape.b, s_q=1,
-                                              scope=kind).schedule)
+                                              scope=kind, extra_width=shape.extra_topk).schedule)
         # (as scripts/decode_grid_ab.py forms its forced schedules: the same variants)
         config = {**schedule_for(target.dirname, "sparse_decode"), **resolved,
                   **json.loads(args.schedule)}

@@ -1036,7 +1036,8 @@ def check_tokens_in_m_persistent(S, NB, ctas_per_sm, raw_ring, tma_io, balance, 
     cuts rows itself), one CTA per SM (the front end's grid), the register path of the
     producer, lean or not (a raw ring would drain at every item), outputs by TMA of whole head
     groups (``tma_io`` changes nothing there but the partials' store, not built for items),
-    and the item balance ("tiles" is refused by the front end, bench/PERF_NOTES.md item 48)."""
+    and the item balance (the tile balance, ``balance`` "tiles" of bench/PERF_NOTES.md item 48,
+    is built for the 64-head warp-specialised grid only and refused here)."""
     for name, value, want in (("num_splits", S, 1), ("num_stages", NB, 2),
                               ("ctas_per_sm", ctas_per_sm, 1), ("raw_ring", raw_ring, 0),
                               ("tma_io", tma_io, False), ("balance", balance, "items")):

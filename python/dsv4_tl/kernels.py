@@ -187,16 +187,17 @@ def _decode_features(target_dir: str, *, h: int, b: int, scope: str, s_q: int = 
     """Head count, scope, CTA count ``b * s_q * ceil(h / heads_per_block)`` (the default
     schedule's heads per CTA) and ``width``, the extra scope's index width (0 without one:
     long C128A rows, widths 4096-8192 with per-row lengths, take the persistent grid's
-    balance, bench/PERF_NOTES.md item 53); batch-invariant calls count 1 CTA whatever the
-    batch, so the split count cannot follow the batch (a CTA splits its row by the row's own
-    lengths)."""
+    balance, bench/PERF_NOTES.md item 53); batch-invariant calls count 1 CTA and width 0
+    whatever the batch, so the split count cannot follow the batch (a CTA splits its row by the
+    row's own lengths)."""
     from .schedules import schedule_for
 
     if batch_invariant:
         ctas = 1
     else:
         ctas = b * s_q * math.ceil(h / schedule_for(target_dir, "sparse_decode")["heads_per_block"])
-    return {"ctas": ctas, "h": h, "scope": scope, "width": extra_width}
+    # (a batch-invariant row's schedule must not follow the batch's padded index width either)
+    return {"ctas": ctas, "h": h, "scope": scope, "width": 0 if batch_invariant else extra_width}
 
 
 def _decode_aot_statics(target_dir: str, heads: Tuple[int, ...],

@@ -133,6 +133,32 @@ def test_decode_features_and_static_parameters():
     assert KERNELS["insert_k_cache"].features("sycl", tokens=1) == {"tokens": 1}
 
 
+def test_decode_width_routes_long_c128a_only():
+    """The bucket feature ``width`` (the extra scope's index width): C128A at 64 / 128 heads with
+    widths >= 4096 takes the persistent grid (bench/PERF_NOTES.md item 53); narrower widths, C4A,
+    padded head counts and batch-invariant calls (whose schedule must not follow the batch's
+    padded width) keep the buckets they had."""
+    from dsv4_tl.schedules import bucket_index, load_schedule_file
+
+    names = [b["name"] for b in load_schedule_file("cuda_sm90a", "sparse_decode")["buckets"]]
+
+    def bucket(**call):
+        index = bucket_index("cuda_sm90a", "sparse_decode",
+                             **SPARSE_DECODE.features("cuda_sm90a", **call))
+        return names[index]
+
+    long = dict(h=64, b=32, scope="c128a")
+    assert bucket(**long, extra_width=4096) == "h64_c128a_long_ctas17_up"
+    assert bucket(**long, extra_width=4095) == "h64_c128a_ctas17_33"
+    assert bucket(**dict(long, b=2), extra_width=8192) == "h64_c128a_long_ctas1_16"
+    assert bucket(**dict(long, h=128), extra_width=8192) == "h128_c128a_long_ctas17_up"
+    assert bucket(**dict(long, scope="c4a"), extra_width=8192) == "h64_c4a_ctas17_33"
+    for h in (48, 96):  # padded head groups: not the persistent grid's
+        assert "_long_" not in bucket(**dict(long, h=h), extra_width=8192)
+    assert (bucket(**long, extra_width=8192, batch_invariant=True)
+            == bucket(**long, extra_width=1024, batch_invariant=True) == "h64_c128a_ctas1_16")
+
+
 def test_admits_relates_buckets_to_static_parameters():
     match = {"h": [1, 65], "scope": ["swa"], "ctas": [1, 17]}
     assert SPARSE_DECODE.admits(match, dict(num_heads=64, has_extra=False))

@@ -220,9 +220,9 @@ class _Plan:
         kernel, schedule = resolve(SPARSE_DECODE, target, **call, fp8_format=fp8_format)
         if batch_invariant and schedule.get("balance", "items") != "items":
             # The tile balance cuts rows where the batch's work puts the CTA boundaries; a
-            # batch-invariant row needs splits of a fixed T (the item balance: the knob's
-            # default, left out so that the variant is the one without the knob).
-            schedule = {k: v for k, v in schedule.items() if k != "balance"}
+            # batch-invariant row needs splits of a fixed T: the item balance (the file
+            # default's value, so the variant is the one the build has for it).
+            schedule = {**schedule, "balance": "items"}
             kernel = resolve_with(SPARSE_DECODE, target, schedule, **call,
                                   fp8_format=fp8_format)
         rows = b * s_q
