@@ -973,6 +973,7 @@ def test_tim_persistent_source(kwargs, tmp_path):
     meets = body.count("tl::__sync_thread_partial(10, 256);")
     assert meets == (2 if kwargs["threads"] == 384 else 0), meets
     assert 0 < _launch_shared_bytes(kernel) <= 227 * 1024
+    assert not _divergent_cta_barriers(source)  # (the tile balance's hang, item 48)
     if kwargs["threads"] == 256:
         _check_no_spills(source, tmp_path)
 
