@@ -194,6 +194,14 @@ def steps() -> list:
               "num_stages": 1, "ctas_per_sm": 2, "raw_ring": 0, "tma_io": True}
     tma_io_unsplit = {**tma_io, "heads_per_block": 24, "threads": 384, "num_splits": 1,
                       "num_stages": 2, "ctas_per_sm": 1}
+    # the persistent grid as shipped for long C128A rows (bench/PERF_NOTES.md item 53: the tile
+    # balance, lean producer, one Q stage) and for tokens in M at 34-66 CTAs (item 51)
+    pers_tiles = {**persistent, "balance": "tiles", "producer_lean": True, "q_stages": 1,
+                  "tiles_per_split_min": 1}
+    tim_pers = {"block_tokens": 64, "heads_per_block": 16, "threads": 384, "num_splits": 1,
+                "warp_specialized": False, "persistent": True, "item_cost": 2,
+                "tiles_per_split_min": 1, "invariant_tiles_per_split": 4, "tokens_in_m": True,
+                "num_stages": 2, "ctas_per_sm": 1, "producer_lean": True}
     dec, pers = ("sparse_decode", None), ("sparse_decode", persistent)
     return [
         (run_decode, (64, 8, "8 splits + combine"), {}, None),
@@ -223,6 +231,12 @@ def steps() -> list:
          pers),
         (run_decode, (128, 9, "persistent grid, batch-invariant"), {"batch_invariant": True},
          pers),
+        (run_decode, (64, 8, "shipped persistent: tile balance, lean producer, one Q stage"),
+         {}, ("sparse_decode", pers_tiles)),
+        (run_decode, (128, 9, "shipped persistent: tile balance, lean, two head groups"), {},
+         ("sparse_decode", pers_tiles)),
+        (run_decode, (16, 40, "shipped persistent: tokens in M, lean"), {},
+         ("sparse_decode", tim_pers)),
         (run_prefill, (), {}, None),
         (run_prefill, (16, ", tokens in M"), {}, None),
         (run_prefill, (128, ", persistent grid of 3 CTAs, next Q ahead"), {},
