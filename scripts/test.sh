@@ -17,8 +17,12 @@ workers="${DSV4_TL_TEST_WORKERS:-$(nproc)}"
 if [ -z "${DSV4_TL_TEST_WORKERS:-}" ] && nvidia-smi -L >/dev/null 2>&1; then
     workers=1
 fi
+case "$workers" in
+    ''|*[!0-9]*) echo "DSV4_TL_TEST_WORKERS: expected a whole number, got '$workers'" >&2; exit 2 ;;
+esac
 xdist=()
 if [ "$workers" -gt 1 ]; then
     xdist=(-n "$workers" --dist loadgroup)
 fi
-exec "${DSV4_TL_VENV:-.venv}/bin/python" -m pytest -q "${xdist[@]}" tests "$@"
+# (${xdist[@]+...}: an empty array under set -u is an error on bash < 4.4)
+exec "${DSV4_TL_VENV:-.venv}/bin/python" -m pytest -q ${xdist[@]+"${xdist[@]}"} tests "$@"

@@ -41,7 +41,7 @@ from .fp8 import FP8_FORMATS, fp8_byte_to_float
 from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers, check_producer_lean,
                            check_raw_ring, make_fp8_producer, producer_prelude, raw_ring_bytes,
                            unrolled)
-from .schedule_rules import producer_lean_refusal
+from .schedule_rules import producer_lean_refusal, tokens_in_m_persistent_refusal
 from .tile_math import check_tile_math
 from .cluster_merge import (DSMEM_PRELUDE, ClusterMergeState, check_cluster_merge,
                             cluster_barrier, cluster_barrier_relaxed, make_merge_half,
@@ -1031,21 +1031,13 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_pe
 
 
 def check_tokens_in_m_persistent(S, NB, ctas_per_sm, raw_ring, tma_io, balance, item_cost):
-    """ValueError naming the knob that the tokens-in-M decode's persistent grid cannot take:
-    it walks ``work.walk_items``' tile pairs (two K buffers), one split per item (the walk
-    cuts rows itself), one CTA per SM (the front end's grid), the register path of the
-    producer, lean or not (a raw ring would drain at every item), outputs by TMA of whole head
-    groups (``tma_io`` changes nothing there but the partials' store, not built for items),
-    and the item balance (the tile balance, ``balance`` "tiles" of bench/PERF_NOTES.md item 48,
-    is built for the 64-head warp-specialised grid only and refused here)."""
-    for name, value, want in (("num_splits", S, 1), ("num_stages", NB, 2),
-                              ("ctas_per_sm", ctas_per_sm, 1), ("raw_ring", raw_ring, 0),
-                              ("tma_io", tma_io, False), ("balance", balance, "items")):
-        if value != want:
-            raise ValueError(f"persistent: the tokens-in-M persistent grid needs {name} "
-                             f"{want!r}, got {value!r}")
-    if item_cost < 1:
-        raise ValueError(f"persistent: needs item_cost >= 1, got {item_cost}")
+    """ValueError naming the knob that the tokens-in-M decode's persistent grid cannot take
+    (the rule: ``schedule_rules.tokens_in_m_persistent_refusal``, which the tuner reads too)."""
+    why = tokens_in_m_persistent_refusal(num_splits=S, num_stages=NB, ctas_per_sm=ctas_per_sm,
+                                         raw_ring=raw_ring, tma_io=tma_io, balance=balance,
+                                         item_cost=item_cost)
+    if why is not None:
+        raise ValueError(why)
 
 
 class TokensInMRing:

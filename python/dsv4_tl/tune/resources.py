@@ -8,7 +8,7 @@ from typing import Optional
 
 from ..targets import target_for_dirname
 from ..tile_kernels.layout import HEAD_DIM
-from ..tile_kernels.schedule_rules import producer_lean_refusal
+from ..tile_kernels.schedule_rules import producer_lean_refusal, tokens_in_m_persistent_refusal
 from .harnesses import harness_for
 from .suites import decode_tiles
 
@@ -172,13 +172,15 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
             if c["num_stages"] not in stages:  # (prefill: 4 K buffers of 64 KiB never fit)
                 return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} not in {stages}"
             per_sm = c.get("ctas_per_sm", 1)
-            # tile_kernels/sparse_decode.check_tokens_in_m_persistent
-            if op == "sparse_decode" and c.get("persistent") and (
-                    c["num_splits"] != 1 or c["num_stages"] != 2 or per_sm != 1
-                    or c.get("raw_ring", 0) or c.get("tma_io")
-                    or c.get("balance", "items") != "items"):
-                return ("persistent: the tokens-in-M persistent grid needs num_splits 1, "
-                        "num_stages 2, ctas_per_sm 1, raw_ring 0, tma_io false, balance 'items'")
+            # tile_kernels/schedule_rules.tokens_in_m_persistent_refusal (the builder's own rule;
+            # a padded last head group, a static of the call, keeps the fixed grid there)
+            if op == "sparse_decode" and c.get("persistent"):
+                why = tokens_in_m_persistent_refusal(
+                    num_splits=c["num_splits"], num_stages=c["num_stages"], ctas_per_sm=per_sm,
+                    raw_ring=c.get("raw_ring", 0), tma_io=c.get("tma_io", False),
+                    balance=c.get("balance", "items"), item_cost=c.get("item_cost", 1))
+                if why is not None:
+                    return why
             if per_sm != 1 and (op != "sparse_decode" or threads != 256 or per_sm not in (2, 3)):
                 return f"ctas_per_sm: {per_sm} needs decode's tokens_in_m with threads 256 (2 or 3)"
             # several CTAs per SM share its 64K registers
