@@ -495,6 +495,20 @@ def test_decode_persistent_q_stages(h, b, s_q, extra_kind, batch_invariant, over
                     out, ref_out, lse=(lse, ref_lse))
 
 
+def _check_persistent_case(h, b, s_q, extra_kind, uniform, seed, **knobs):
+    """A persistent-grid case of the tests below: per-row lengths with holes and a lonely last
+    row, or with ``uniform`` every row full (rows kept whole); the persistent schedule with
+    ``knobs`` forced; outputs poisoned, checked against the float32 reference."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen, lonely_row=not uniform)
+    if uniform:
+        main[2].fill_(WINDOW)
+        if extra[2] is not None:
+            extra[2].fill_(extra[1].shape[-1])
+    with _persistent(**knobs):
+        check_decode(q, main, extra, sink)
+
+
 # The persistent grid with the tile-granular balance (``balance="tiles"``, work.cta_tile_range):
 # rows cut at tile boundaries where the CTAs' exact shares end, a row's pieces run once per head
 # group; rows alone (uniform lengths) kept whole.
@@ -523,14 +537,8 @@ def test_decode_persistent_tile_balance(h, b, s_q, extra_kind, uniform, tps_min,
     outputs poisoned, checked against the float32 reference. (Until its plan stopped storing
     its boundaries inside the owner thread's loop, no call of this kernel returned: runs 63
     and 65, bench/PERF_NOTES.md item 48.)"""
-    gen = torch.Generator(DEV).manual_seed(seed)
-    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen, lonely_row=not uniform)
-    if uniform:
-        main[2].fill_(WINDOW)
-        if extra[2] is not None:
-            extra[2].fill_(extra[1].shape[-1])
-    with _persistent(balance="tiles", tiles_per_split_min=tps_min):
-        check_decode(q, main, extra, sink)
+    _check_persistent_case(h, b, s_q, extra_kind, uniform, seed, balance="tiles",
+                           tiles_per_split_min=tps_min)
 
 
 # The lean FP8 producer on the 64-head persistent grid (bench/PERF_NOTES.md item 52), both
@@ -553,16 +561,11 @@ def test_decode_persistent_tile_balance(h, b, s_q, extra_kind, uniform, tps_min,
 def test_decode_persistent_lean(h, b, s_q, extra_kind, uniform, tps_min, balance, seed):
     """``producer_lean`` on the persistent grid: outputs poisoned (check_decode), checked
     against the float32 reference."""
-    gen = torch.Generator(DEV).manual_seed(seed)
-    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen, lonely_row=not uniform)
-    if uniform:
-        main[2].fill_(WINDOW)
-        extra[2].fill_(extra[1].shape[-1])
     # (the item balance is the schedule's default: named, it would key another variant than
     # the A/B's, scripts/device_persistent_lean.sh precompiles those)
     over = {"balance": "tiles"} if balance == "tiles" else {}
-    with _persistent(tiles_per_split_min=tps_min, producer_lean=True, **over):
-        check_decode(q, main, extra, sink)
+    _check_persistent_case(h, b, s_q, extra_kind, uniform, seed, tiles_per_split_min=tps_min,
+                           producer_lean=True, **over)
 
 
 @pytest.mark.parametrize(
@@ -581,14 +584,8 @@ def test_decode_persistent_lean_one_q_stage(h, b, s_q, extra_kind, uniform, tps_
     loads each item's Q once both consumers met; item 52): whole rows, per-row lengths, pieces
     of 1 and 3 tiles (many items per CTA: the meeting before each), MTP; outputs poisoned,
     checked against the float32 reference."""
-    gen = torch.Generator(DEV).manual_seed(seed)
-    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen, lonely_row=not uniform)
-    if uniform:
-        main[2].fill_(WINDOW)
-        extra[2].fill_(extra[1].shape[-1])
-    with _persistent(balance="tiles", tiles_per_split_min=tps_min, producer_lean=True,
-                     q_stages=1):
-        check_decode(q, main, extra, sink)
+    _check_persistent_case(h, b, s_q, extra_kind, uniform, seed, balance="tiles",
+                           tiles_per_split_min=tps_min, producer_lean=True, q_stages=1)
 
 
 def test_decode_persistent_lean_batch_invariant(seed):
