@@ -11,7 +11,12 @@
   (first value = preferred; see :mod:`dsv4_tl.tune`);
 * ``added_knobs`` (optional): knob -> the value that reproduces the kernel of before the
   knob existed. A tuning log entry that lacks such a knob still applies, with that value;
-  an entry lacking any other knob is ignored with a warning (re-tune).
+  an entry lacking any other knob is ignored with a warning (re-tune);
+* ``retired_knobs`` (optional): knob -> its off value, for a knob whose code left main (a
+  refuted lever; ``bench/PERF_NOTES.md`` names the commit that still has it). A tuning log
+  entry naming it at that value still applies, without it; one naming another value is
+  ignored with a warning (:func:`dsv4_tl.tuning_log.without_retired_knobs`). Neither the
+  default, a bucket's config, ``space`` nor ``added_knobs`` may name a retired knob.
 
 :func:`schedule_for` resolves a call's features to a config: the first bucket whose ranges
 all contain the call's features (a bucket naming a feature the caller does not pass does not

@@ -29,6 +29,9 @@ bucket ranges differ from the schedule file's (the bucket was redefined after tu
 entries whose best config sets a knob to a value it could never have been tuned to (outside
 the schedule's ``space``, or, for a knob the space does not vary, other than the default's
 and the bucket's; values compare by type too: ``true`` is not ``1``, ``2.0`` not ``2``) and
+entries whose best config sets a knob the schedule file has retired (``retired_knobs``: knob ->
+its off value; the knob's code left main) to another value than its off value (an entry
+naming it at the off value applies, the knob dropped: :func:`without_retired_knobs`),
 entries whose best config breaks the schedule's own validity rule (:func:`invalid_reason`,
 the rules ``dsv4-tl tune`` prunes candidates by): they would fail every build of the bucket,
 or build a kernel under another key than the one the front ends ask for. A ``date`` without a
@@ -373,6 +376,44 @@ def invalid_reason(target_dir: str, op: str, config: dict) -> Optional[str]:
         return f"{type(exc).__name__}: {exc}"
 
 
+def without_retired_knobs(spec: dict, config: dict) -> Tuple[Optional[dict], list]:
+    """``(config less the knobs the schedule file ``spec`` retired, [])`` when each retired
+    knob ``config`` names sits at its off value (the only kernel left: the entry still
+    measured it), else ``(None, ["knob=value", ...])`` naming the ones that do not."""
+    retired = spec.get("retired_knobs", {})
+    bad = [f"{k}={v!r}" for k, v in sorted(config.items())
+           if k in retired and not same_value(v, retired[k])]
+    if bad:
+        return None, bad
+    return {k: v for k, v in config.items() if k not in retired}, []
+
+
+def _retired_applied(target_dir: str, op: str, entries: list, path: Path, bucket: str) -> list:
+    """``entries`` with each best config's retired knobs dropped (:func:`without_retired_knobs`);
+    an entry whose best sets a retired knob on is ignored, with one warning naming it."""
+    from .schedules import load_schedule_file  # schedules imports this module
+
+    try:
+        spec = load_schedule_file(target_dir, op)
+    except FileNotFoundError:
+        return entries
+    if not spec.get("retired_knobs"):
+        return entries
+    kept, bad = [], None
+    for e in entries:
+        best, names = without_retired_knobs(spec, e["best"])
+        if best is None:
+            bad = (e, names)
+        else:
+            kept.append({**e, "best": best})
+    if bad is not None:
+        _warn_once(("retired", str(path), bucket),
+                   f"tuning log {path}: bucket {bucket!r}: an entry of {bad[0]['date']} sets "
+                   f"{', '.join(bad[1])}, a knob retired from main (the schedule file's "
+                   f"retired_knobs): ignored")
+    return kept
+
+
 def _without_bad_best(entries: list, reason_of, what: str, path: Path, bucket: str) -> list:
     """``entries`` less those whose best config ``reason_of`` finds a reason against, with
     one warning (per bucket and ``what``) naming the last one's reason and line."""
@@ -408,6 +449,7 @@ def select_entry(target_dir: str, op: str, bucket: str, match: Optional[dict] = 
                    f"for target {foreign[-1]['target']} (device {foreign[-1]['device']}), not "
                    f"this directory's: ignored")
         entries = [e for e in entries if _target_dir_of(e["target"]) == target_dir]
+    entries = _retired_applied(target_dir, op, entries, path, bucket)
     space = declared_values(target_dir, op, bucket)
     entries = _without_bad_best(entries, lambda best: ", ".join(_outside_space(best, space)),
                                 "outside the schedule's space", path, bucket)

@@ -684,3 +684,63 @@ def test_a_best_config_that_cannot_build_is_ignored_with_a_warning(logs, op, buc
     bad = {k: v for k, v in {**_spec(op)["default"], **knobs}.items() if k not in plan_knobs}
     assert not any(all(tuning_log.same_value(dict(s).get(k), v) for k, v in knobs.items())
                    and dict(s) == bad for s in built)
+
+
+# ------------------------------------------------------------------------------ retired knobs
+def _retire(monkeypatch, op, knob):
+    """Retire ``knob`` of ``op``'s cached schedule file as a lever leaving main does: out of
+    the default, ``added_knobs`` and ``space``, into ``retired_knobs`` at its default value."""
+    spec = _spec(op)
+    off = spec["default"][knob]
+    monkeypatch.setitem(spec, "retired_knobs", {**spec.get("retired_knobs", {}), knob: off})
+    monkeypatch.setitem(spec, "default", {k: v for k, v in spec["default"].items() if k != knob})
+    for field in ("added_knobs", "space"):
+        if knob in spec.get(field, {}):
+            monkeypatch.setitem(spec, field, {k: v for k, v in spec[field].items() if k != knob})
+    return off
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_an_entry_naming_a_retired_knob_applies_only_at_its_off_value(logs, monkeypatch, on):
+    """A logged best that names a retired knob at its off value measured the only kernel left:
+    it still configures its bucket, without the knob. At any other value it measured code that
+    left main: ignored with a warning naming the knob, and the bucket takes the file's config."""
+    op, name, knob = "sparse_decode", "h64_c4a_ctas1_16", "tma_io"
+    logged = _entry(op, name, {"num_splits": 2, knob: on})  # written while the knob existed
+    off = _retire(monkeypatch, op, knob)
+    assert off is False
+    _write(logs, op, logged)
+    if on:
+        with pytest.warns(UserWarning, match=r"tma_io=True, a knob retired"):
+            rows = schedules.resolved_buckets(SM90A, op)
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rows = schedules.resolved_buckets(SM90A, op)
+        assert not [w for w in caught if name in str(w.message)]
+    ((bucket, config, source),) = [r for r in rows if r[0]["name"] == name]
+    assert knob not in config
+    if on:
+        assert source == "file" and config == {**_spec(op)["default"], **bucket["config"]}
+    else:
+        assert source == "log" and config["num_splits"] == 2
+        assert tuning_log.select_entry(SM90A, op, name)["best"] == config
+
+
+def test_schedule_files_never_name_a_retired_knob():
+    """A retired knob's code is gone: no default, bucket config, ``space`` or ``added_knobs``
+    may name it (the builder would reject it), and its off value is a plain JSON scalar."""
+    from importlib import resources
+
+    root = resources.files("dsv4_tl.schedules")
+    for target_dir in (p for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")):
+        for path in (p for p in target_dir.iterdir() if p.name.endswith(".json")):
+            spec = json.loads(path.read_text())
+            retired = spec.get("retired_knobs", {})
+            assert isinstance(retired, dict), f"{target_dir.name}/{path.name}: retired_knobs"
+            configs = [spec["default"], spec.get("space", {}), spec.get("added_knobs", {})]
+            configs += [b["config"] for b in spec.get("buckets", [])]
+            for knob, off in retired.items():
+                assert isinstance(off, (bool, int, str)), f"{path.name}: {knob}: {off!r}"
+                assert not any(knob in c for c in configs), (
+                    f"{target_dir.name}/{path.name} names the retired knob {knob!r}")

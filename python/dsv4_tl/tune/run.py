@@ -89,10 +89,13 @@ def run(args: argparse.Namespace, say=print) -> int:
             old_ok = set(spec.get("added_knobs", {}))
             # an entry of an older knob set that the schedule file no longer applies
             # (schedules._logged_config) is not "done": it is re-tuned
-            done = [e for e in tuning_log.entries_for(tuning_log.log_path(out, target.dirname, p.op),
-                                                      info["device"], tools["tilelang"])
-                    if e["bucket"] == p.name and e["match"] == p.bucket["match"]
-                    and set(e["best"]) <= current and current - set(e["best"]) <= old_ok]
+            # (retired knobs at their off values are dropped first, as schedules does)
+            logged = tuning_log.entries_for(tuning_log.log_path(out, target.dirname, p.op),
+                                            info["device"], tools["tilelang"])
+            bests = [(e, tuning_log.without_retired_knobs(spec, e["best"])[0]) for e in logged]
+            done = [e for e, best in bests
+                    if best is not None and e["bucket"] == p.name and e["match"] == p.bucket["match"]
+                    and set(best) <= current and current - set(best) <= old_ok]
             if done:
                 say(f"skip {p.op} / {p.name}: logged {done[-1]['date']} (--force re-tunes)")
             else:
