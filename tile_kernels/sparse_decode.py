@@ -185,7 +185,6 @@ def build_sparse_decode(
     pdl_trigger: bool = False,
     tma_io: bool = False,
     balance: str = "items",
-    debug_plan_only: bool = False,
     q_stages: int = 0,
     ws_regs: str = "",
 ):
@@ -229,12 +228,6 @@ def build_sparse_decode(
             rule allows them (refused elsewhere).
         ws_regs: the persistent grid's register split of its three warpgroups, "w0/w1/producer"
             ("": the rule, ``persistent_ws_regs``; e.g. "216/160/128", the fixed grid's).
-        debug_plan_only: DEBUG ONLY, never a shipped schedule (``scripts/balance_probe.py``):
-            the persistent grid plans its range, thread 0 of each CTA writes the plan's words
-            (``work.PLAN_WORDS``) as floats to ``OPartial[cta, 0, 0, 0, :words]`` (CTAs past
-            the partial slots write nothing), and the kernel ends (no walk, no output): the
-            plan compared with ``work.plan_reference`` on the host, a hang in the plan told
-            from one in the walk.
         consumers: the warp-specialised schedule's consumer pair on the fixed grid: "split"
             (warpgroup 0 scores every tile, warpgroup 1 only accumulates; 32- or 64-token
             tiles) or "seesaw" (prefill's pair, ``seesaw.py``: each consumer scores
@@ -331,10 +324,6 @@ def build_sparse_decode(
                          f"{warp_specialized}, tokens_in_m {tokens_in_m}")
     if balance not in BALANCES:
         raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
-    if debug_plan_only is not False and not (debug_plan_only is True and persistent
-                                             and warp_specialized):
-        raise ValueError("debug_plan_only: a debug knob of the persistent warp-specialised grid "
-                         f"(True or False), got {debug_plan_only!r} with persistent {persistent}")
     if type(pdl_trigger) is not bool:
         raise ValueError(f"pdl_trigger: expected True or False, got {pdl_trigger!r}")
     if type(cluster_crossover) is not bool:
@@ -412,8 +401,7 @@ def build_sparse_decode(
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost, raw_ring, cluster_merge, producer_lean,
                                        pdl_trigger=pdl_trigger, balance=balance,
-                                       q_stages=q_stages, ws_regs=ws_regs,
-                                       debug_plan_only=debug_plan_only)
+                                       q_stages=q_stages, ws_regs=ws_regs)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
 
@@ -592,8 +580,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                             persistent: bool = False, item_cost: int = 3, raw_ring: int = 0,
                             cluster_merge: bool = False, producer_lean: bool = False, *,
                             pdl_trigger: bool = False, balance: str = "items",
-                            debug_plan_only: bool = False, q_stages: int = 0,
-                            ws_regs: str = ""):
+                            q_stages: int = 0, ws_regs: str = ""):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``fp8_producer`` (raw FP8 token quarters into registers, dequantised
@@ -850,11 +837,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 for i in unrolled(PLAN_WORDS[balance]):
                     span[i] = bounds[i]
 
-                if debug_plan_only:  # (DEBUG ONLY: the plan's words out, no walk)
-                    if tx == 0 and cta < OPartial.shape[0]:
-                        for i in unrolled(PLAN_WORDS[balance]):
-                            OPartial[cta, 0, 0, 0, i] = T.cast(span[i], T.float32)
-                elif tx < 128:
+                if tx < 128:
                     ws_set_regs(regs_p[0])
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_plan(balance, span, units, head_groups, s_q, tiles,

@@ -176,8 +176,8 @@ def tile_plan_words(plan: dict) -> list:
     ``plan_reference(..., balance="tiles")``'s ``plan``: ``[r_begin, t_begin, k_begin,
     slot_base, r_end, t_end, n_begin, n_end]``, with None where the kernel's word is not
     defined by the plan (the slot base and piece count of a start past the last row; the
-    piece count of an end at a row's start). For comparing a kernel's words (its debug
-    ``debug_plan_only`` output) with the model."""
+    piece count of an end at a row's start). For comparing the kernel's words (emulated in
+    ``tests/sparse_decode/test_work_plan.py``) with the model."""
     rs, bounds = plan["row_splits"], plan["bounds"]
     rows = len(rs)
     words = []
