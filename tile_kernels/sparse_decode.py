@@ -81,17 +81,9 @@ DECODE_WS_REGS = check_ws_regs((216, 160, 128))
 DECODE_PERSISTENT_LEAN_REGS = check_ws_regs((224, 160, 120))
 
 
-def persistent_ws_regs(block_tokens: int, producer_lean: bool, ws_regs: str = "") -> tuple:
-    """The persistent warp-specialised grid's register split: ``ws_regs``, the knob, as
-    "w0/w1/producer" (three multiples of 8; a string, so that a schedule stays hashable and
-    JSON), or "" for the rule: ``DECODE_PERSISTENT_LEAN_REGS`` with the lean producer and
-    32-token tiles, else ``DECODE_WS_REGS``."""
-    if ws_regs != "":
-        parts = ws_regs.split("/") if isinstance(ws_regs, str) else []
-        if len(parts) != 3 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"ws_regs: 'w0/w1/producer' (e.g. '216/160/128') or '', got "
-                             f"{ws_regs!r}")
-        return check_ws_regs(tuple(int(p) for p in parts))
+def persistent_ws_regs(block_tokens: int, producer_lean: bool) -> tuple:
+    """The persistent warp-specialised grid's register split: ``DECODE_PERSISTENT_LEAN_REGS``
+    with the lean producer and 32-token tiles, else ``DECODE_WS_REGS``."""
     return DECODE_PERSISTENT_LEAN_REGS if producer_lean and block_tokens == 32 else DECODE_WS_REGS
 # The warp-specialised schedule's consumer pairs (``consumers`` of build_sparse_decode).
 DECODE_CONSUMERS = ("split", "seesaw")
@@ -186,7 +178,6 @@ def build_sparse_decode(
     tma_io: bool = False,
     balance: str = "items",
     q_stages: int = 0,
-    ws_regs: str = "",
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -226,8 +217,6 @@ def build_sparse_decode(
             consumers met: the consumers' tile loop traced once, ~136 KB of shared memory
             instead of ~200 KB, so a larger L1; bench/PERF_NOTES.md item 52), 2 two where the
             rule allows them (refused elsewhere).
-        ws_regs: the persistent grid's register split of its three warpgroups, "w0/w1/producer"
-            ("": the rule, ``persistent_ws_regs``; e.g. "216/160/128", the fixed grid's).
         consumers: the warp-specialised schedule's consumer pair on the fixed grid: "split"
             (warpgroup 0 scores every tile, warpgroup 1 only accumulates; 32- or 64-token
             tiles) or "seesaw" (prefill's pair, ``seesaw.py``: each consumer scores
@@ -318,10 +307,6 @@ def build_sparse_decode(
         raise ValueError("q_stages: 0 (the rule), 1 or 2 Q stages of the warp-specialised "
                          f"persistent grid, got {q_stages!r} with persistent {persistent}, "
                          f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}")
-    if ws_regs != "" and not (persistent and warp_specialized and not tokens_in_m):
-        raise ValueError(f"ws_regs: the warp-specialised persistent grid's register split, got "
-                         f"{ws_regs!r} with persistent {persistent}, warp_specialized "
-                         f"{warp_specialized}, tokens_in_m {tokens_in_m}")
     if balance not in BALANCES:
         raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
     if type(pdl_trigger) is not bool:
@@ -401,7 +386,7 @@ def build_sparse_decode(
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost, raw_ring, cluster_merge, producer_lean,
                                        pdl_trigger=pdl_trigger, balance=balance,
-                                       q_stages=q_stages, ws_regs=ws_regs)
+                                       q_stages=q_stages)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
 
@@ -580,7 +565,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                             persistent: bool = False, item_cost: int = 3, raw_ring: int = 0,
                             cluster_merge: bool = False, producer_lean: bool = False, *,
                             pdl_trigger: bool = False, balance: str = "items",
-                            q_stages: int = 0, ws_regs: str = ""):
+                            q_stages: int = 0):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``fp8_producer`` (raw FP8 token quarters into registers, dequantised
@@ -664,7 +649,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     # thread-sync pass: a sync "inside a divergent region with 81 participating threads",
     # run 62): it keeps one stage there; the tile balance's walk lowers with two.
     NQ = 2 if BI == 32 and (head_groups == 1 or balance == "tiles") else 1
-    regs_p = persistent_ws_regs(BI, producer_lean, ws_regs)  # (the persistent grid's)
+    regs_p = persistent_ws_regs(BI, producer_lean)  # (the persistent grid's)
     if q_stages == 2 and NQ == 1:
         raise ValueError(f"q_stages: 2 Q stages need 32-token tiles and one head group or the "
                          f"tile balance, got block_tokens {BI}, {head_groups} head groups, "

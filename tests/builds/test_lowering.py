@@ -301,14 +301,10 @@ def test_producer_lean_refused(kwargs, message):
     ({"q_stages": 1}, "q_stages: .*persistent False"),
     ({"q_stages": 2, "persistent": True, "num_heads": 128}, "q_stages: 2 Q stages need"),
     ({"q_stages": 2, "persistent": True, "block_tokens": 64}, "q_stages: 2 Q stages need"),
-    ({"ws_regs": "216/160/128"}, "ws_regs: the warp-specialised persistent grid's"),
-    ({"ws_regs": "216/160", "persistent": True}, "ws_regs: 'w0/w1/producer'"),
-    ({"ws_regs": [216, 160, 128], "persistent": True}, "ws_regs: 'w0/w1/producer'"),
-    ({"ws_regs": "256/160/128", "persistent": True}, "warp-specialised registers"),
 ])
 def test_q_stages_refused(kwargs, message):
-    """The persistent grid's Q stage and register split knobs where they do not apply or are
-    malformed: a ValueError naming them."""
+    """The persistent grid's Q stage knob where it does not apply or is malformed: a ValueError
+    naming it."""
     from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
 
     base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,

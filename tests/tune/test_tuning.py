@@ -687,31 +687,20 @@ def test_a_best_config_that_cannot_build_is_ignored_with_a_warning(logs, op, buc
 
 
 # ------------------------------------------------------------------------------ retired knobs
-def _retire(monkeypatch, op, knob):
-    """Retire ``knob`` of ``op``'s cached schedule file as a lever leaving main does: out of
-    the default, ``added_knobs`` and ``space``, into ``retired_knobs`` at its default value."""
-    spec = _spec(op)
-    off = spec["default"][knob]
-    monkeypatch.setitem(spec, "retired_knobs", {**spec.get("retired_knobs", {}), knob: off})
-    monkeypatch.setitem(spec, "default", {k: v for k, v in spec["default"].items() if k != knob})
-    for field in ("added_knobs", "space"):
-        if knob in spec.get(field, {}):
-            monkeypatch.setitem(spec, field, {k: v for k, v in spec[field].items() if k != knob})
-    return off
-
-
 @pytest.mark.parametrize("on", [False, True])
 def test_an_entry_naming_a_retired_knob_applies_only_at_its_off_value(logs, monkeypatch, on):
-    """A logged best that names a retired knob at its off value measured the only kernel left:
-    it still configures its bucket, without the knob. At any other value it measured code that
+    """A logged best that names a retired knob (written while the knob existed; the schedule
+    file now lists it in ``retired_knobs``) at its off value measured the only kernel left: it
+    still configures its bucket, without the knob. At any other value it measured code that
     left main: ignored with a warning naming the knob, and the bucket takes the file's config."""
-    op, name, knob = "sparse_decode", "h64_c4a_ctas1_16", "tma_io"
-    logged = _entry(op, name, {"num_splits": 2, knob: on})  # written while the knob existed
-    off = _retire(monkeypatch, op, knob)
-    assert off is False
-    _write(logs, op, logged)
+    op, name, knob = "sparse_decode", "h64_c4a_ctas1_16", "old_lever"
+    spec = _spec(op)
+    monkeypatch.setitem(spec, "retired_knobs", {**spec.get("retired_knobs", {}), knob: False})
+    entry = _entry(op, name, {"num_splits": 2, knob: on})
+    entry["default"] = entry["candidates"][1]["config"] = {**entry["default"], knob: False}
+    _write(logs, op, entry)
     if on:
-        with pytest.warns(UserWarning, match=r"tma_io=True, a knob retired"):
+        with pytest.warns(UserWarning, match=r"old_lever=True, a knob retired"):
             rows = schedules.resolved_buckets(SM90A, op)
     else:
         with warnings.catch_warnings(record=True) as caught:
