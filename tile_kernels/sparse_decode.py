@@ -174,7 +174,6 @@ def build_sparse_decode(
     cluster_crossover: bool = False,
     cluster_merge: bool = False,
     producer_lean: bool = False,
-    pdl_trigger: bool = False,
     tma_io: bool = False,
     balance: str = "items",
     q_stages: int = 0,
@@ -262,12 +261,6 @@ def build_sparse_decode(
             (no raw ring), ``num_splits`` 2, 4 or 8: the splits of a row form one thread-block
             cluster and are merged through distributed shared memory (``cluster_merge.py``);
             the kernel stores ``out`` / ``lse`` itself (no partials, no combine).
-        pdl_trigger: every CTA signals ``griddepcontrol.launch_dependents`` as it starts, so
-            a kernel launched after it with programmatic dependent launch (the combine with
-            its ``pdl`` knob) is scheduled onto free SMs while this one runs and waits there
-            for its results (``griddepcontrol.wait``) instead of being launched after it
-            ends. A hint only: the dependent's wait still sees every write of this kernel.
-            CUDA sm_90 and later.
 
     Kernel arguments: ``q [b, s_q, h, 512] bf16``; per scope the cache as three flat views of
     the same bytes (``fp8 [n_bytes]``, ``bf16 [n_bytes / 2]``, ``uint8 [n_bytes]``), ``indices
@@ -309,8 +302,6 @@ def build_sparse_decode(
                          f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}")
     if balance not in BALANCES:
         raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
-    if type(pdl_trigger) is not bool:
-        raise ValueError(f"pdl_trigger: expected True or False, got {pdl_trigger!r}")
     if type(cluster_crossover) is not bool:
         raise ValueError(f"cluster_crossover: expected True or False, got {cluster_crossover!r}")
     if cluster_crossover and not (warp_specialized and consumers == "seesaw" and not persistent
@@ -359,7 +350,7 @@ def build_sparse_decode(
                             raw_ring, ctas_per_sm)
         return _build_tokens_in_m(num_heads, has_extra, fp8_format, S, BI, HB, num_stages,
                                   threads, ctas_per_sm, raw_ring, tma_io, producer_lean,
-                                  pdl_trigger=pdl_trigger, persistent=persistent,
+                                  persistent=persistent,
                                   item_cost=item_cost)
     if warp_specialized:
         if tile_math != "tensor_core":
@@ -379,13 +370,12 @@ def build_sparse_decode(
         if consumers == "seesaw":
             from .sparse_decode_seesaw import _build_seesaw_decode
             return _build_seesaw_decode(num_heads, has_extra, fp8_format, S, BI, _shape_vars(),
-                                       producer_slots, cluster_crossover,
-                                       pdl_trigger=pdl_trigger)
+                                       producer_slots, cluster_crossover)
         # Q, two K buffers and their flags, two P tiles (WarpSpecializedState)
         check_shared_budget(HB * D * 2 + 2 * (BI * D * 2 + BI) + 2 * HB * BI * 2, raw_ring)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost, raw_ring, cluster_merge, producer_lean,
-                                       pdl_trigger=pdl_trigger, balance=balance,
+                                       balance=balance,
                                        q_stages=q_stages)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
@@ -439,8 +429,6 @@ def build_sparse_decode(
              extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
              num_ctas):
         with T.Kernel(b * s_q, head_groups, S, threads=threads) as (row, hg, split):
-            if pdl_trigger:
-                T.pdl_trigger()
             Q_shared = T.alloc_shared([HB, D], T.bfloat16)
             K_shared = T.alloc_shared([BI, D], T.bfloat16)
             P_shared = T.alloc_shared([HB, BI], T.bfloat16)
@@ -564,7 +552,7 @@ def store_row_splits(RowSplits, row, hg, split, S: int):
 def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                             persistent: bool = False, item_cost: int = 3, raw_ring: int = 0,
                             cluster_merge: bool = False, producer_lean: bool = False, *,
-                            pdl_trigger: bool = False, balance: str = "items",
+                            balance: str = "items",
                             q_stages: int = 0):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
@@ -793,8 +781,6 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
         if persistent:
             with T.Kernel(num_ctas, threads=WS_THREADS,
                           prelude=producer_prelude(raw_ring, producer_lean)) as cta:
-                if pdl_trigger:
-                    T.pdl_trigger()
                 # Q comes per work item, loaded by the producer into one of NQ stages
                 # (bar_q: the loading warpgroup's 128 threads arrive; q_free: both
                 # consumers); with one stage by warpgroup 0.
@@ -851,8 +837,6 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                           cluster_dims=(1, 1, S) if cluster_merge else None,
                           prelude=producer_prelude(raw_ring, producer_lean)
                           + (DSMEM_PRELUDE if cluster_merge else "")) as (row, hg, split):
-                if pdl_trigger:
-                    T.pdl_trigger()
                 st = WarpSpecializedState(HB, BI, D)
                 cm = ClusterMergeState(HB, S) if cluster_merge else None
                 tx = T.get_thread_binding()
@@ -1051,7 +1035,7 @@ class TokensInMRing:
 def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                        HB: int, NB: int, threads: int, ctas_per_sm: int, raw_ring: int = 0,
                        tma_io: bool = False, producer_lean: bool = False, *,
-                       pdl_trigger: bool = False, persistent: bool = False, item_cost: int = 3):
+                       persistent: bool = False, item_cost: int = 3):
     """Sparse decode for few heads (TP head counts, speculative drafts): the heads are
     wgmma's N dimension (``HB`` = 8 to 32) and the KV tokens its M dimension, so no head is
     padded to 64. Same arguments, math, grid and split-KV as the warp-specialised schedule.
@@ -1239,8 +1223,6 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
              num_ctas):
         with T.Kernel(b * s_q, head_groups, S, threads=threads,
                       prelude=producer_prelude(raw_ring, producer_lean)) as (row, hg, split):
-            if pdl_trigger:
-                T.pdl_trigger()
             if ctas_per_sm > 1:
                 T.annotate_min_blocks_per_sm(ctas_per_sm)
             rg = TokensInMRing(HB, BI, D, NB, threads, staged_partials)
@@ -1439,8 +1421,6 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                         tiles_per_split, num_ctas):
         with T.Kernel(num_ctas, threads=threads,
                       prelude=producer_prelude(raw_ring, producer_lean)) as cta:
-            if pdl_trigger:
-                T.pdl_trigger()
             regs_split = tokens_in_m_persistent_regs(HB)
             # Q per item, by warpgroup 0 (its 128 threads arrive)
             rg = TokensInMRing(HB, BI, D, NB, threads, q_arrivals=128)
@@ -1493,7 +1473,7 @@ COMBINE_MERGES = ("elements", "splits")
 
 
 def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_block: int = 8,
-                                threads: int = 128, merge: str = "elements", pdl: bool = False):
+                                threads: int = 128, merge: str = "elements"):
     """Merge split-KV partials of ``build_sparse_decode`` and apply the attention sink.
 
     Row ``r`` (``b * s_q`` rows) has ``n = row_splits[r, 1]`` partials at slots
@@ -1512,19 +1492,9 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
     37). "splits": the CTA's ``[heads_per_block, 512]`` outputs accumulate in a register
     fragment, one split at a time; the loads of a split are independent and vectorised, so
     a thread has all of them in flight and the merge waits about one latency per split.
-
-    ``pdl`` (schedule knob): the kernel starts with ``griddepcontrol.wait``, which makes
-    TileLang tag it for programmatic dependent launch (TVM's CUDA runtime then launches it
-    with the programmatic-stream-serialization attribute, in CUDA graphs too): its CTAs may
-    be scheduled while the decode kernel still runs (at once where the decode kernel
-    signals with ``pdl_trigger``, else as its CTAs end) and wait on the chip for its
-    completion and memory flush, instead of the stream's launch after it. Every read here
-    (the split table included) follows the wait.
     """
     if merge not in COMBINE_MERGES:
         raise ValueError(f"merge: expected one of {COMBINE_MERGES}, got {merge!r}")
-    if type(pdl) is not bool:
-        raise ValueError(f"pdl: expected True or False, got {pdl!r}")
     D = HEAD_DIM
     S = num_splits
     HB = heads_per_block
@@ -1544,8 +1514,6 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
         Lse: T.Tensor([b, num_heads, s_q], T.float32),
     ):
         with T.Kernel(b * s_q, head_groups, threads=threads) as (row, hg):
-            if pdl:
-                T.pdl_sync()
             lse_max = T.alloc_shared([HB], T.float32)
             lse_sum = T.alloc_shared([HB], T.float32)
             weight = T.alloc_shared([HB, S], T.float32)
@@ -1666,13 +1634,6 @@ LOWERING_EXAMPLES = [
     # the split-major merge, 20 heads: a padded last group of 8
     {"builder": "build_sparse_decode_combine",
      "kwargs": {"num_heads": 20, "num_splits": 4, "merge": "splits"}},
-    # programmatic dependent launch: the combine waits on the chip (pdl), the decode kernel
-    # (split consumers, 8 splits, the b1 bucket's) lets it launch early (pdl_trigger)
-    {"builder": "build_sparse_decode_combine",
-     "kwargs": {"num_heads": 64, "num_splits": 8, "merge": "splits", "pdl": True}},
-    {"builder": "build_sparse_decode",
-     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
-                "block_tokens": 32, "num_splits": 8, "pdl_trigger": True}},
     # the producer's raw ring (raw_ring): split consumers, 32-token tiles, both scopes with
     # split-KV partials, 4 slots; a padded group (h96) SWA-only, 8 splits, 3 slots (the slot
     # of a round taken at run time); tokens in M, 64-token tiles (2 rounds a tile), 3 slots

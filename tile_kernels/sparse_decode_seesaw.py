@@ -110,13 +110,12 @@ def announce_crossover(st, ss, buf: int, half: int):
 
 
 def _build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
-                        shape_vars: tuple, slots: int = 2, crossover: bool = False, *,
-                        pdl_trigger: bool = False):
+                        shape_vars: tuple, slots: int = 2, crossover: bool = False):
     """The prim_func (``sparse_decode.decode_prim_func`` around this schedule's body);
     ``shape_vars``: its symbolic sizes (``sparse_decode._shape_vars()``); ``slots``: the
     producer's register slots of raw bytes (``slots - 1`` steps of 32 tokens x one K half in
     flight while it dequantises one); ``crossover``: the 2-CTA crossover (module
-    docstring); ``pdl_trigger``: as ``build_sparse_decode``'s."""
+    docstring)."""
     if (BI, slots) not in SEESAW_DECODE_REGS:
         raise ValueError("consumers 'seesaw': (block_tokens, producer_slots) must be one of "
                          f"{sorted(SEESAW_DECODE_REGS)}, got {(BI, slots)}")
@@ -180,8 +179,6 @@ def _build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: in
         with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
                       prelude=FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE,
                       cluster_dims=CROSSOVER_CLUSTER if crossover else None) as (row, hg, split):
-            if pdl_trigger:  # (sparse_decode.build_sparse_decode)
-                T.pdl_trigger()
             st = WarpSpecializedState(HB, BI, D, split=False)
             # A K half is filled by one plain arrival per producer thread after its stores;
             # with the crossover by its copies (crossover_ready_arrivals).
