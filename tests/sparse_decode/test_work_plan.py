@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("tilelang")
 
-from dsv4_tl.tile_kernels.work import plan_reference  # noqa: E402
+from dsv4_tl.tile_kernels.work import plan_reference, tile_plan_words  # noqa: E402
 
 ITEM_COST = 3
 
@@ -349,17 +349,19 @@ def _kernel_tile_range_words(row_t, hg, q_arg, ic, num_ctas, threads=384):
     return out
 
 
+def _plan_word_mismatches(words, plan) -> list:
+    """``(cta, words, expected)`` for each CTA whose plan words differ from
+    ``tile_plan_words(plan)`` (an expected None: not compared)."""
+    return [(c, w, want) for c, (w, want) in enumerate(zip(words, tile_plan_words(plan)))
+            if any(e is not None and g != e for g, e in zip(w, want))]
+
+
 def test_tile_balance_kernel_words_match_the_model(seed):
     """The plan words the kernel's ``cta_tile_range`` computes (emulated line by line, 384
     threads' chunks) equal ``tile_plan_words`` of ``plan_reference`` -- the comparison the
-    device probe makes with the kernel's own words (``debug_plan_only``) -- and a word off by
-    one is caught by that comparison."""
-    import importlib.util
-    import pathlib
-    spec = importlib.util.spec_from_file_location(
-        "balance_probe", pathlib.Path(__file__).parents[2] / "scripts" / "balance_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    device probe of run 70 made with the kernel's own words (``debug_plan_only``;
+    ``scripts/balance_probe.py`` at commit 7dfd2b4) -- and a word off by one is caught by that
+    comparison."""
     rng = random.Random(2000 + seed)
     for _ in range(40):
         b = rng.choice([1, 2, 3, 8, 32, 128, 400])
@@ -372,7 +374,7 @@ def test_tile_balance_kernel_words_match_the_model(seed):
         g = rng.choice([1, 7, 66, 132])
         plan = plan_reference(tiles, 1, hg, -q, ITEM_COST, g, balance="tiles")
         words = _kernel_tile_range_words(tiles, hg, -q, ITEM_COST, g)
-        assert probe.plan_word_mismatches(words, plan) == [], (tiles, hg, q, g)
+        assert _plan_word_mismatches(words, plan) == [], (tiles, hg, q, g)
         c = rng.randrange(g)
         words[c][0] += 1
-        assert [m[0] for m in probe.plan_word_mismatches(words, plan)] == [c]
+        assert [m[0] for m in _plan_word_mismatches(words, plan)] == [c]
