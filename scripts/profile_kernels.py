@@ -9,7 +9,7 @@ Per-instruction stall samples: add ``--section SourceCounters -o rep``, then
 ``ncu -i rep.ncu-rep --page source --csv --print-source sass``.
 
 ``--decode H,B,KIND`` (KIND swa / c4a / c128a) picks the decode row, ``--schedule JSON``
-forces the decode schedule (keys over the row's resolved one, e.g. '{"raw_ring": 4}'),
+forces the decode schedule (keys over the row's resolved one, e.g. '{"num_splits": 2}'),
 ``--decode-only`` leaves prefill out (then ``--launch-count 1``).
 """
 
@@ -42,7 +42,7 @@ def main() -> None:
         target = parse_target("cuda:sm_90a")
         resolved = dict(SPARSE_DECODE.variant(target.dirname, h=shape.h, b=shape.b, s_q=1,
                                               scope=kind, extra_width=shape.extra_topk).schedule)
-        # (as scripts/decode_grid_ab.py forms its forced schedules: the same variants)
+        # (as scripts/decode_grid_ab.py at commit 7dfd2b4 formed its forced schedules: the same variants)
         config = {**schedule_for(target.dirname, "sparse_decode"), **resolved,
                   **json.loads(args.schedule)}
         plain = ours_decode(x)

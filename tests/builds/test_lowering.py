@@ -930,9 +930,9 @@ def test_tim_persistent_refused(kwargs, message):
 
 
 def test_tim_persistent_kept_by_pruning_and_padded_heads_keep_fixed_grid():
-    """The A/B's config (scripts/decode_grid_ab.py TIM_PERSISTENT, lean producer or not) is kept
-    by the tuner; a head count with a padded last group builds the fixed grid's kernel under
-    the knob (the front end's rule too)."""
+    """The A/B's config (TIM_PERSISTENT of scripts/decode_grid_ab.py at commit 7dfd2b4, lean
+    producer or not) is kept by the tuner; a head count with a padded last group builds the
+    fixed grid's kernel under the knob (the front end's rule too)."""
     from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
     from dsv4_tl.tune.resources import prune
 

@@ -562,7 +562,7 @@ def test_decode_persistent_lean(h, b, s_q, extra_kind, uniform, tps_min, balance
     """``producer_lean`` on the persistent grid: outputs poisoned (check_decode), checked
     against the float32 reference."""
     # (the item balance is the schedule's default: named, it would key another variant than
-    # the A/B's, scripts/device_persistent_lean.sh precompiles those)
+    # the A/B's, which scripts/device_persistent_lean.sh precompiled; at commit 7dfd2b4)
     over = {"balance": "tiles"} if balance == "tiles" else {}
     _check_persistent_case(h, b, s_q, extra_kind, uniform, seed, tiles_per_split_min=tps_min,
                            producer_lean=True, **over)
@@ -633,9 +633,9 @@ def test_decode_persistent_tile_balance_keeps_batch_invariance(seed):
 
 
 # The tokens-in-M schedule (heads in wgmma N): (h, heads_per_block, threads, K buffers, CTAs
-# per SM), the configs the issue-24 sweep times (scripts/tim_decode_sweep.py: A = two math
-# warpgroups, 2 buffers; D = one math warpgroup, 1 buffer, 2 CTAs per SM), so that one device
-# call compiles each variant once; plus a padded head group (h20 in groups of 24: per-thread Q
+# per SM), the configs the issue-24 sweep timed (scripts/tim_decode_sweep.py at commit 7dfd2b4:
+# A = two math warpgroups, 2 buffers; D = one math warpgroup, 1 buffer, 2 CTAs per SM), so that
+# one device call compiled each variant once; plus a padded head group (h20 in groups of 24: per-thread Q
 # and O). N = 8 .. 32.
 TIM_A8, TIM_D8 = (8, 8, 384, 2, 1), (8, 8, 256, 1, 2)
 TIM_A16, TIM_A32 = (16, 16, 384, 2, 1), (32, 32, 384, 2, 1)
@@ -818,10 +818,10 @@ def test_decode_tokens_in_m_tma_io(h, hb, threads, stages, per_sm, extra_kind, s
 # The tokens-in-M decode walking work.py's items (issue 24, bench/PERF_NOTES.md item 50): two
 # K buffers, every tile of an item's pairs (an odd range's padding tile all-invalid), Q per
 # item by TMA, rows of one split stored in place, split rows through the combine. The configs
-# are scripts/decode_grid_ab.py's ``tim_pers`` (the same dict: the same compiled variant per
-# head count and scope; the split sizes are plan knobs, not part of the variant), plus one math
-# warpgroup (threads 256) with the default producer at 16 heads, C4A: with the A/B's rows (--rows
-# timp) 16 variants.
+# are ``tim_pers`` of scripts/decode_grid_ab.py at commit 7dfd2b4 (the same dict: the same
+# compiled variant per head count and scope; the split sizes are plan knobs, not part of the
+# variant), plus one math warpgroup (threads 256) with the default producer at 16 heads, C4A:
+# with the A/B's rows (--rows timp) 16 variants.
 def tim_persistent_config(hb, threads=384, **plan) -> dict:
     """The schedule file's default with tokens in M on the persistent grid and the lean
     producer, as the tokens-in-M buckets ship it (``plan``: over these, e.g. the split-size
@@ -1332,9 +1332,9 @@ def test_decode_cluster_merge_refused_on_persistent_grid(seed):
 # ------------------------------------------------------------ the lean FP8 producer
 # The schedule default (split consumers, 32-token tiles, fixed grid) with ``producer_lean``
 # (tile_kernels/fp8_producer.py, fp8.FP8_LEAN_PRELUDE), forced for every shape; ``over``
-# changes knobs of it. The cases reuse the variants of scripts/device_producer_lean.sh's A/B
-# (h64 / h128 with and without the extra scope, 1 split; h64 C4A 8 splits) and one FNUZ
-# variant, so that one device call compiles them all.
+# changes knobs of it. The cases reuse the variants of the A/B of scripts/device_producer_lean.sh
+# at commit 7dfd2b4 (h64 / h128 with and without the extra scope, 1 split; h64 C4A 8 splits) and
+# one FNUZ variant, so that one device call compiled them all.
 LEAN = {**_decode_default(), "producer_lean": True}
 
 
@@ -1452,7 +1452,8 @@ def test_decode_lean_bitwise_default(seed):
 def test_decode_lean_tokens_in_m(seed):
     """Tokens in M (h16, 64-token tiles: two rounds per tile) with the lean producer, both
     scopes: random rows and MTP rows, then the split-boundary lengths with block 0
-    poisoned. (Not in scripts/device_producer_lean.sh: its variant is not precompiled.)"""
+    poisoned. (Not in scripts/device_producer_lean.sh, at commit 7dfd2b4: its variant was not
+    precompiled there.)"""
     from dsv4_tl.targets import parse_target
     from dsv4_tl.tune import forcing
 

@@ -349,17 +349,19 @@ def _kernel_tile_range_words(row_t, hg, q_arg, ic, num_ctas, threads=384):
     return out
 
 
-def _plan_word_mismatches(words, ref) -> list:
+def _plan_word_mismatches(words, plan) -> list:
     """``(cta, words, expected)`` for each CTA whose plan words differ from
-    ``work.tile_plan_words(ref)`` (None: not compared)."""
-    return [(c, w, want) for c, (w, want) in enumerate(zip(words, tile_plan_words(ref)))
+    ``tile_plan_words(plan)`` (an expected None: not compared)."""
+    return [(c, w, want) for c, (w, want) in enumerate(zip(words, tile_plan_words(plan)))
             if any(e is not None and g != e for g, e in zip(w, want))]
 
 
 def test_tile_balance_kernel_words_match_the_model(seed):
     """The plan words the kernel's ``cta_tile_range`` computes (emulated line by line, 384
-    threads' chunks) equal ``tile_plan_words`` of ``plan_reference``, and a word off by one is
-    caught by that comparison."""
+    threads' chunks) equal ``tile_plan_words`` of ``plan_reference`` -- the comparison the
+    device probe of run 70 made with the kernel's own words (``debug_plan_only``;
+    ``scripts/balance_probe.py`` at commit 7dfd2b4) -- and a word off by one is caught by that
+    comparison."""
     rng = random.Random(2000 + seed)
     for _ in range(40):
         b = rng.choice([1, 2, 3, 8, 32, 128, 400])
