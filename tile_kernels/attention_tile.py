@@ -153,17 +153,15 @@ class WarpSpecializedState:
 
 
 @T.macro
-def ws_load_q(st, q_rows, q_row_index, h0, num_heads: int, tma_box: bool = False):
+def ws_load_q(st, q_rows, q_row_index, h0, num_heads: int):
     """Start loading the CTA's query rows into ``st.Q_l`` / ``st.Q_r`` and arrive on
     ``st.bar_q`` (every thread calls this once). ``q_rows(h, d)`` reads element ``(h, d)`` of
     this row's ``[num_heads, 512]`` queries and ``q_row_index`` is the same row as a
     ``(..., h-slice, d-slice)`` index prefix for TMA. Whole head groups go by TMA, whose
     copies overlap the producer's first tiles; a padded last group is copied by the threads,
-    zero-filling the missing heads, or, with ``tma_box``, by TMA too: the box of ``HB`` heads
-    passes the tensor's head dimension and the TMA engine fills the missing heads with zeros
-    (the transaction still counts the whole box's bytes)."""
+    zero-filling the missing heads."""
     HB, DH = st.heads, st.half_dim
-    if tma_box or num_heads % HB == 0:
+    if num_heads % HB == 0:
         T.tma_copy(q_row_index(h0, 0, DH), st.Q_l, barrier=st.bar_q)
         T.tma_copy(q_row_index(h0, DH, 2 * DH), st.Q_r, barrier=st.bar_q)
     else:

@@ -29,17 +29,16 @@ def producer_lean_refusal(producer_lean, *, raw_ring=0, cluster_merge=False,
 
 
 def tokens_in_m_persistent_refusal(*, num_splits, num_stages, ctas_per_sm=1, raw_ring=0,
-                                   tma_io=False, balance="items", item_cost=1) -> Optional[str]:
+                                   balance="items", item_cost=1) -> Optional[str]:
     """Why the tokens-in-M decode's persistent grid cannot take this schedule, or None. It
     walks ``work.walk_items``' tile pairs (two K buffers), one split per item (the walk cuts
     rows itself), one CTA per SM (the front end's grid), the register path of the producer,
-    lean or not (a raw ring would drain at every item), outputs by TMA of whole head groups
-    (``tma_io`` changes nothing there but the partials' store, not built for items), and the
-    item balance (the tile balance, ``balance`` "tiles" of bench/PERF_NOTES.md item 48, is
+    lean or not (a raw ring would drain at every item), outputs by TMA of whole head groups,
+    and the item balance (the tile balance, ``balance`` "tiles" of bench/PERF_NOTES.md item 48, is
     built for the 64-head warp-specialised grid only)."""
     for name, value, want in (("num_splits", num_splits, 1), ("num_stages", num_stages, 2),
                               ("ctas_per_sm", ctas_per_sm, 1), ("raw_ring", raw_ring, 0),
-                              ("tma_io", tma_io, False), ("balance", balance, "items")):
+                              ("balance", balance, "items")):
         if value != want:
             return (f"persistent: the tokens-in-M persistent grid needs {name} {want!r}, "
                     f"got {value!r}")

@@ -174,7 +174,6 @@ def build_sparse_decode(
     cluster_crossover: bool = False,
     cluster_merge: bool = False,
     producer_lean: bool = False,
-    tma_io: bool = False,
     balance: str = "items",
     q_stages: int = 0,
 ):
@@ -231,16 +230,9 @@ def build_sparse_decode(
             ``ctas_per_sm`` (1-3, >1 only with 256 threads) bounds the registers so that
             several CTAs share an SM (``_build_tokens_in_m``). sm_90a only. With
             ``persistent`` (whole head groups; ``num_splits`` 1, ``num_stages`` 2,
-            ``ctas_per_sm`` 1, no raw ring or ``tma_io``; others refused by name) the
+            ``ctas_per_sm`` 1, no raw ring; others refused by name) the
             persistent grid of the 64-head schedule, its item walk shared (``work.py``;
             bench/PERF_NOTES.md item 50).
-            ``tma_io`` (tokens in M only): every query row in and every output out through
-            the TMA box, whose bounds clip the padded heads of a last head group (Q zero-filled,
-            stores dropped) instead of per-thread copies there, and a split's fp32 partial
-            staged in shared memory (``[heads, 128]`` fp32 per math warpgroup) and stored by
-            TMA instead of per-thread stores from the accumulator. Off: whole head groups
-            already load Q and store a finished output by TMA, so unsplit rows of whole head
-            groups build the same kernel either way.
         raw_ring: the FP8 producer's staging of raw bytes (split consumers and tokens in M):
             0 in registers (about one round of 32 tokens in flight), N (2-8) in a ring of N
             shared slots of 32 tokens (~19.5 KB each), N - 1 rounds in flight
@@ -326,30 +318,22 @@ def build_sparse_decode(
         raise ValueError("consumers 'seesaw': needs warp_specialized True, persistent False and "
                          f"tokens_in_m False, got {warp_specialized}, {persistent} and "
                          f"{tokens_in_m}")
-    if type(tma_io) is not bool:
-        raise ValueError(f"tma_io: expected True or False, got {tma_io!r}")
-    if tma_io and not tokens_in_m:
-        raise ValueError("tma_io: the TMA box input / output of the tokens-in-M schedule "
-                         "(tokens_in_m True); the 64-head schedules load Q and store outputs "
-                         "by TMA already where their head groups are whole")
     if tokens_in_m:
         # Whole head groups only, as the 64-head schedule's (the front end's _Plan applies the
         # same rule): a padded last group keeps the fixed grid.
         persistent = persistent and num_heads % HB == 0
         if persistent:
-            check_tokens_in_m_persistent(S, num_stages, ctas_per_sm, raw_ring, tma_io, balance,
+            check_tokens_in_m_persistent(S, num_stages, ctas_per_sm, raw_ring, balance,
                                          item_cost)
-        _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, ctas_per_sm,
-                           tma_io and S > 1)
+        _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, ctas_per_sm)
         # Q, the K buffers and their flags, P (one per K buffer with two math warpgroups),
-        # the rescale and denominator rows; with tma_io and splits the partials' stages
+        # the rescale and denominator rows
         two = threads == 384
         check_shared_budget(HB * D * 2 + num_stages * (BI * D * 2 + BI)
-                            + (num_stages if two else 1) * HB * BI * 2
-                            + tim_partial_stage_bytes(HB, threads, tma_io and S > 1),
+                            + (num_stages if two else 1) * HB * BI * 2,
                             raw_ring, ctas_per_sm)
         return _build_tokens_in_m(num_heads, has_extra, fp8_format, S, BI, HB, num_stages,
-                                  threads, ctas_per_sm, raw_ring, tma_io, producer_lean,
+                                  threads, ctas_per_sm, raw_ring, producer_lean,
                                   persistent=persistent,
                                   item_cost=item_cost)
     if warp_specialized:
@@ -942,19 +926,7 @@ def tokens_in_m_persistent_regs(HB: int) -> tuple:
 # wgmma N = heads per CTA, a multiple of 8 (8 to 32: Oᵀ [512, N] fp32 takes 4·N registers
 # per thread of one math warpgroup).
 TOKENS_IN_M_HEADS = (8, 16, 24, 32)
-# ``tma_io`` with splits: dims of an fp32 partial per TMA store, staged in a ``[HB, 128]``
-# fp32 buffer per math warpgroup (a Q half's bytes; two stores per output half)
-TIM_PARTIAL_DIMS = 128
-
-
-def tim_partial_stage_bytes(HB: int, threads: int, staged: bool) -> int:
-    """Shared bytes of the tokens-in-M decode's fp32 partial stages (``tma_io`` with splits):
-    one ``[HB, TIM_PARTIAL_DIMS]`` fp32 buffer per math warpgroup, else none."""
-    return (2 if threads == 384 else 1) * HB * TIM_PARTIAL_DIMS * 4 if staged else 0
-
-
-def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_per_sm,
-                       staged_partials=False):
+def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_per_sm):
     """ValueError naming the schedule knob that the tokens-in-M schedule cannot take."""
     if tile_math != "tensor_core" or warp_specialized:
         raise ValueError("tokens_in_m: needs tile_math 'tensor_core' and warp_specialized "
@@ -970,8 +942,7 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_pe
     # K buffers (1 KiB per token), Q (1 KiB per head), P tiles, and ~1 KiB of flags and the
     # reduction's workspace, per CTA, against the 227 KiB of an sm_90a SM.
     p_tiles = NB if threads == 384 else 1
-    smem_kib = (NB * BI + HB + p_tiles * HB * BI * 2 / 1024 + 1
-                + tim_partial_stage_bytes(HB, threads, staged_partials) / 1024)
+    smem_kib = NB * BI + HB + p_tiles * HB * BI * 2 / 1024 + 1
     if not 1 <= NB <= 4 or smem_kib * ctas_per_sm > 227:
         raise ValueError(f"tokens_in_m: num_stages (K buffers, 1-4) x ctas_per_sm must fit in "
                          f"shared memory (~{smem_kib:.0f} KiB x {ctas_per_sm} > 227), got "
@@ -982,11 +953,11 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_pe
                          f"{threads} threads")
 
 
-def check_tokens_in_m_persistent(S, NB, ctas_per_sm, raw_ring, tma_io, balance, item_cost):
+def check_tokens_in_m_persistent(S, NB, ctas_per_sm, raw_ring, balance, item_cost):
     """ValueError naming the knob that the tokens-in-M decode's persistent grid cannot take
     (the rule: ``schedule_rules.tokens_in_m_persistent_refusal``, which the tuner reads too)."""
     why = tokens_in_m_persistent_refusal(num_splits=S, num_stages=NB, ctas_per_sm=ctas_per_sm,
-                                         raw_ring=raw_ring, tma_io=tma_io, balance=balance,
+                                         raw_ring=raw_ring, balance=balance,
                                          item_cost=item_cost)
     if why is not None:
         raise ValueError(why)
@@ -995,11 +966,9 @@ def check_tokens_in_m_persistent(S, NB, ctas_per_sm, raw_ring, tma_io, balance, 
 class TokensInMRing:
     """Shared memory and barriers of the tokens-in-M decode: Q halves (then the output's
     stages), a ring of ``NB`` K buffers by halves with validity flags (filled by
-    ``fp8_producer``), P tiles and, with two math warpgroups, their hand-over; with
-    ``staged_partials`` (``tma_io`` and splits) the fp32 partials' stages."""
+    ``fp8_producer``), P tiles and, with two math warpgroups, their hand-over."""
 
-    def __init__(self, HB: int, BI: int, D: int, NB: int, threads: int,
-                 staged_partials: bool = False, q_arrivals: int = 0):
+    def __init__(self, HB: int, BI: int, D: int, NB: int, threads: int, q_arrivals: int = 0):
         DH = D // 2
         two = threads == 384
         buffers = range(NB)
@@ -1016,11 +985,6 @@ class TokensInMRing:
                       for _ in (buffers if two else ())]
         # 1 / denominator per head, from warpgroup 0 to warpgroup 1 at the end
         self.inv = T.alloc_shared([HB], T.float32, scope="shared") if two else None
-        # tma_io with splits: each math warpgroup's fp32 partial, TIM_PARTIAL_DIMS dims at a
-        # time, on its way to a TMA store (its own buffer: a new buffer is not overlaid on the
-        # free Q / K ones, and a view of those keeps their swizzled layout)
-        self.partial = ([T.alloc_shared([HB, TIM_PARTIAL_DIMS], T.float32)
-                         for _ in ((0, 1) if two else (0,))] if staged_partials else None)
         # Q: every thread arrives (ws_load_q; ``q_arrivals`` > 0: that many, the persistent
         # grid's warpgroup 0 loading each item's Q); K: filled by the producer's 128 threads,
         # freed by every math thread; P: warpgroup 0 -> 1 and back.
@@ -1034,7 +998,7 @@ class TokensInMRing:
 
 def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                        HB: int, NB: int, threads: int, ctas_per_sm: int, raw_ring: int = 0,
-                       tma_io: bool = False, producer_lean: bool = False, *,
+                       producer_lean: bool = False, *,
                        persistent: bool = False, item_cost: int = 3):
     """Sparse decode for few heads (TP head counts, speculative drafts): the heads are
     wgmma's N dimension (``HB`` = 8 to 32) and the KV tokens its M dimension, so no head is
@@ -1052,9 +1016,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     phase is disturbed). ``ctas_per_sm`` (256 threads): the register bound that lets several
     CTAs share an SM. Q comes by TMA and a finished bf16 output half leaves by TMA from its
     Q half when the head groups are whole; otherwise per thread (zero-filled padding heads,
-    never stored). Split partials are stored per thread from the accumulators. ``tma_io``:
-    Q and the finished output by TMA for every head group (the box's bounds zero-fill and
-    clip the padded heads) and the split partials through a shared fp32 stage by TMA.
+    never stored). Split partials are stored per thread from the accumulators.
 
     ``persistent`` (whole head groups, NB = 2, one split, one CTA per SM): ``num_ctas`` CTAs
     walk the (row, head group, split) items of ``work.py``'s plan (the 64/128-head decode's
@@ -1072,10 +1034,6 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     producer0 = threads - 128
     head_groups = (num_heads + HB - 1) // HB
     full_groups = num_heads % HB == 0
-    # a finished output half by TMA (the box clips a padded group's missing heads)
-    out_by_tma = full_groups or tma_io
-    staged_partials = tma_io and S > 1
-    PD = TIM_PARTIAL_DIMS
     buffers = tuple(range(NB))
     shapes = _shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
@@ -1177,17 +1135,15 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                         right_tile(rg, f, bf, pair0, rnd)
 
     @T.macro
-    def store_half(acc_o, inv, stage, pstage, bar_id: int, Out, OPartial, r_b, r_s, split, h0,
-                   d0):
+    def store_half(acc_o, inv, stage, bar_id: int, Out, OPartial, r_b, r_s, split, h0, d0):
         """Oᵀ half ``[256, HB]`` times the heads' reciprocal denominators: a finished row
         transposed through ``stage`` (this warpgroup's Q half, free after the last QKᵀ), to
-        the global rows by one TMA store for a whole head group (or any with ``tma_io``),
-        else per thread; a split's fp32 partial straight from the accumulator, or with
-        ``tma_io`` ``PD`` dims at a time through ``pstage`` and a TMA store."""
+        the global rows by one TMA store for a whole head group, else per thread; a split's
+        fp32 partial straight from the accumulator."""
         if S == 1:
             for d, i in T.Parallel(DH, HB):
                 stage[i, d] = T.cast(acc_o[d, i] * inv[i], T.bfloat16)
-            if out_by_tma:
+            if full_groups:
                 T.fence_proxy_async()  # the TMA engine reads ``stage`` (async proxy)
                 T.sync_threads(bar_id, 128)
                 T.tma_copy(stage, Out[r_b, r_s, h0:h0 + HB, d0:d0 + DH],
@@ -1197,19 +1153,6 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 for i, d in T.Parallel(HB, DH):
                     if h0 + i < num_heads:
                         Out[r_b, r_s, h0 + i, d0 + d] = stage[i, d]
-        elif staged_partials:
-            for c in unrolled(DH // PD):  # (unrolled: each element's store is known)
-                for d, i in T.Parallel(DH, HB):
-                    if d >= c * PD and d < c * PD + PD:
-                        pstage[i, d - c * PD] = acc_o[d, i] * inv[i]
-                T.fence_proxy_async()  # the TMA engine reads ``pstage`` (async proxy)
-                T.sync_threads(bar_id, 128)
-                T.tma_copy(pstage,
-                           OPartial[r_b, r_s, split, h0:h0 + HB, d0 + c * PD:d0 + c * PD + PD],
-                           leader_scope_threads=128)
-                # the leader's wait (the engine has read ``pstage``) before it is rewritten
-                T.tma_store_wait()
-                T.sync_threads(bar_id, 128)
         else:
             for d, i in T.Parallel(DH, HB):
                 if full_groups or h0 + i < num_heads:
@@ -1225,10 +1168,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                       prelude=producer_prelude(raw_ring, producer_lean)) as (row, hg, split):
             if ctas_per_sm > 1:
                 T.annotate_min_blocks_per_sm(ctas_per_sm)
-            rg = TokensInMRing(HB, BI, D, NB, threads, staged_partials)
-            # each math warpgroup's partial stage (tma_io with splits)
-            pst_l = rg.partial[0] if staged_partials else None
-            pst_r = rg.partial[1 if two else 0] if staged_partials else None
+            rg = TokensInMRing(HB, BI, D, NB, threads)
             f = alloc_math_fragments()
             acc_o_l, acc_o_r, l_part, m_i, l_i = f.acc_o_l, f.acc_o_r, f.l_part, f.m_i, f.l_i
             inv, inv_r = f.inv, f.inv_r
@@ -1254,7 +1194,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 store_row_splits(RowSplits, row, hg, split, S)
 
             ws_load_q(rg, lambda hh, d: Q[r_b, r_s, hh, d],
-                      lambda h, d0, d1: Q[r_b, r_s, h:h + HB, d0:d1], h0, num_heads, tma_io)
+                      lambda h, d0, d1: Q[r_b, r_s, h:h + HB, d0:d1], h0, num_heads)
 
             if tx < 128:
                 if two:
@@ -1292,9 +1232,9 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                     T.copy(inv, rg.inv)
                     T.barrier_arrive(rg.bar_done)
                 else:
-                    store_half(acc_o_r, inv, rg.Q_r, pst_r, 8, Out, OPartial, r_b, r_s, split, h0,
+                    store_half(acc_o_r, inv, rg.Q_r, 8, Out, OPartial, r_b, r_s, split, h0,
                                DH)
-                store_half(acc_o_l, inv, rg.Q_l, pst_l, 8, Out, OPartial, r_b, r_s, split, h0, 0)
+                store_half(acc_o_l, inv, rg.Q_l, 8, Out, OPartial, r_b, r_s, split, h0, 0)
             elif two and tx < 256:
                 ws_set_regs(TOKENS_IN_M_REGS[1])
                 T.fill(acc_o_r, 0)
@@ -1304,7 +1244,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 T.barrier_arrive(rg.bar_done)
                 T.barrier_wait(rg.bar_done, 0)
                 T.copy(rg.inv, inv_r)
-                store_half(acc_o_r, inv_r, rg.Q_r, pst_r, 9, Out, OPartial, r_b, r_s, split, h0,
+                store_half(acc_o_r, inv_r, rg.Q_r, 9, Out, OPartial, r_b, r_s, split, h0,
                            DH)
             else:
                 if two:
@@ -1705,19 +1645,4 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 32, "has_extra": False, "tokens_in_m": True, "heads_per_block": 32,
                 "threads": 384, "block_tokens": 64, "num_stages": 2, "num_splits": 2}},
-    # tokens in M with tma_io: 12 heads in a group of 16, one math warpgroup, 2 CTAs per SM,
-    # SWA-only, 4 splits (Q box zero-filled, partials staged, box-clipped); 20 heads in 24,
-    # two math warpgroups, C4A, unsplit (the bf16 output box-clipped); 32 heads, two math
-    # warpgroups, C4A, 8 splits (the largest partial stages)
-    {"builder": "build_sparse_decode",
-     "kwargs": {"num_heads": 12, "has_extra": False, "tokens_in_m": True, "heads_per_block": 16,
-                "threads": 256, "block_tokens": 64, "num_stages": 1, "ctas_per_sm": 2,
-                "num_splits": 4, "tma_io": True}},
-    {"builder": "build_sparse_decode",
-     "kwargs": {"num_heads": 20, "has_extra": True, "tokens_in_m": True, "heads_per_block": 24,
-                "threads": 384, "block_tokens": 64, "num_stages": 2, "tma_io": True}},
-    {"builder": "build_sparse_decode",
-     "kwargs": {"num_heads": 32, "has_extra": True, "tokens_in_m": True, "heads_per_block": 32,
-                "threads": 384, "block_tokens": 64, "num_stages": 2, "num_splits": 8,
-                "tma_io": True}},
 ]

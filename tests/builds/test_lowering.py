@@ -756,87 +756,6 @@ def test_cluster_merge_kept_by_pruning():
         assert prune("cuda_sm90a", "sparse_decode", config) is None
 
 
-# ------------------------------------------------------- programmatic dependent launch (PDL)
-# ------------------------------------------- tokens in M: Q and outputs through the TMA box
-def _tma_io_examples():
-    return _examples_with("sparse_decode", "tma_io", lambda k: (
-        f"tma_io-h{k['num_heads']}-hb{k['heads_per_block']}-t{k['threads']}"
-        f"-S{k.get('num_splits', 1)}"))
-
-
-def test_tma_io_has_examples():
-    assert len(_tma_io_examples()) >= 3
-
-
-@pytest.mark.parametrize("kwargs", _tma_io_examples())
-def test_tma_io_source(kwargs, tmp_path):
-    """The generated CUDA of a tokens-in-M decode with ``tma_io`` (sparse_decode
-    .LOWERING_EXAMPLES, padded head groups included): Q is read only through its TMA
-    descriptor (no per-thread copy, even of a padded group), the split partials (or the
-    finished output) are written only by TMA stores, each partial store is followed by the
-    leader's read-wait; the dynamic shared memory within the SM's share of a CTA; where
-    nvcc is here, it compiles (ptxas -v), spilling nothing with one math warpgroup."""
-    kernel = _compiled_decode(kwargs)
-    source = kernel.get_kernel_source()
-    head = source[source.index("sparse_decode_kernel("):]
-    signature = head[:head.index(")")]
-    body = head[head.index("{"):]
-    assert "Q_desc" in signature and "__restrict__ Q," not in signature, "Q read per thread"
-    assert "tl::tma_load(Q_desc" in body
-    if kwargs.get("num_splits", 1) > 1:
-        assert "OPartial_desc" in signature and "__restrict__ OPartial," not in signature
-        stores = body.count("tl::tma_store(OPartial_desc")
-        assert stores >= 2, "partials stored per thread"
-        assert body.count("tl::tma_store_wait<0, true>();") >= 4  # 2 per output half
-    else:
-        assert "Out_desc" in signature and "__restrict__ Out," not in signature
-        assert "tl::tma_store(Out_desc" in body
-    smem = _launch_shared_bytes(kernel)  # (_dynamic_shared_bytes wants > 100 KB)
-    assert 0 < smem <= 227 * 1024 // kwargs.get("ctas_per_sm", 1), smem
-    if kwargs["threads"] == 256:
-        _check_no_spills(source, tmp_path)
-
-
-def _launch_shared_bytes(kernel) -> int:
-    """The dynamic shared memory of a compiled kernel: the
-    last int64 launch argument the host code sets before it calls the device function."""
-    host = kernel.get_host_source()
-    launch = host[:host.index('"sparse_decode_kernel", &')]
-    return int(re.findall(r"\(\(int64_t\)(\d+)\)", launch)[-1])
-
-
-def test_tma_io_same_kernel_when_nothing_to_clip():
-    """Unsplit with whole head groups ``tma_io`` changes nothing (Q and the output already go
-    by TMA there): the same TIR with the knob on and off."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-
-    base = {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
-            "threads": 384, "block_tokens": 64, "num_stages": 2}
-    assert build_sparse_decode(**base, tma_io=True).script() == build_sparse_decode(
-        **base).script()
-    split = {**base, "num_splits": 2}
-    assert build_sparse_decode(**split, tma_io=True).script() != build_sparse_decode(
-        **split).script()
-
-
-@pytest.mark.parametrize("kwargs,message", [
-    ({"warp_specialized": True, "threads": 384, "heads_per_block": 64, "block_tokens": 32},
-     "tma_io: the TMA box input / output of the tokens-in-M schedule"),
-    ({"tokens_in_m": True, "tma_io": 1}, "tma_io: expected True or False"),
-    # 3 K buffers of 64 KB beside Q and P fit at 16 heads, the partials' stages do not
-    ({"tokens_in_m": True, "num_stages": 3, "num_splits": 2},
-     "tokens_in_m: num_stages .* must fit in shared memory"),
-])
-def test_tma_io_refused(kwargs, message):
-    """Where ``tma_io`` does not apply or fit: a clear ValueError naming it."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-
-    base = {"num_heads": 16, "has_extra": True, "heads_per_block": 16, "threads": 384,
-            "block_tokens": 64, "tma_io": True}
-    with pytest.raises(ValueError, match=message):
-        build_sparse_decode(**{**base, **kwargs})
-    if "num_stages" in kwargs:  # (without the stages it fits)
-        build_sparse_decode(**{**base, **kwargs, "tma_io": False})
 # --------------------------------------------------- the persistent decode grid's Q stages
 def _persistent_examples():
     """The 64/128-head schedule's persistent examples (tokens in M's: _tim_persistent_examples)."""
@@ -910,7 +829,6 @@ def test_tim_persistent_source(kwargs, tmp_path):
     ({"num_stages": 1}, "persistent: .*needs num_stages 2, got 1"),
     ({"threads": 256, "ctas_per_sm": 2}, "persistent: .*needs ctas_per_sm 1, got 2"),
     ({"raw_ring": 2}, "raw_ring: .*fixed grid"),
-    ({"tma_io": True}, "persistent: .*needs tma_io False, got True"),
     ({"balance": "tiles"}, "persistent: .*needs balance 'items', got 'tiles'"),
     ({"item_cost": 0}, "persistent: needs item_cost >= 1, got 0"),
 ])

@@ -754,66 +754,6 @@ def test_decode_tokens_in_m_splits(h, hb, threads, stages, per_sm, extra_kind, s
         _case(7, 1, h, extra_kind, gen)
         _case(3, 2, h, extra_kind, gen)  # s_q 2: rows of one request, their own indices
 
-# ``tma_io`` of the tokens-in-M schedule (issue 24, bench/PERF_NOTES.md item 45): Q and every
-# output through the TMA box, split partials staged and stored by TMA. The split configs of
-# scripts/device_tim_tma.sh's A/B (h8 / h16 / h32; SWA 2 splits with config D at 8 and 16
-# heads, A at 32; C4A 8 splits with A), so one device call compiles each variant once, plus
-# head counts that are not a multiple of 8 with a padded last head group: h20 in one group of
-# 24 unsplit (two math warpgroups) and h20 in two groups of 16 (the second at head 16, 4 of
-# its 16 heads real) with 4 splits (one math warpgroup, 2 CTAs per SM).
-# Unsplit whole head groups build the same kernel with or without the knob
-# (tests/builds/test_lowering.py::test_tma_io_same_kernel_when_nothing_to_clip).
-TIM_TMA = [(8, 8, 256, 1, 2, "swa", 2), (8, 8, 384, 2, 1, "c4a512", 8),
-           (16, 16, 256, 1, 2, "swa", 2), (16, 16, 384, 2, 1, "c4a512", 8),
-           (32, 32, 384, 2, 1, "swa", 2), (32, 32, 384, 2, 1, "c4a512", 8),
-           (20, 24, 384, 2, 1, "c4a512", 1), (20, 16, 256, 1, 2, "swa", 4)]
-
-
-def tim_tma_config(hb, threads, stages, per_sm, splits) -> dict:
-    """The schedule file's default with tokens in M and ``tma_io``: the same dict (so the
-    same compiled variant) as scripts/decode_grid_ab.py's ``tim_tma`` for these knobs."""
-    from dsv4_tl.schedules import schedule_for
-
-    return {**schedule_for("cuda_sm90a", "sparse_decode"), "block_tokens": 64,
-            "heads_per_block": hb, "threads": threads, "warp_specialized": False,
-            "tokens_in_m": True, "num_stages": stages, "ctas_per_sm": per_sm,
-            "num_splits": splits, "persistent": False, "tma_io": True}
-
-
-class _PoisonedScratch:
-    """The split partials and the split table in fresh NaN-filled tensors at every call, so a
-    partial that the kernel's TMA store did not write reaches the combine as NaN (the stream's
-    pooled scratch could hold a previous call's right values)."""
-
-    @staticmethod
-    def views(device, shapes):
-        return tuple(torch.full(shape, math.nan, dtype=torch.float32, device=device)
-                     for shape in shapes)
-
-
-@pytest.mark.parametrize("h,hb,threads,stages,per_sm,extra_kind,splits", TIM_TMA,
-                         ids=[_tim_id(c) for c in TIM_TMA])
-def test_decode_tokens_in_m_tma_io(h, hb, threads, stages, per_sm, extra_kind, splits, seed,
-                                   monkeypatch):
-    """The tokens-in-M schedule with ``tma_io``: rows of 1-10 tiles (empty splits included),
-    holes, garbage past the lengths, a request with nothing valid (decode_case), s_q 1 and 2,
-    NaN-poisoned outputs and split partials, against the float32 reference."""
-    import importlib
-
-    from dsv4_tl.targets import parse_target
-    from dsv4_tl.tune import forcing
-
-    # (the module, not the function dsv4_tl.ops re-exports under the same name)
-    front_end = importlib.import_module("dsv4_tl.ops.sparse_decode")
-    monkeypatch.setattr(front_end, "stream_scratch", _PoisonedScratch())
-    gen = torch.Generator(DEV).manual_seed(seed)
-    with forcing(parse_target("cuda:sm_90a"), "sparse_decode",
-                 tim_tma_config(hb, threads, stages, per_sm, splits)):
-        _case(7, 1, h, extra_kind, gen)
-        _case(3, 2, h, extra_kind, gen)  # s_q 2: rows of one request, their own indices
-        _case(1, 1, h, extra_kind, gen)
-
-
 # ------------------------------------------------------- tokens in M on the persistent grid
 # The tokens-in-M decode walking work.py's items (issue 24, bench/PERF_NOTES.md item 50): two
 # K buffers, every tile of an item's pairs (an odd range's padding tile all-invalid), Q per

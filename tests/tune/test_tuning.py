@@ -218,24 +218,6 @@ def test_decode_tokens_in_m_rules_match_the_builder():
             build_sparse_decode(16, True, **kwargs)
 
 
-def test_decode_tma_io_rules_match_the_builder():
-    """``tma_io`` (tokens in M only): the resource model prunes it elsewhere, naming it, as
-    the builder refuses it, and counts the split partials' stages (two [16, 128] fp32 at 16
-    heads with two math warpgroups: 3 K buffers fit without them and not with them)."""
-    tma = {**TIM, "num_splits": 2, "tma_io": True}
-    assert tune.prune(SM90A, "sparse_decode", tma) is None
-    assert tune.smem_bytes("sparse_decode", tma) == tune.smem_bytes(
-        "sparse_decode", {**tma, "tma_io": False}) + 2 * 16 * 128 * 4
-    assert tune.smem_bytes("sparse_decode", {**tma, "num_splits": 1}) == tune.smem_bytes(
-        "sparse_decode", {**TIM, "num_splits": 1})
-    assert "tma_io" in tune.prune(SM90A, "sparse_decode", {**WS, "tma_io": True})
-    assert tune.prune(SM90A, "sparse_decode", {**tma, "num_stages": 3, "tma_io": False}) is None
-    assert "shared memory" in tune.prune(SM90A, "sparse_decode", {**tma, "num_stages": 3})
-    with pytest.raises(ValueError, match="tma_io"):
-        build_sparse_decode(64, True, warp_specialized=True, threads=384, block_tokens=32,
-                            tma_io=True)
-
-
 def test_arch_and_layout_rules():
     assert "wgmma" in tune.prune("cuda_sm100a", "sparse_decode", WS)
     assert "registers" in tune.prune(SM90A, "sparse_decode",

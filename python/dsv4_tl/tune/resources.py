@@ -66,14 +66,9 @@ def smem_bytes(op: str, config: dict) -> int:
         if c.get("tokens_in_m"):  # Q, num_stages K buffers and their validity flags, P
             nb = c["num_stages"]  # (one per K buffer with two math warpgroups, with its
             two = c["threads"] == 384  # rescale row, and the denominators' row)
-            # tma_io with splits: an fp32 [hb, 128] partial stage per math warpgroup
-            # (sparse_decode.tim_partial_stage_bytes)
-            stages = ((hb * 128 * 4,) * (2 if two else 1)
-                      if op == "sparse_decode" and c.get("tma_io") and c["num_splits"] > 1
-                      else ())
             return (_buffers(hb * HEAD_DIM * 2, *(bi * HEAD_DIM * 2,) * nb, *(bi,) * nb,
                              *(hb * bi * 2,) * (nb if two else 1), *(hb * 4,) * (nb if two else 0),
-                             hb * 4 if two else 0, *stages) + _REDUCE_SCRATCH + ring)
+                             hb * 4 if two else 0) + _REDUCE_SCRATCH + ring)
         common = (hb * HEAD_DIM * 2, bi * HEAD_DIM * 2, hb * bi * 2)  # Q, K, P (bf16)
         if op == "sparse_decode":  # row offsets (int64), 7 scales (fp32), flags
             return _buffers(*common, bi * 8, bi * 7 * 4, bi) + _REDUCE_SCRATCH
@@ -142,9 +137,6 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
                 or c.get("num_splits") not in (2, 4, 8)):
             return ("cluster_merge: the warp-specialised fixed grid's split consumers, no raw "
                     "ring, num_splits 2, 4 or 8")
-        # tile_kernels/sparse_decode.build_sparse_decode
-        if op == "sparse_decode" and c.get("tma_io") and not c.get("tokens_in_m"):
-            return "tma_io: the TMA box input / output of the tokens-in-M schedule"
         # tile_kernels/schedule_rules.producer_lean_refusal (the builder's own rule)
         if op == "sparse_decode":
             refusal = producer_lean_refusal(
@@ -177,8 +169,8 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
             if op == "sparse_decode" and c.get("persistent"):
                 why = tokens_in_m_persistent_refusal(
                     num_splits=c["num_splits"], num_stages=c["num_stages"], ctas_per_sm=per_sm,
-                    raw_ring=c.get("raw_ring", 0), tma_io=c.get("tma_io", False),
-                    balance=c.get("balance", "items"), item_cost=c.get("item_cost", 1))
+                    raw_ring=c.get("raw_ring", 0), balance=c.get("balance", "items"),
+                    item_cost=c.get("item_cost", 1))
                 if why is not None:
                     return why
             if per_sm != 1 and (op != "sparse_decode" or threads != 256 or per_sm not in (2, 3)):
