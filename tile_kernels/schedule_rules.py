@@ -5,22 +5,20 @@ instead of mirrored."""
 from typing import Optional
 
 
-def producer_lean_refusal(producer_lean, *, raw_ring=0, cluster_merge=False,
-                          warp_specialized=False, consumers="split",
+def producer_lean_refusal(producer_lean, *, raw_ring=0, warp_specialized=False,
+                          consumers="split",
                           tokens_in_m=False) -> Optional[str]:
     """Why the lean FP8 producer (``producer_lean``, bench/PERF_NOTES.md item 46) cannot serve
     this schedule, or None. It is the register path of the one FP8 producer
     (``fp8_producer``): the split consumers of the warp-specialised schedule on the fixed
     and the persistent grid (both balances; bench/PERF_NOTES.md item 52), and tokens in M
-    on either grid; not with a raw ring (raw bytes in shared slots), the cluster merge (not
-    yet run on a GPU with it) nor the seesaw's half producer."""
+    on either grid; not with a raw ring (raw bytes in shared slots) nor the seesaw's half
+    producer."""
     if not producer_lean:
         return None
     if raw_ring:
         return (f"producer_lean: the lean producer stages raw bytes in registers, not with "
                 f"raw_ring {raw_ring}")
-    if cluster_merge:
-        return "producer_lean: not with cluster_merge True (not yet run on a GPU with it)"
     if not (tokens_in_m or (warp_specialized and consumers == "split")):
         return ("producer_lean: the lean producer serves the split consumers and tokens in M, "
                 f"got consumers {consumers!r}, warp_specialized {warp_specialized}, "

@@ -43,9 +43,6 @@ from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers, chec
                            unrolled)
 from .schedule_rules import producer_lean_refusal, tokens_in_m_persistent_refusal
 from .tile_math import check_tile_math
-from .cluster_merge import (DSMEM_PRELUDE, ClusterMergeState, check_cluster_merge,
-                            cluster_barrier, cluster_barrier_relaxed, make_merge_half,
-                            stage_half, staging_pieces)
 from .work import BALANCES, PLAN_WORDS, plan_cta_range, walk_plan
 
 from .attention_tile import (
@@ -172,7 +169,6 @@ def build_sparse_decode(
     ctas_per_sm: int = 1,
     raw_ring: int = 0,
     cluster_crossover: bool = False,
-    cluster_merge: bool = False,
     producer_lean: bool = False,
     balance: str = "items",
     q_stages: int = 0,
@@ -245,14 +241,10 @@ def build_sparse_decode(
             dequantises one K half of every tile and copies it into its peer's shared memory
             (``sparse_decode_seesaw``). sm_90a only.
         producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
-            in M, on either grid; not with a raw ring, cluster_merge nor the seesaw's half
+            in M, on either grid; not with a raw ring nor the seesaw's half
             producer: ``schedule_rules.producer_lean_refusal``): the same loads and K in
             fewer instructions per 32-token round (``fp8_producer``,
             ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md items 46, 52).
-        cluster_merge: the warp-specialised schedule's fixed grid with the split consumers
-            (no raw ring), ``num_splits`` 2, 4 or 8: the splits of a row form one thread-block
-            cluster and are merged through distributed shared memory (``cluster_merge.py``);
-            the kernel stores ``out`` / ``lse`` itself (no partials, no combine).
 
     Kernel arguments: ``q [b, s_q, h, 512] bf16``; per scope the cache as three flat views of
     the same bytes (``fp8 [n_bytes]``, ``bf16 [n_bytes / 2]``, ``uint8 [n_bytes]``), ``indices
@@ -272,14 +264,10 @@ def build_sparse_decode(
     check_raw_ring(raw_ring)
     check_producer_lean(producer_lean, raw_ring)
     refusal = producer_lean_refusal(producer_lean, raw_ring=raw_ring,
-                                    cluster_merge=cluster_merge,
                                     warp_specialized=warp_specialized, consumers=consumers,
                                     tokens_in_m=tokens_in_m)
     if refusal:
         raise ValueError(refusal)
-    if cluster_merge:
-        check_cluster_merge(num_splits, warp_specialized, consumers, persistent, tokens_in_m,
-                            raw_ring)
     if raw_ring and (persistent or not ((warp_specialized and consumers == "split")
                                          or tokens_in_m)):
         # (the persistent grid would drain the ring at every item; not yet run on a GPU)
@@ -358,7 +346,7 @@ def build_sparse_decode(
         # Q, two K buffers and their flags, two P tiles (WarpSpecializedState)
         check_shared_budget(HB * D * 2 + 2 * (BI * D * 2 + BI) + 2 * HB * BI * 2, raw_ring)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
-                                       item_cost, raw_ring, cluster_merge, producer_lean,
+                                       item_cost, raw_ring, producer_lean,
                                        balance=balance,
                                        q_stages=q_stages)
     if persistent:
@@ -535,7 +523,7 @@ def store_row_splits(RowSplits, row, hg, split, S: int):
 
 def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                             persistent: bool = False, item_cost: int = 3, raw_ring: int = 0,
-                            cluster_merge: bool = False, producer_lean: bool = False, *,
+                            producer_lean: bool = False, *,
                             balance: str = "items",
                             q_stages: int = 0):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
@@ -544,9 +532,6 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     by bit placement into two BF16 K buffers of 32 or 64 tokens). Tiles past the split's
     range are produced all-invalid so the consumers always take buffers in pairs. The consumers write their output halves with one reciprocal
     per row, a full bf16 head group by TMA from their free Q half (``ws_store_rows``).
-    ``cluster_merge``: the fixed grid's ``S`` splits of a row are one cluster, each consumer
-    warpgroup stages its split's fp32 half and merges its share over the cluster
-    (``cluster_merge.py``).
     """
     D = HEAD_DIM
     DH = D // 2
@@ -556,35 +541,6 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
     produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, raw_ring=raw_ring,
                                       lean=producer_lean)
-    merge_half = make_merge_half(num_heads, S, HB, DH) if cluster_merge else None
-
-    @T.macro
-    def merge_left(st, inv, cm, tx, split, Sink, Out, Lse, r_b, r_s, h0, scale_log2):
-        """``cluster_merge``, warpgroup 0 after its last tile: the split's log2 LSE and 1 /
-        denominator (as the split-KV path's), the left half staged, then merged over the
-        cluster (rank 0 also stores ``lse``)."""
-        for i in T.Parallel(HB):
-            has = st.l_i[i] > 0
-            cm.lse[i] = T.if_then_else(has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2,
-                                       -T.infinity(T.float32))
-            inv[i] = T.if_then_else(has, 1.0 / st.l_i[i], 1.0)
-        T.copy(inv, st.inv_denom_shared)
-        T.barrier_arrive(st.bar_done)
-        pieces = staging_pieces(st.Q_l, st.K_l, HB)
-        stage_half(st.acc_o_l, inv, pieces)
-        cluster_barrier()
-        merge_half(pieces, cm, 0, tx, split, 0, 8, split == 0, Sink, Out, Lse, r_b, r_s, h0)
-        cluster_barrier_relaxed()  # the peers have read this CTA's shared memory
-
-    @T.macro
-    def merge_right(st, inv, cm, t, split, Sink, Out, Lse, r_b, r_s, h0):
-        """``cluster_merge``, warpgroup 1 after its last tile (warpgroup 0 is done with the
-        Q and K buffers): the right half staged and merged over the cluster."""
-        pieces = staging_pieces(st.Q_r, st.K_r, HB)
-        stage_half(st.acc_o_r, inv, pieces)
-        cluster_barrier()
-        merge_half(pieces, cm, 1, t, split, DH, 9, False, Sink, Out, Lse, r_b, r_s, h0)
-        cluster_barrier_relaxed()
 
     @T.macro
     def write_half(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, split, h0):
@@ -818,11 +774,8 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                          extra_block_stride, extra_num_blocks)))
         else:
             with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
-                          cluster_dims=(1, 1, S) if cluster_merge else None,
-                          prelude=producer_prelude(raw_ring, producer_lean)
-                          + (DSMEM_PRELUDE if cluster_merge else "")) as (row, hg, split):
+                          prelude=producer_prelude(raw_ring, producer_lean)) as (row, hg, split):
                 st = WarpSpecializedState(HB, BI, D)
-                cm = ClusterMergeState(HB, S) if cluster_merge else None
                 tx = T.get_thread_binding()
                 # Once, as variables: as expressions every output address recomputed them
                 # (64-bit division by s_q).
@@ -838,7 +791,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 t_begin = T.min(split * per_split, total_tiles)
                 t_end = T.min(t_begin + per_split, total_tiles)
                 pairs = T.ceildiv(t_end - t_begin, 2)
-                if S > 1 and not cluster_merge:
+                if S > 1:
                     store_row_splits(RowSplits, row, hg, split, S)
 
                 ws_load_q(st, lambda hh, d: Q[r_b, r_s, hh, d],
@@ -848,46 +801,39 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                     ws_set_regs(DECODE_WS_REGS[0])
                     ws_consumer_softmax(st, pairs, scale_log2)
                     inv = T.alloc_fragment([HB], T.float32)
-                    if cluster_merge:
-                        merge_left(st, inv, cm, tx, split, Sink, Out, Lse, r_b, r_s, h0,
-                                   scale_log2)
-                    else:
-                        for i in T.Parallel(HB):
-                            has = st.l_i[i] > 0
-                            if h0 + i < num_heads:
-                                if S == 1:
-                                    Lse[r_b, h0 + i, r_s] = T.if_then_else(
-                                        has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale,
-                                        T.infinity(T.float32))
-                                else:
-                                    LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
-                                        has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2,
-                                        -T.infinity(T.float32))
-                            # 1 / denominator, once per row: the sink joins it here when the CTA
-                            # finishes the row, else in the combine.
+                    for i in T.Parallel(HB):
+                        has = st.l_i[i] > 0
+                        if h0 + i < num_heads:
                             if S == 1:
-                                inv[i] = T.if_then_else(
-                                    has,
-                                    1.0 / (st.l_i[i] + T.exp2(
-                                        Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
-                                        - st.m_i[i] * scale_log2)),
-                                    1.0)
+                                Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                                    has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale,
+                                    T.infinity(T.float32))
                             else:
-                                inv[i] = T.if_then_else(has, 1.0 / st.l_i[i], 1.0)
-                        T.copy(inv, st.inv_denom_shared)
-                        T.barrier_arrive(st.bar_done)
-                        write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, split,
-                                   h0)
+                                LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
+                                    has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2,
+                                    -T.infinity(T.float32))
+                        # 1 / denominator, once per row: the sink joins it here when the CTA
+                        # finishes the row, else in the combine.
+                        if S == 1:
+                            inv[i] = T.if_then_else(
+                                has,
+                                1.0 / (st.l_i[i] + T.exp2(
+                                    Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                    - st.m_i[i] * scale_log2)),
+                                1.0)
+                        else:
+                            inv[i] = T.if_then_else(has, 1.0 / st.l_i[i], 1.0)
+                    T.copy(inv, st.inv_denom_shared)
+                    T.barrier_arrive(st.bar_done)
+                    write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, OPartial, r_b, r_s, split,
+                               h0)
                 elif tx < 256:
                     ws_set_regs(DECODE_WS_REGS[1])
                     ws_consumer_pv(st, pairs)  # (then warpgroup 0 is done with Q and K)
                     inv = T.alloc_fragment([HB], T.float32)
                     T.copy(st.inv_denom_shared, inv)
-                    if cluster_merge:
-                        merge_right(st, inv, cm, tx - 128, split, Sink, Out, Lse, r_b, r_s, h0)
-                    else:
-                        write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, r_b, r_s,
-                                   split, h0)
+                    write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, OPartial, r_b, r_s,
+                               split, h0)
                 else:
                     ws_set_regs(DECODE_WS_REGS[2])
                     p = tx - 256
@@ -898,9 +844,6 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                     regs = alloc_producer_registers(BI, raw_ring, producer_lean)
                     produce_tiles(st, regs, p, main, extra,
                                   TileRange(r_b, r_s, t_begin, t_end, main_tiles), pairs, 0)
-                    if cluster_merge:  # (barrier.cluster counts every thread of the cluster)
-                        cluster_barrier_relaxed()
-                        cluster_barrier_relaxed()
 
     return decode_prim_func(shapes, num_heads, S, body)
 
@@ -1618,15 +1561,6 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 8, "has_extra": True, "tokens_in_m": True, "heads_per_block": 8,
                 "threads": 256, "block_tokens": 64, "num_stages": 1, "ctas_per_sm": 2}},
-    # the splits of a row merged inside a thread-block cluster (cluster_merge): h64 C4A, 8
-    # splits, 32-token tiles (the b1 bucket's); h96 (a padded head group) SWA-only, 2 splits
-    # (16 passes of the merge per thread)
-    {"builder": "build_sparse_decode",
-     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
-                "block_tokens": 32, "num_splits": 8, "cluster_merge": True}},
-    {"builder": "build_sparse_decode",
-     "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
-                "block_tokens": 32, "num_splits": 2, "cluster_merge": True}},
     # tokens in M on the persistent grid (work.py's item walk): 16 and 8 heads (each its
     # register split), two math warpgroups, the lean producer, C4A; 8 heads, one math
     # warpgroup, the default producer, SWA-only

@@ -279,8 +279,6 @@ LEAN_PERSISTENT_SPILLS = (300, 540)
     ({"block_tokens": 32, "producer_lean": True, "warp_specialized": False, "threads": 256},
      "producer_lean: .*split consumers"),
     ({"block_tokens": 32, "producer_lean": 1}, "producer_lean: expected True or False"),
-    ({"block_tokens": 32, "producer_lean": True, "num_splits": 4, "cluster_merge": True},
-     "producer_lean: .*cluster_merge True"),
 ])
 def test_producer_lean_refused(kwargs, message):
     """The knob where the lean producer does not serve: a ValueError naming it from the
@@ -649,111 +647,6 @@ def test_crossover_refused(kwargs, message):
             "block_tokens": 64, "consumers": "seesaw", "cluster_crossover": True}
     with pytest.raises(ValueError, match=message):
         build_sparse_decode(**{**base, **kwargs})
-
-
-# ------------------------------------------------- the splits of a row merged in a cluster
-def _cluster_merge_examples():
-    return _examples_with("sparse_decode", "cluster_merge", lambda k: (
-        f"h{k['num_heads']}-splits{k['num_splits']}-bt{k['block_tokens']}"))
-
-
-def test_cluster_merge_has_examples():
-    assert len(_cluster_merge_examples()) >= 2
-
-
-@pytest.mark.parametrize("kwargs", _cluster_merge_examples())
-def test_cluster_merge_source(kwargs, tmp_path):
-    """The generated CUDA of a cluster-merged decode (tile_kernels/cluster_merge.py): launched
-    as clusters of ``num_splits`` CTAs along the split axis; each of the three warpgroups
-    passes the two cluster barriers (barrier.cluster counts every thread of the cluster);
-    no ``__syncthreads`` after the role dispatch (a CTA-wide barrier inside a role branch
-    deadlocks); the peers' partials read by ``mapa`` + ``ld.shared::cluster``; no partial or
-    split-table store (the kernel writes out / lse itself); the dynamic shared memory as
-    without the merge (the staging reuses Q and K) and within 227 KB; where nvcc is here,
-    ptxas spills no more than the same schedule storing partials."""
-    import os
-    import shutil
-    import subprocess
-
-    def compiled(**over):
-        kernel = _compiled_decode({**kwargs, **over})
-        (attrs,) = [fn.attrs for fn in kernel.artifact.device_mod.functions.values()]
-        return kernel.get_kernel_source(), attrs
-
-    source, attrs = compiled()
-    S = kwargs["num_splits"]
-    assert tuple(int(x) for x in attrs["cluster_dims"]) == (1, 1, S)
-    assert "tir.cluster_dim_z" in [str(x) for x in attrs["tirx.kernel_launch_params"]]
-    body = source[source.index("sparse_decode_kernel("):]
-    assert body.count("dsmem_cluster_arrive();") == 2, "staged: the consumers, with release"
-    assert body.count("dsmem_cluster_arrive_relaxed();") == 4, "the producer twice, all done"
-    assert body.count("dsmem_cluster_wait();") == 6
-    first = body.index("dsmem_cluster_wait();")
-    roles = body[body.index("if (((int)threadIdx.x) < 128)"):]
-    assert "__syncthreads()" not in roles, "a CTA-wide barrier inside a role branch"
-    assert "ld.shared::cluster" in source and "mapa.shared::cluster" in source
-    assert "dsmem_load4(" in body[first:]
-    assert "OPartial" not in body and "LsePartial" not in body and "RowSplits" not in body
-    smem = int(attrs["dyn_shared_memory_buf"])
-    assert smem <= 227 * 1024, smem
-    plain_source, plain_attrs = compiled(cluster_merge=False)
-    assert int(plain_attrs["dyn_shared_memory_buf"]) >= smem - 2048, "staging took new memory"
-    nvcc = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc")
-                                    else None)
-    if nvcc is None:
-        return
-    root = os.path.dirname(tilelang.__file__)
-
-    def spills(src, name):
-        cu = tmp_path / f"{name}.cu"
-        cu.write_text(src)
-        out = subprocess.run([nvcc, "--cubin", "-O3", "-arch=sm_90a", "-std=c++20",
-                              f"-I{root}/src", f"-I{root}/3rdparty/cutlass/include", "-Xptxas",
-                              "-v", "-o", str(tmp_path / f"{name}.cubin"), str(cu)],
-                             capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr[-2000:]
-        found = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out.stderr)
-        assert found, out.stderr[-1000:]
-        return sum(int(a) + int(b) for a, b in found)
-
-    assert spills(source, "merged") <= spills(plain_source, "partials")
-
-
-@pytest.mark.parametrize("kwargs,message", [
-    ({"num_splits": 1}, "cluster_merge: needs num_splits in"),
-    ({"num_splits": 3}, "cluster_merge: needs num_splits in"),
-    ({"num_splits": 16}, "cluster_merge: needs num_splits in"),
-    ({"num_splits": 8, "persistent": True}, "cluster_merge: .*persistent True"),
-    ({"num_splits": 8, "consumers": "seesaw"}, "cluster_merge: .*consumers 'seesaw'"),
-    ({"num_splits": 8, "raw_ring": 2}, "cluster_merge: .*raw_ring 2"),
-    ({"num_splits": 8, "warp_specialized": False, "threads": 256},
-     "cluster_merge: .*warp_specialized False"),
-    ({"num_splits": 8, "warp_specialized": False, "tokens_in_m": True, "heads_per_block": 16,
-      "block_tokens": 64}, "cluster_merge: .*tokens_in_m True"),
-])
-def test_cluster_merge_refused(kwargs, message):
-    """Where the cluster merge does not apply: a clear ValueError naming it (the builder and
-    the tuner's pruning rule alike)."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-    from dsv4_tl.tune.resources import prune
-
-    base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
-            "block_tokens": 32, "cluster_merge": True}
-    with pytest.raises(ValueError, match=message):
-        build_sparse_decode(**{**base, **kwargs})
-    config = {"heads_per_block": 64, **base, **kwargs}
-    config.pop("num_heads"), config.pop("has_extra")
-    assert "cluster_merge" in (prune("cuda_sm90a", "sparse_decode", config) or "")
-
-
-def test_cluster_merge_kept_by_pruning():
-    """The configs the A/B runs (the b1 / b8 buckets with the knob) pass the tuner's rules."""
-    from dsv4_tl.tune.resources import prune
-
-    for n in (2, 4, 8):
-        config = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": n,
-                  "warp_specialized": True, "consumers": "split", "cluster_merge": True}
-        assert prune("cuda_sm90a", "sparse_decode", config) is None
 
 
 # --------------------------------------------------- the persistent decode grid's Q stages

@@ -20,7 +20,7 @@ from ._dispatch import (Launch, PlanCache, StreamScratch, _target, aligned16, ca
                         check_aligned_output, check_output, full_lengths, meta, meta_contiguous,
                         meta_last, meta_strides, placeholder, recheck_device, resolve,
                         resolve_with, reusable_full_lengths, reusable_no_sink, routed_per_call,
-                        schedule_of, sink_argument, stream_scratch)
+                        sink_argument, stream_scratch)
 
 
 def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
@@ -207,16 +207,6 @@ class _Plan:
         scope = decode_scope(None if e_geom is None else e_geom.block_size)
         call = dict(h=h, b=b, s_q=s_q, scope=scope, batch_invariant=batch_invariant,
                     extra_width=extra_indices.shape[-1] if self.has_extra else 0)
-        # The splits of a row merged inside a thread-block cluster (fixed grid only): the
-        # kernel stores out / lse itself, no partials and no combine (cluster_merge.py).
-        # Checked before the variant is loaded (its build refuses it too, but inside a
-        # compile error).
-        planned = schedule_of("sparse_decode", dev,
-                              **SPARSE_DECODE.features(target.dirname, **call))
-        cluster_merge = bool(planned.get("cluster_merge"))
-        if cluster_merge and planned.get("persistent"):
-            raise ValueError("schedule: cluster_merge merges the fixed grid's splits of a row, "
-                             "it does not apply to the persistent grid (persistent true)")
         kernel, schedule = resolve(SPARSE_DECODE, target, **call, fp8_format=fp8_format)
         if batch_invariant and schedule.get("balance", "items") != "items":
             # The tile balance cuts rows where the batch's work puts the CTA boundaries; a
@@ -260,7 +250,7 @@ class _Plan:
             slots = rows * splits
             partial_shapes = ((b, s_q, splits, h, HEAD_DIM), (b, s_q, splits, h))
         self.splits = splits
-        self.direct = splits == 1 or cluster_merge  # the decode kernel stores out / lse
+        self.direct = splits == 1  # the decode kernel stores out / lse
         if self.direct:
             self.partials = (placeholder(dev, torch.float32, (0, 0, splits, h, HEAD_DIM)),
                              placeholder(dev, torch.float32, (0, 0, splits, h)),

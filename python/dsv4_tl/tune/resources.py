@@ -130,18 +130,10 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
                 not c.get("warp_specialized") or c.get("tokens_in_m") or c.get("persistent")):
             # (and num_heads 128: a static of the call, checked by the builder)
             return "cluster_gather: needs the warp-specialised schedule on the fixed grid"
-        # tile_kernels/cluster_merge.check_cluster_merge
-        if op == "sparse_decode" and c.get("cluster_merge") and (
-                not c.get("warp_specialized") or c.get("tokens_in_m") or c.get("persistent")
-                or c.get("consumers", "split") != "split" or c.get("raw_ring", 0)
-                or c.get("num_splits") not in (2, 4, 8)):
-            return ("cluster_merge: the warp-specialised fixed grid's split consumers, no raw "
-                    "ring, num_splits 2, 4 or 8")
         # tile_kernels/schedule_rules.producer_lean_refusal (the builder's own rule)
         if op == "sparse_decode":
             refusal = producer_lean_refusal(
                 c.get("producer_lean"), raw_ring=c.get("raw_ring", 0),
-                cluster_merge=c.get("cluster_merge", False),
                 warp_specialized=c.get("warp_specialized", False),
                 consumers=c.get("consumers", "split"), tokens_in_m=c.get("tokens_in_m", False))
             if refusal:
