@@ -29,8 +29,8 @@ never hard-code a schedule.
 
 :func:`forced_schedule` pins one config for every shape of an op (``dsv4-tl tune`` uses it to
 run candidates through the front ends). Both it and :func:`clear_caches` call
-:func:`dsv4_tl.kernels.kernels_changed`, so no memoised resolution or launch plan of the
-front ends (``ops/``) outlives them.
+:func:`dsv4_tl.kernels.kernels_changed` (defined in :mod:`dsv4_tl.invalidation`), so no
+memoised resolution or launch plan of the front ends (``ops/``) outlives them.
 """
 
 import contextlib
@@ -42,7 +42,7 @@ from importlib import resources
 from typing import Iterator, List, Optional, Tuple
 
 from .. import tuning_log
-from ..kernels import kernels_changed
+from ..invalidation import kernels_changed
 
 
 @lru_cache(maxsize=None)
