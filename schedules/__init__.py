@@ -34,24 +34,14 @@ memoised resolution or launch plan of the front ends (``ops/``) outlives them.
 """
 
 import contextlib
-import json
 import threading
 import warnings
-from functools import lru_cache
-from importlib import resources
 from typing import Iterator, List, Optional, Tuple
 
 from .. import tuning_log
 from ..invalidation import kernels_changed
-
-
-@lru_cache(maxsize=None)
-def load_schedule_file(target_dir: str, op: str) -> dict:
-    """The parsed ``schedules/<target_dir>/<op>.json``; FileNotFoundError names the file."""
-    path = resources.files(__name__).joinpath(target_dir, f"{op}.json")
-    if not path.is_file():
-        raise FileNotFoundError(f"schedule: no schedule file {target_dir}/{op}.json")
-    return json.loads(path.read_text())
+# (read in a leaf, which the tuning logs' checks import too; one cache, cleared below)
+from ..schedule_files import load_schedule_file
 
 
 def in_range(value, rng) -> bool:

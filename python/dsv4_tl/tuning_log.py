@@ -330,7 +330,7 @@ def declared_values(target_dir: str, op: str, bucket: str) -> dict:
     schedule file's default, the default's and the bucket's own value (tuning always
     measures those) plus, for a knob of the ``space``, its candidates (tuning varies only
     those). No schedule file: nothing is constrained."""
-    from .schedules import load_schedule_file  # schedules imports this module
+    from .schedule_files import load_schedule_file
 
     try:
         spec = load_schedule_file(target_dir, op)
@@ -363,7 +363,7 @@ def invalid_reason(target_dir: str, op: str, config: dict) -> Optional[str]:
     """Why ``config`` (a tuned best, completed by the schedule file's default) cannot be
     built for ``op`` on ``target_dir`` by the schedule's own validity rule (the layout,
     arch and resource rules ``dsv4-tl tune`` prunes candidates by), or None."""
-    from .schedules import load_schedule_file
+    from .schedule_files import load_schedule_file
     from .tune.resources import prune
 
     try:
