@@ -362,9 +362,10 @@ def _outside_space(config: dict, space: dict) -> list:
 def invalid_reason(target_dir: str, op: str, config: dict) -> Optional[str]:
     """Why ``config`` (a tuned best, completed by the schedule file's default) cannot be
     built for ``op`` on ``target_dir`` by the schedule's own validity rule (the layout,
-    arch and resource rules ``dsv4-tl tune`` prunes candidates by), or None."""
+    arch and resource rules of :func:`dsv4_tl.schedule_rules.prune`, which ``dsv4-tl tune``
+    prunes candidates by), or None."""
     from .schedule_files import load_schedule_file
-    from .tune.resources import prune
+    from .schedule_rules import prune
 
     try:
         default = load_schedule_file(target_dir, op)["default"]

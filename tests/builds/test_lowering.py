@@ -286,7 +286,7 @@ def test_producer_lean_refused(kwargs, message):
     """The knob where the lean producer does not serve: a ValueError naming it from the
     builder, and the tuner's resource model prunes the same config."""
     from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-    from dsv4_tl.tune.resources import prune
+    from dsv4_tl.schedule_rules import prune
 
     base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384}
     with pytest.raises(ValueError, match=message):
@@ -315,7 +315,7 @@ def test_q_stages_refused(kwargs, message):
 
 def test_producer_lean_kept_by_pruning():
     """Where the builder takes the knob (split consumers, tokens in M), the tuner keeps it."""
-    from dsv4_tl.tune.resources import prune
+    from dsv4_tl.schedule_rules import prune
 
     base = {"heads_per_block": 64, "num_heads": 64, "has_extra": True, "threads": 384,
             "block_tokens": 32, "num_splits": 1, "warp_specialized": True, "producer_lean": True}
@@ -735,7 +735,7 @@ def test_cluster_merge_refused(kwargs, message):
     """Where the cluster merge does not apply: a clear ValueError naming it (the builder and
     the tuner's pruning rule alike)."""
     from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-    from dsv4_tl.tune.resources import prune
+    from dsv4_tl.schedule_rules import prune
 
     base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
             "block_tokens": 32, "cluster_merge": True}
@@ -748,7 +748,7 @@ def test_cluster_merge_refused(kwargs, message):
 
 def test_cluster_merge_kept_by_pruning():
     """The configs the A/B runs (the b1 / b8 buckets with the knob) pass the tuner's rules."""
-    from dsv4_tl.tune.resources import prune
+    from dsv4_tl.schedule_rules import prune
 
     for n in (2, 4, 8):
         config = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": n,
@@ -836,7 +836,7 @@ def test_tim_persistent_refused(kwargs, message):
     """What tokens in M on the persistent grid cannot take: a ValueError naming the knob from
     the builder, and the tuner's resource model prunes the same config."""
     from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-    from dsv4_tl.tune.resources import prune
+    from dsv4_tl.schedule_rules import prune
 
     base = {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
             "threads": 384, "block_tokens": 64, "num_stages": 2, "persistent": True}
@@ -852,7 +852,7 @@ def test_tim_persistent_kept_by_pruning_and_padded_heads_keep_fixed_grid():
     producer or not) is kept by the tuner; a head count with a padded last group builds the
     fixed grid's kernel under the knob (the front end's rule too)."""
     from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-    from dsv4_tl.tune.resources import prune
+    from dsv4_tl.schedule_rules import prune
 
     config = {"num_heads": 16, "has_extra": True, "heads_per_block": 16, "block_tokens": 64,
               "threads": 384, "warp_specialized": False, "tokens_in_m": True, "num_stages": 2,
