@@ -225,6 +225,44 @@ def test_a_change_of_kernels_drops_the_plans(rec, plans_made, change):
     assert rec.calls[-1][0] == rec.calls[0][0] or rec.calls[-2][0] == rec.calls[0][0]
 
 
+def test_a_plan_resolves_its_schedule_once(rec, monkeypatch):
+    """Issue 34 item 4: a decode plan derived the call's features (and with them the default
+    schedule's heads per CTA) and looked up the bucket's schedule twice, once to check the
+    schedule and once to load the kernel, and a batch-invariant call on the tile balance
+    loaded the tile balance's kernel before the item balance's it runs. Each is resolved once
+    per plan now, the kernel loaded with the schedule the plan checked; a plan's later calls
+    resolve nothing."""
+    resolved = []
+    schedule_for, schedule_of = schedules.schedule_for, _dispatch._schedule_of
+
+    def counting_schedule_for(target_dir, op, **features):
+        resolved.append(("schedule_for", op))
+        return schedule_for(target_dir, op, **features)
+
+    def counting_schedule_of(op, target, features):
+        resolved.append(("bucket", op))
+        return schedule_of(op, target, features)
+
+    monkeypatch.setattr(schedules, "schedule_for", counting_schedule_for)
+    monkeypatch.setattr(_dispatch, "_schedule_of", counting_schedule_of)
+    for b in (2, 3):  # two signatures: a plan each
+        resolved.clear()
+        dsv4_tl.ops.sparse_decode(**_decode_args(b=b))
+        for step in ("schedule_for", "bucket"):
+            assert resolved.count((step, "sparse_decode")) == 1, resolved
+        assert resolved.count(("bucket", "sparse_decode_combine")) <= 1, resolved
+    resolved.clear()
+    dsv4_tl.ops.sparse_decode(**_decode_args(b=3))  # the plan's second call
+    assert resolved == []
+    default = schedules.load_schedule_file("sycl", "sparse_decode")["default"]
+    rec.loaded.clear()
+    with schedules.forced_schedule("sycl", "sparse_decode",
+                                   {**default, "num_splits": 2, "balance": "tiles"}):
+        dsv4_tl.ops.sparse_decode(**_decode_args(), batch_invariant=True)
+    assert [(v.op, dict(v.schedule).get("balance")) for v in rec.loaded] == [
+        ("sparse_decode", "items"), ("sparse_decode_combine", None)]
+
+
 def test_plans_are_bounded():
     cache = _dispatch.PlanCache(maxsize=3)
     for i in range(5):
