@@ -392,7 +392,7 @@ def without_retired_knobs(spec: dict, config: dict) -> Tuple[Optional[dict], lis
 def _retired_applied(target_dir: str, op: str, entries: list, path: Path, bucket: str) -> list:
     """``entries`` with each best config's retired knobs dropped (:func:`without_retired_knobs`);
     an entry whose best sets a retired knob on is ignored, with one warning naming it."""
-    from .schedules import load_schedule_file  # schedules imports this module
+    from .schedule_files import load_schedule_file
 
     try:
         spec = load_schedule_file(target_dir, op)
