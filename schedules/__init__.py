@@ -29,29 +29,19 @@ never hard-code a schedule.
 
 :func:`forced_schedule` pins one config for every shape of an op (``dsv4-tl tune`` uses it to
 run candidates through the front ends). Both it and :func:`clear_caches` call
-:func:`dsv4_tl.kernels.kernels_changed`, so no memoised resolution or launch plan of the
-front ends (``ops/``) outlives them.
+:func:`dsv4_tl.kernels.kernels_changed` (defined in :mod:`dsv4_tl.invalidation`), so no
+memoised resolution or launch plan of the front ends (``ops/``) outlives them.
 """
 
 import contextlib
-import json
 import threading
 import warnings
-from functools import lru_cache
-from importlib import resources
 from typing import Iterator, List, Optional, Tuple
 
 from .. import tuning_log
-from ..kernels import kernels_changed
-
-
-@lru_cache(maxsize=None)
-def load_schedule_file(target_dir: str, op: str) -> dict:
-    """The parsed ``schedules/<target_dir>/<op>.json``; FileNotFoundError names the file."""
-    path = resources.files(__name__).joinpath(target_dir, f"{op}.json")
-    if not path.is_file():
-        raise FileNotFoundError(f"schedule: no schedule file {target_dir}/{op}.json")
-    return json.loads(path.read_text())
+from ..invalidation import kernels_changed
+# (read in a leaf, which the tuning logs' checks import too; one cache, cleared below)
+from ..schedule_files import load_schedule_file
 
 
 def in_range(value, rng) -> bool:

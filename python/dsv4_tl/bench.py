@@ -923,7 +923,7 @@ def format_table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from .cli import OneLineParser
+    from .cli_args import OneLineParser
 
     parser = OneLineParser(prog="dsv4-tl bench", description=__doc__.split("\n\n")[0],
                            epilog="--shape: " + SHAPE_HELP,

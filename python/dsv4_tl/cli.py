@@ -1,76 +1,18 @@
 """The ``dsv4-tl`` command: ``build``, ``info``, ``bench``, ``tune``.
 
 Every error a user can cause ends as one line on stderr and a non-zero exit status (2 for
-bad arguments, 1 for a failed build or a corrupt manifest), never a traceback.
+bad arguments, 1 for a failed build or a corrupt manifest), never a traceback. The argument
+helpers it shares with ``bench`` and ``tune`` live in :mod:`dsv4_tl.cli_args` (which those
+import, not this module: it imports them).
 """
 
 import argparse
-import functools
-import os
 import sys
 from pathlib import Path
-from typing import Callable, NoReturn, Optional
+from typing import Optional
 
+from .cli_args import OneLineParser, one_line_errors, positive_int
 from .targets import DEFAULT_TARGET, SUPPORTED_TARGETS
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose errors are one line (``prog: error: message``) without the usage block."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _bounded(text: str, convert: Callable, minimum, what: str):
-    """argparse type helper: ``convert(text)``, finite and >= ``minimum``, else an error
-    saying ``expected <what>``."""
-    try:
-        value = convert(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if not minimum <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    return _bounded(text, int, 1, "a positive integer")
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _bounded(text, int, 0, "an integer >= 0")
-
-
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite number >= 0."""
-    return _bounded(text, float, 0, "a finite number >= 0")
-
-
-def one_line_errors(prog: str) -> Callable:
-    """Decorate a command's ``main``: a ValueError or OSError it lets through (a bad log, a
-    bad environment variable, an untrusted directory) becomes one line on stderr and exit
-    status 1, and a reader that goes away (``| head``) ends it quietly, without a
-    BrokenPipeError traceback."""
-
-    def wrap(main: Callable) -> Callable:
-        @functools.wraps(main)
-        def wrapped(*args, **kwargs):
-            try:
-                return main(*args, **kwargs)
-            except BrokenPipeError:
-                # stdout's reader left: send the rest (and the flush at exit) to /dev/null
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
-                return 1
-            except (ValueError, OSError) as exc:
-                print(f"{prog}: {exc}", file=sys.stderr)
-                return 1
-
-        return wrapped
-
-    return wrap
 
 
 def _cmd_build(args: argparse.Namespace) -> int:

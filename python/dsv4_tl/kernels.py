@@ -39,32 +39,12 @@ editing a log in a running process) and :func:`dsv4_tl.schedules.forced_schedule
 import hashlib
 import json
 import math
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-
-# ------------------------------------------------------------------------------ invalidation
-_hooks: list = []
-_hooks_lock = threading.Lock()
-
-
-def on_kernels_changed(hook: Callable[[], None]) -> Callable[[], None]:
-    """Register ``hook`` (no arguments) to run whenever the kernels a call resolves to may
-    change; returns it (usable as a decorator)."""
-    with _hooks_lock:
-        _hooks.append(hook)
-    return hook
-
-
-def kernels_changed() -> None:
-    """The kernels or schedules may have changed (new loader, another kernel directory, a
-    swapped or edited tuning log, a forced schedule): drop every memoised resolution and
-    launch plan. Call it after changing any of them in a running process."""
-    with _hooks_lock:
-        hooks = list(_hooks)
-    for hook in hooks:
-        hook()
+# the invalidation hooks live in a leaf, which the schedules call without importing this
+# module (it reads them); both names stay importable from here
+from .invalidation import kernels_changed, on_kernels_changed  # noqa: F401
 
 
 # ------------------------------------------------------------------------------ helpers

@@ -330,7 +330,7 @@ def declared_values(target_dir: str, op: str, bucket: str) -> dict:
     schedule file's default, the default's and the bucket's own value (tuning always
     measures those) plus, for a knob of the ``space``, its candidates (tuning varies only
     those). No schedule file: nothing is constrained."""
-    from .schedules import load_schedule_file  # schedules imports this module
+    from .schedule_files import load_schedule_file
 
     try:
         spec = load_schedule_file(target_dir, op)
@@ -362,9 +362,10 @@ def _outside_space(config: dict, space: dict) -> list:
 def invalid_reason(target_dir: str, op: str, config: dict) -> Optional[str]:
     """Why ``config`` (a tuned best, completed by the schedule file's default) cannot be
     built for ``op`` on ``target_dir`` by the schedule's own validity rule (the layout,
-    arch and resource rules ``dsv4-tl tune`` prunes candidates by), or None."""
-    from .schedules import load_schedule_file
-    from .tune.resources import prune
+    arch and resource rules of :func:`dsv4_tl.schedule_rules.prune`, which ``dsv4-tl tune``
+    prunes candidates by), or None."""
+    from .schedule_files import load_schedule_file
+    from .schedule_rules import prune
 
     try:
         default = load_schedule_file(target_dir, op)["default"]
@@ -391,7 +392,7 @@ def without_retired_knobs(spec: dict, config: dict) -> Tuple[Optional[dict], lis
 def _retired_applied(target_dir: str, op: str, entries: list, path: Path, bucket: str) -> list:
     """``entries`` with each best config's retired knobs dropped (:func:`without_retired_knobs`);
     an entry whose best sets a retired knob on is ignored, with one warning naming it."""
-    from .schedules import load_schedule_file  # schedules imports this module
+    from .schedule_files import load_schedule_file
 
     try:
         spec = load_schedule_file(target_dir, op)

@@ -284,7 +284,7 @@ def test_producer_lean_refused(kwargs, message):
     """The knob where the lean producer does not serve: a ValueError naming it from the
     builder, and the tuner's resource model prunes the same config."""
     from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-    from dsv4_tl.tune.resources import prune
+    from dsv4_tl.schedule_rules import prune
 
     base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384}
     with pytest.raises(ValueError, match=message):
@@ -313,7 +313,7 @@ def test_q_stages_refused(kwargs, message):
 
 def test_producer_lean_kept_by_pruning():
     """Where the builder takes the knob (split consumers, tokens in M), the tuner keeps it."""
-    from dsv4_tl.tune.resources import prune
+    from dsv4_tl.schedule_rules import prune
 
     base = {"heads_per_block": 64, "num_heads": 64, "has_extra": True, "threads": 384,
             "block_tokens": 32, "num_splits": 1, "warp_specialized": True, "producer_lean": True}
@@ -729,7 +729,7 @@ def test_tim_persistent_refused(kwargs, message):
     """What tokens in M on the persistent grid cannot take: a ValueError naming the knob from
     the builder, and the tuner's resource model prunes the same config."""
     from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-    from dsv4_tl.tune.resources import prune
+    from dsv4_tl.schedule_rules import prune
 
     base = {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
             "threads": 384, "block_tokens": 64, "num_stages": 2, "persistent": True}
@@ -745,7 +745,7 @@ def test_tim_persistent_kept_by_pruning_and_padded_heads_keep_fixed_grid():
     producer or not) is kept by the tuner; a head count with a padded last group builds the
     fixed grid's kernel under the knob (the front end's rule too)."""
     from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-    from dsv4_tl.tune.resources import prune
+    from dsv4_tl.schedule_rules import prune
 
     config = {"num_heads": 16, "has_extra": True, "heads_per_block": 16, "block_tokens": 64,
               "threads": 384, "warp_specialized": False, "tokens_in_m": True, "num_stages": 2,

@@ -225,6 +225,101 @@ def test_a_change_of_kernels_drops_the_plans(rec, plans_made, change):
     assert rec.calls[-1][0] == rec.calls[0][0] or rec.calls[-2][0] == rec.calls[0][0]
 
 
+def test_a_plan_resolves_its_schedule_once(rec, monkeypatch):
+    """Issue 34 item 4: a decode plan derived the call's features (and with them the default
+    schedule's heads per CTA) and looked up the bucket's schedule twice, once to check the
+    schedule and once to load the kernel, and a batch-invariant call on the tile balance
+    loaded the tile balance's kernel before the item balance's it runs. Each is resolved once
+    per plan now, the kernel loaded with the schedule the plan checked; a plan's later calls
+    resolve nothing."""
+    resolved = []
+    schedule_for, schedule_of = schedules.schedule_for, _dispatch._schedule_of
+
+    def counting_schedule_for(target_dir, op, **features):
+        resolved.append(("schedule_for", op))
+        return schedule_for(target_dir, op, **features)
+
+    def counting_schedule_of(op, target, features):
+        resolved.append(("bucket", op))
+        return schedule_of(op, target, features)
+
+    monkeypatch.setattr(schedules, "schedule_for", counting_schedule_for)
+    monkeypatch.setattr(_dispatch, "_schedule_of", counting_schedule_of)
+    for b in (2, 3):  # two signatures: a plan each
+        resolved.clear()
+        dsv4_tl.ops.sparse_decode(**_decode_args(b=b))
+        for step in ("schedule_for", "bucket"):
+            assert resolved.count((step, "sparse_decode")) == 1, resolved
+        assert resolved.count(("bucket", "sparse_decode_combine")) <= 1, resolved
+    resolved.clear()
+    dsv4_tl.ops.sparse_decode(**_decode_args(b=3))  # the plan's second call
+    assert resolved == []
+    default = schedules.load_schedule_file("sycl", "sparse_decode")["default"]
+    rec.loaded.clear()
+    with schedules.forced_schedule("sycl", "sparse_decode",
+                                   {**default, "num_splits": 2, "balance": "tiles"}):
+        dsv4_tl.ops.sparse_decode(**_decode_args(), batch_invariant=True)
+    assert [(v.op, dict(v.schedule).get("balance")) for v in rec.loaded] == [
+        ("sparse_decode", "items"), ("sparse_decode_combine", None)]
+
+
+# One decode call in a fresh process, its CPU tensors planned as on an H100/H200 (the shipped
+# sm_90a schedules and tuning logs) with recording kernels; prints what it imported.
+_FIRST_DECODE_CALL = """
+import json, sys
+import torch
+import dsv4_tl
+from dsv4_tl import tuning_log
+from dsv4_tl.cache_format import alloc_k_cache
+from dsv4_tl.ops import _dispatch
+from dsv4_tl.targets import parse_target
+
+checked, launched = [], []
+invalid_reason = tuning_log.invalid_reason
+tuning_log.invalid_reason = lambda *args: checked.append(args[:2]) or invalid_reason(*args)
+
+
+class Recording:
+    def get(self, variant):
+        return lambda *args: launched.append(variant.op)
+
+
+_dispatch.target_for_device = lambda device: parse_target("cuda:sm_90a")
+_dispatch.loader_for = lambda target: Recording()
+b, h, i32 = 2, 64, torch.int32
+dsv4_tl.sparse_decode(torch.zeros(b, 1, h, 512, dtype=torch.bfloat16), alloc_k_cache(2, 64),
+                      torch.zeros(b, 1, 8, dtype=i32), torch.ones(b, dtype=i32), 0.1,
+                      torch.zeros(h, dtype=torch.float32), alloc_k_cache(4, 64),
+                      torch.zeros(b, 1, 4, dtype=i32), torch.ones(b, dtype=i32))
+print(json.dumps({"modules": sorted(m for m in sys.modules if m.startswith("dsv4_tl")),
+                  "checked": checked, "launched": launched}))
+"""
+
+
+def test_the_first_call_imports_neither_the_tuner_nor_the_command_line(monkeypatch):
+    """Issue 34 item 4: a decode call's first plan read the tuning log, whose entries are
+    checked against the schedule's rules, and imported them from the tuner
+    (``dsv4_tl.tune.resources``), which imports its command line, the ``dsv4-tl`` command's
+    helpers and the bench: the rules live in a leaf now (``dsv4_tl.schedule_rules``)."""
+    import json
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(ENV_SYCL_DEVICE, "opencl:cpu")  # CPU tensors pass the device check
+    monkeypatch.delenv("DSV4_TL_TUNING_LOGS", raising=False)  # the shipped logs
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", _FIRST_DECODE_CALL],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["launched"][0] == "sparse_decode"
+    # the logged best of the call's bucket was checked against the rules (what imported the tuner)
+    assert ["cuda_sm90a", "sparse_decode"] in seen["checked"]
+    assert "dsv4_tl.schedule_rules" in seen["modules"]
+    unwanted = [m for m in seen["modules"]
+                if m.startswith(("dsv4_tl.tune", "dsv4_tl.cli", "dsv4_tl.bench"))]
+    assert unwanted == []
+
+
 def test_plans_are_bounded():
     cache = _dispatch.PlanCache(maxsize=3)
     for i in range(5):

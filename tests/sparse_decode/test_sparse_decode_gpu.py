@@ -727,7 +727,7 @@ def test_decode_tokens_in_m_split_edges(splits, seed):
 
 # Split-KV of the tokens-in-M schedule (issue 24, bench/PERF_NOTES.md item 37): the sweep's
 # configs A (two math warpgroups) and D (one, 2 CTAs per SM; at 32 heads it does not fit, see
-# tune.resources) at 16 and 32 heads, 2 and 8 splits, both scopes, with either merge order of
+# dsv4_tl.schedule_rules) at 16 and 32 heads, 2 and 8 splits, both scopes, with either merge order of
 # the combine (knob ``merge``); h20 in a group of 24: padded heads in the partials and in the
 # combine's last group of 8 (both merges read a real head for them and never store them).
 TIM_SPLITS = ([(*c, sc, n) for c in (TIM_A16, TIM_D16, TIM_A32) for sc in ("swa", "c4a512")

@@ -168,17 +168,25 @@ def schedule_of(op: str, device: torch.device, **features: int) -> dict:
     return _schedule_of(op, _target(device), tuple(sorted(features.items())))
 
 
+def call_schedule(spec: KernelSpec, target: Target, **call) -> dict:
+    """The schedule of the bucket a call described by ``call`` (see the spec's keywords) falls
+    in on ``target``: what :func:`resolve` loads its kernel with. A front end that reads the
+    schedule before it loads the kernel resolves it once, here, then loads the kernel with
+    :func:`resolve_with`."""
+    features = spec.features(target.dirname, **call)
+    return _schedule_of(spec.op, target, tuple(sorted(features.items())))
+
+
 def resolve(spec: KernelSpec, target: Target, **call) -> Tuple[Callable, dict]:
     """``(loaded kernel, schedule)`` of the variant ``spec`` needs for a call described by
     ``call`` (see the spec's keywords) on ``target``."""
-    features = spec.features(target.dirname, **call)
-    return _resolve(spec.op, target, tuple(sorted(spec.static(**call).items())),
-                    tuple(sorted(features.items())))
+    schedule = call_schedule(spec, target, **call)
+    return resolve_with(spec, target, schedule, **call), schedule
 
 
 def resolve_with(spec: KernelSpec, target: Target, schedule: dict, **call) -> Callable:
-    """The loaded kernel of ``spec`` for ``call`` on ``target`` with ``schedule`` (a schedule
-    ``resolve`` returned, changed by the caller in a knob the call rules out)."""
+    """The loaded kernel of ``spec`` for ``call`` on ``target`` with ``schedule`` (the call's
+    :func:`call_schedule`, or one changed by the caller in a knob the call rules out)."""
     return _loaded(spec.op, target, tuple(sorted(spec.static(**call).items())),
                    tuple(sorted(schedule.items())))
 

@@ -17,10 +17,10 @@ from ..validation import (
 from ..kernels import (MAX_COMBINE_SPLITS, SPARSE_DECODE, SPARSE_DECODE_COMBINE, decode_scope,
                        pow2_ceil)
 from ._dispatch import (Launch, PlanCache, StreamScratch, _target, aligned16, cache_views,
-                        check_aligned_output, check_output, full_lengths, meta, meta_contiguous,
-                        meta_last, meta_strides, placeholder, recheck_device, resolve,
-                        resolve_with, reusable_full_lengths, reusable_no_sink, routed_per_call,
-                        sink_argument, stream_scratch)
+                        call_schedule, check_aligned_output, check_output, full_lengths, meta,
+                        meta_contiguous, meta_last, meta_strides, placeholder, recheck_device,
+                        resolve, resolve_with, reusable_full_lengths, reusable_no_sink,
+                        routed_per_call, sink_argument, stream_scratch)
 
 
 def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
@@ -207,14 +207,14 @@ class _Plan:
         scope = decode_scope(None if e_geom is None else e_geom.block_size)
         call = dict(h=h, b=b, s_q=s_q, scope=scope, batch_invariant=batch_invariant,
                     extra_width=extra_indices.shape[-1] if self.has_extra else 0)
-        kernel, schedule = resolve(SPARSE_DECODE, target, **call, fp8_format=fp8_format)
+        # The schedule, resolved once for the plan; the kernel is loaded with it below.
+        schedule = call_schedule(SPARSE_DECODE, target, **call)
         if batch_invariant and schedule.get("balance", "items") != "items":
             # The tile balance cuts rows where the batch's work puts the CTA boundaries; a
             # batch-invariant row needs splits of a fixed T: the item balance (the file
             # default's value, so the variant is the one the build has for it).
             schedule = {**schedule, "balance": "items"}
-            kernel = resolve_with(SPARSE_DECODE, target, schedule, **call,
-                                  fp8_format=fp8_format)
+        kernel = resolve_with(SPARSE_DECODE, target, schedule, **call, fp8_format=fp8_format)
         rows = b * s_q
         # (the 64/128-head schedule's and tokens in M's; whole head groups only, as the
         # builder decides: padded ones keep the fixed grid)

@@ -4,8 +4,9 @@ winners in ``tuning_logs/<target>/<op>.jsonl`` (read back by ``schedule_for`` an
 For each selected bucket of ``schedules/<target>/<op>.json``:
 
 1. **Candidates** = the cartesian product of the file's ``space`` (knob -> values) applied
-   to the bucket's config, pruned *before compiling* (:func:`.resources.prune`): arch limits of the
-   target (shared memory per block estimated from the tile sizes by :func:`smem_bytes`,
+   to the bucket's config, pruned *before compiling* (:func:`.plan.prune`: the schedule's
+   own rules, :mod:`dsv4_tl.schedule_rules`, then the bucket's): arch limits of the target
+   (shared memory per block estimated from the tile sizes by :func:`smem_bytes`,
    per-thread accumulator registers by :func:`acc_registers`, threads per block, wgmma for
    the warp-specialised schedule), layout rules of the kernel builders, and bucket sanity
    (split-KV: no more splits than tiles, at most two waves). The bucket's own config
@@ -37,8 +38,9 @@ pruned on the next run. ``--time-budget`` stops starting new buckets after that 
 seconds (exit status 3). Exit status 1: some bucket had no passing candidate.
 ``--report [--png PATH]`` prints the logged results as a table and draws them.
 
-The package, one job per module: :mod:`.resources` (resource model and pruning rules),
-:mod:`.suites` (representative inputs), :mod:`.harnesses` (the table of tunable ops, each an
+The package, one job per module (the resource model and pruning rules are
+:mod:`dsv4_tl.schedule_rules`, which the front ends' tuning logs read too): :mod:`.suites`
+(representative inputs), :mod:`.harnesses` (the table of tunable ops, each an
 :class:`~.harness.OpHarness`: the op's spec, which derives the features and static
 parameters of the call a representative input makes, inputs, reference, check, timed
 call), :mod:`.plan` (candidates per bucket, ``--dry-run``), :mod:`.measure` (one bucket on
@@ -46,14 +48,15 @@ the GPU), :mod:`.entries` (log entries), :mod:`.state` (crash state), :mod:`.run
 :mod:`.report` (``--report``), :mod:`.cli` (the command line).
 """
 
+from ..schedule_rules import acc_registers, arch_limits, smem_bytes
 from .cli import build_parser, main
 from .entries import make_entry
 from .harness import OpHarness
 from .harnesses import HARNESSES, TUNABLE_OPS, harness_for
 from .measure import forcing, measure_bucket, tuning_loader
-from .plan import DEFAULT_MAX_CANDIDATES, BucketPlan, Candidate, candidates, format_plan, label, plan
+from .plan import (DEFAULT_MAX_CANDIDATES, BucketPlan, Candidate, candidates, format_plan, label, plan,
+                   prune)
 from .report import report
-from .resources import acc_registers, arch_limits, prune, smem_bytes
 from .run import run
 from .state import load_crashed, state_path, write_state
 from .suites import SUITES

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import tuning_log
-from ..cli import one_line_errors
+from ..cli_args import one_line_errors
 from ..targets import parse_target
 from .harnesses import TUNABLE_OPS
 from .plan import DEFAULT_MAX_CANDIDATES, format_plan, plan, selected_ops
@@ -20,7 +20,7 @@ DESCRIPTION = ("dsv4-tl tune: measure the schedule candidates of each shape buck
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cli import OneLineParser, non_negative_float, non_negative_int, positive_int
+    from ..cli_args import OneLineParser, non_negative_float, non_negative_int, positive_int
     from ..targets import DEFAULT_TARGET, SUPPORTED_TARGETS
 
     p = OneLineParser(prog="dsv4-tl tune", description=DESCRIPTION)

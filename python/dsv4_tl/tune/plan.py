@@ -6,12 +6,12 @@ import dataclasses
 import itertools
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from .. import schedule_rules
 from ..kernels import Variant
 from ..schedules import bucket_for, load_schedule_file, schedule_for
 from ..targets import Target, parse_target
 from .harnesses import TUNABLE_OPS, harness_for
-from .resources import prune
-from .suites import SUITES
+from .suites import SUITES, decode_tiles
 
 DEFAULT_MAX_CANDIDATES = 8
 
@@ -55,6 +55,26 @@ def _space_configs(space: dict, base: dict) -> List[dict]:
     knobs = list(space)
     return [{**base, **dict(zip(knobs, values))}
             for values in itertools.product(*(space[k] for k in knobs))]
+
+
+def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
+    """Why ``config`` cannot (or need not) be compiled for ``op`` on ``target_dir``: the
+    schedule's own rules (:func:`dsv4_tl.schedule_rules.prune`), then with ``rep`` (the
+    bucket's representative shape) the bucket sanity rules (split-KV: no more splits than
+    tiles, at most two waves). A sentence, or None when it is kept."""
+    reason = schedule_rules.prune(target_dir, op, config)
+    if reason is not None or rep is None or op != "sparse_decode":
+        return reason
+    splits = config["num_splits"]
+    tiles = decode_tiles(rep, config["block_tokens"])
+    if splits > tiles:
+        return f"num_splits: {splits} splits > {tiles} KV tiles of a row (empty splits)"
+    ctas = harness_for(op).features(target_dir, rep)["ctas"]
+    arch = schedule_rules.arch_limits(target_dir)
+    if arch and splits > 1 and ctas * splits > 2 * arch.sms:
+        return (f"num_splits: {ctas} CTAs x {splits} splits > two waves of "
+                f"{arch.sms} SMs")
+    return None
 
 
 def candidates(target_dir: str, op: str, bucket: dict, rep=None,

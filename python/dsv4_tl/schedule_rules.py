@@ -1,23 +1,27 @@
-"""The resource model ``dsv4-tl tune`` prunes candidates by before compiling them: shared
+"""The knob rules of the schedules, written once: whether a config (knob -> value) can be built
+for an op on a target. The layout rules of the kernel builders, and a resource model: shared
 memory and accumulator registers per CTA estimated from a schedule's tile sizes, checked
-against the arch's limits (:data:`dsv4_tl.cuda.backend.ARCH_LIMITS`), plus the layout rules
-of the kernel builders and bucket sanity (split-KV: no more splits than tiles, at most two
-waves)."""
+against the arch's limits (:data:`dsv4_tl.cuda.backend.ARCH_LIMITS`).
+
+A leaf in pure Python (no torch, no TileLang; it reads the builders' own refusals in
+``tile_kernels/schedule_rules.py``), read by ``dsv4-tl tune`` (:func:`dsv4_tl.tune.prune`
+prunes candidates by it before compiling them, plus its bucket sanity rules) and by the
+tuning logs (:func:`dsv4_tl.tuning_log.invalid_reason`: a logged best that breaks it is
+ignored), which the front ends' first call of a shape bucket reads: so nothing here imports
+the tuner or the command line."""
 
 from typing import Optional
 
-from ..targets import target_for_dirname
-from ..tile_kernels.layout import HEAD_DIM
-from ..tile_kernels.schedule_rules import producer_lean_refusal, tokens_in_m_persistent_refusal
-from .harnesses import harness_for
-from .suites import decode_tiles
+from .targets import target_for_dirname
+from .tile_kernels.layout import HEAD_DIM
+from .tile_kernels.schedule_rules import producer_lean_refusal, tokens_in_m_persistent_refusal
 
 
 def arch_limits(target_dir: str):
     """The limits the estimates below are checked against: the CUDA arch's
     (:data:`dsv4_tl.cuda.backend.ARCH_LIMITS`; the estimates are of the generated CUDA), None
     for the other targets, whose candidates only the layout rules prune."""
-    from ..cuda.backend import ARCH_LIMITS
+    from .cuda.backend import ARCH_LIMITS
 
     target = target_for_dirname(target_dir)
     return ARCH_LIMITS.get(target.arch) if target.kind == "cuda" else None
@@ -109,10 +113,10 @@ def acc_registers(op: str, config: dict) -> int:
     return _REG_OVERHEAD
 
 
-def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
+def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
     """Why ``config`` cannot (or need not) be compiled for ``op`` on ``target_dir``: a
-    sentence, or None when it is kept. With ``rep`` (the bucket's representative shape)
-    the bucket sanity rules apply too."""
+    sentence, or None when it is kept. (The tuner's :func:`dsv4_tl.tune.prune` adds the
+    rules of a bucket's representative shape.)"""
     arch = arch_limits(target_dir)
     c = config
     threads = c.get("threads")
@@ -209,12 +213,4 @@ def prune(target_dir: str, op: str, config: dict, rep=None) -> Optional[str]:
         splits = c["num_splits"]
         if splits < 1 or splits > 64:
             return f"num_splits: {splits} outside [1, 64]"
-        if rep is not None:
-            tiles = decode_tiles(rep, c["block_tokens"])
-            if splits > tiles:
-                return f"num_splits: {splits} splits > {tiles} KV tiles of a row (empty splits)"
-            ctas = harness_for(op).features(target_dir, rep)["ctas"]
-            if arch and splits > 1 and ctas * splits > 2 * arch.sms:
-                return (f"num_splits: {ctas} CTAs x {splits} splits > two waves of "
-                        f"{arch.sms} SMs")
     return None
