@@ -634,37 +634,29 @@ def alloc_half_producer_registers(block_tokens: int, slots: int) -> ProducerRegi
 
 @T.macro
 def announce_half(st, ss, buf: int, half: int):
-    """The default announcement of a filled K half: every producer thread fences its stores
+    """The announcement of a filled K half: every producer thread fences its stores
     for the async proxy (the consumers' wgmma read the half) and arrives on its ready
     barrier."""
     T.fence_proxy_async()
     T.barrier_arrive(ss.k_ready[buf][half])
 
 
-def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, slots: int,
-                           halves: tuple = (0, 1), announce=announce_half):
+def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, slots: int):
     """The macro ``produce_halves(st, ss, regs, p, main, extra, rng, pairs)``: the ``2 *
     pairs`` tiles of ``rng`` (``TileRange``; tiles past ``t_end`` all-invalid) into the two
     K buffers of ``st`` (``WarpSpecializedState``) by halves, behind the barriers of ``ss``
-    (``SeesawState``); ``regs``: ``alloc_half_producer_registers``; ``p``: the lane.
-
-    ``halves``: the K halves this producer fills, (0, 1) both; ``(h,)`` only half ``h`` of
-    each buffer (the 2-CTA crossover, ``sparse_decode_seesaw``: the cluster's CTA of rank
-    ``h`` fills half ``h`` and copies it into its peer; a buffer's validity flags are written
-    with the buffer's first half in ``HALF_ORDER``, half ``buf``, by the producer that fills
-    it). ``announce(st, ss, buf, half)``: the macro run by every producer thread once its
-    stores of half ``(buf, half)`` are done (default ``announce_half``)."""
+    (``SeesawState``); ``regs``: ``alloc_half_producer_registers``; ``p``: the lane. A
+    buffer's validity flags are written with its first half in ``HALF_ORDER``; each filled
+    half is announced by ``announce_half``."""
     BI = block_tokens
     DH = HEAD_DIM // 2
     R = BI // TOKENS_PER_ROUND  # rounds per tile (and per half)
     NS = slots
     if R not in (1, 2):
         raise ValueError(f"block_tokens: the FP8 producer takes 32 or 64, got {BI}")
-    if not halves or any(h not in (0, 1) for h in halves) or len(set(halves)) != len(halves):
-        raise ValueError(f"halves: expected (0, 1), (0,) or (1,), got {halves!r}")
     # (buffer, half, round) steps of one tile pair; register slot = step number % slots, the
     # same in every pair when the steps are a multiple of the slots.
-    order = tuple((buf, half) for buf, half in HALF_ORDER if half in halves)
+    order = tuple(HALF_ORDER)
     steps = tuple((buf, half, r) for buf, half in order for r in range(R))
     # a buffer's index entries move on after its last half in this producer's order
     last_half = {buf: [h for b, h in order if b == buf][-1] for buf in (0, 1)}
@@ -787,7 +779,7 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
                     T.barrier_wait(ss.k_free[buf][half], (pair & 1) ^ 1)
                 dequant_step(st, regs, n % NS, step, p)
                 if r == R - 1:
-                    announce(st, ss, buf, half)
+                    announce_half(st, ss, buf, half)
 
     def produce_halves(st, ss, regs, p, main, extra, rng, pairs):
         produce_bound(st, ss, regs, p, main, extra, *rng, pairs)

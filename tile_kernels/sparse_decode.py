@@ -168,7 +168,6 @@ def build_sparse_decode(
     num_stages: int = 2,
     ctas_per_sm: int = 1,
     raw_ring: int = 0,
-    cluster_crossover: bool = False,
     producer_lean: bool = False,
     balance: str = "items",
     q_stages: int = 0,
@@ -235,11 +234,6 @@ def build_sparse_decode(
             (``fp8_producer``); fixed grid only; refused where Q, the K buffers and the ring
             pass the 227 KB of shared memory of a CTA (``227 KB / ctas_per_sm``), e.g. the
             split consumers' 64-token tiles or more than 4 slots beside their 32-token ones.
-        cluster_crossover: the 2-CTA crossover of the seesaw schedule (``consumers``
-            "seesaw", fixed grid, ``num_heads`` 128, ``block_tokens`` 64, ``producer_slots``
-            2): the two head-group CTAs of a (row, split) form a cluster; each gathers and
-            dequantises one K half of every tile and copies it into its peer's shared memory
-            (``sparse_decode_seesaw``). sm_90a only.
         producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
             in M, on either grid; not with a raw ring nor the seesaw's half
             producer: ``schedule_rules.producer_lean_refusal``): the same loads and K in
@@ -282,14 +276,6 @@ def build_sparse_decode(
                          f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}")
     if balance not in BALANCES:
         raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
-    if type(cluster_crossover) is not bool:
-        raise ValueError(f"cluster_crossover: expected True or False, got {cluster_crossover!r}")
-    if cluster_crossover and not (warp_specialized and consumers == "seesaw" and not persistent
-                                  and not tokens_in_m and not raw_ring):
-        raise ValueError("cluster_crossover: needs warp_specialized True, consumers 'seesaw', "
-                         "persistent False, tokens_in_m False and raw_ring 0, got "
-                         f"{warp_specialized}, {consumers!r}, {persistent}, {tokens_in_m} and "
-                         f"{raw_ring}")
     D = HEAD_DIM
     BI = block_tokens
     HB = heads_per_block
@@ -342,7 +328,7 @@ def build_sparse_decode(
         if consumers == "seesaw":
             from .sparse_decode_seesaw import _build_seesaw_decode
             return _build_seesaw_decode(num_heads, has_extra, fp8_format, S, BI, _shape_vars(),
-                                       producer_slots, cluster_crossover)
+                                       producer_slots)
         # Q, two K buffers and their flags, two P tiles (WarpSpecializedState)
         check_shared_budget(HB * D * 2 + 2 * (BI * D * 2 + BI) + 2 * HB * BI * 2, raw_ring)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
@@ -1500,15 +1486,6 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "consumers": "seesaw", "producer_slots": 4}},
-    # the 2-CTA crossover (cluster_crossover): h128, 64-token tiles, both scopes, one split and
-    # split-KV partials
-    {"builder": "build_sparse_decode",
-     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
-                "block_tokens": 64, "consumers": "seesaw", "cluster_crossover": True}},
-    {"builder": "build_sparse_decode",
-     "kwargs": {"num_heads": 128, "has_extra": False, "warp_specialized": True, "threads": 384,
-                "block_tokens": 64, "consumers": "seesaw", "cluster_crossover": True,
-                "num_splits": 4}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 128, "has_extra": True}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 64, "has_extra": False, "num_splits": 4}},
     {"builder": "build_sparse_decode",

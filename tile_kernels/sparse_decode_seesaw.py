@@ -15,21 +15,6 @@ Same arguments, grid (``(b * s_q, ceil(h / 64), num_splits)``), index rules and 
 the split-consumer schedule (``sparse_decode._build_warp_specialized``): sink and
 natural-log LSE when the CTA finishes its row, fp32 partials and log2-domain partial LSE
 for ``build_sparse_decode_combine`` otherwise.
-
-The 2-CTA crossover (``crossover``, schedule knob ``cluster_crossover``; 128 heads, 64-token
-tiles): the two head-group CTAs of a (row, split) form a cluster (``cluster_dims`` (1, 2, 1),
-rank = head group). Without it both gather and dequantise every token of the row. With it
-the producer of rank ``h`` gathers and dequantises only K half ``h`` of each tile (columns
-``256h ..``: FP8 tiles 0-3, or tiles 4-6 and the RoPE dims; every token of the tile) into its
-own K buffer and copies the whole half, a contiguous 32 KB buffer whatever its swizzle, into
-the same buffer of its peer with one ``T.copy_cluster`` (``cp.async.bulk.shared::cluster``,
-completing on the peer's ready barrier of that half); the buffer's validity flags travel
-with its first half (``announce_crossover``). The consumers are unchanged but for their
-releases (``seesaw.seesaw_release``): a half is refilled only once the consumers of both CTAs
-released it. A per-token split (rank ``r`` dequantising tokens ``32r ..`` of every column)
-would need the wgmma operand's rows of one rank contiguous: TileLang's 128-byte swizzled
-``[64, 256]`` layout stores each 64-column chunk's 64 rows together, so a rank's 32 rows are
-four 4 KB pieces (bench/PERF_NOTES.md item 40).
 """
 
 import tilelang.language as T
@@ -43,10 +28,9 @@ from .attention_tile import (
     ws_set_regs,
     ws_store_rows,
 )
-from .compile_options import NO_AUTO_BOUNDS_GUARDS
 from .fp8 import FP8_BF16_PRELUDE
-from .fp8_producer import (HALF_PRODUCER_PRELUDE, PRODUCER_THREADS, CacheScope, TileRange,
-                           alloc_half_producer_registers, make_fp8_half_producer, unrolled)
+from .fp8_producer import (HALF_PRODUCER_PRELUDE, CacheScope, TileRange,
+                           alloc_half_producer_registers, make_fp8_half_producer)
 from .layout import HEAD_DIM
 from .seesaw import SeesawState, seesaw_consumer_0, seesaw_consumer_1
 from .sparse_decode import decode_prim_func, store_row_splits
@@ -61,77 +45,25 @@ from .sparse_decode import decode_prim_func, store_row_splits
 SEESAW_DECODE_REGS = {(32, 2): check_ws_regs((184, 184, 136)),
                       (32, 4): check_ws_regs((184, 184, 136)),
                       (64, 2): check_ws_regs((200, 200, 104))}
-# The crossover: the two head groups of 128 heads in one cluster, 64-token tiles (the
-# producer of a rank fills one K half of 64 tokens per buffer: 2 steps of 32 tokens).
-CROSSOVER_HEADS = 128
-CROSSOVER_BLOCK_TOKENS = 64
-CROSSOVER_CLUSTER = (1, 2, 1)  # grid (rows, head groups, splits): rank = head group
-# The producer warpgroup's named barrier before a half is copied (ids 8 and 9 are the
-# consumers' output stores, ws_store_rows).
-CROSSOVER_PRODUCER_BAR = 10
-
-
-def check_crossover(num_heads: int, BI: int, slots: int) -> None:
-    """ValueError naming ``cluster_crossover`` where the crossover cannot apply."""
-    if num_heads != CROSSOVER_HEADS or BI != CROSSOVER_BLOCK_TOKENS or slots != 2:
-        raise ValueError(f"cluster_crossover: needs num_heads {CROSSOVER_HEADS} (the two "
-                         f"64-head groups of a row form the cluster), block_tokens "
-                         f"{CROSSOVER_BLOCK_TOKENS} and producer_slots 2, got {num_heads}, "
-                         f"{BI} and {slots}")
-
-
-def crossover_ready_arrivals() -> tuple:
-    """Arrivals on the ready barrier of K half ``[buffer][half]`` in either CTA: one per
-    copy of it (the half; with the buffer's first half, ``half == buffer``, its validity
-    flags): in the filling CTA its producer's lane 0 arrives once per copy it issued, in the
-    peer each copy's remote ``arrive.expect_tx`` (``tl::tma_store_cluster``)."""
-    return tuple(tuple(2 if half == buf else 1 for half in (0, 1)) for buf in (0, 1))
-
-
-@T.macro
-def announce_crossover(st, ss, buf: int, half: int):
-    """Half ``(buf, half)`` filled by this CTA (rank ``half``): every producer thread fences
-    its stores for the async proxy (the bulk copy and the wgmma read the half), the
-    producer's 128 threads meet, then its first thread copies the half (and, with the
-    buffer's first half, the validity flags) into the peer's same buffer, each copy
-    completing on the peer's ready barrier of the half, and arrives once per copy on its
-    own."""
-    T.fence_proxy_async()
-    T.sync_threads(CROSSOVER_PRODUCER_BAR, PRODUCER_THREADS)
-    # (the buffers named in place: bound to a local name in a macro, a buffer is renamed)
-    T.copy_cluster((st.K_l, st.K_r)[half][buf], (st.K_l, st.K_r)[half][buf], dst_block=1 - half,
-                   remote_barrier=ss.k_ready[buf][half][0])
-    if half == buf:
-        T.copy_cluster(st.valid[buf], st.valid[buf], dst_block=1 - half,
-                       remote_barrier=ss.k_ready[buf][half][0])
-    if T.get_thread_binding() % PRODUCER_THREADS == 0:
-        for _ in unrolled(crossover_ready_arrivals()[buf][half]):
-            T.barrier_arrive(ss.k_ready[buf][half])
-
-
+# The two 64-head groups of 128 heads in one cluster (rank = head group): the grid's shape of
+# prefill's cluster_gather (sparse_prefill.py), which took it from the retired decode crossover.
+CROSSOVER_CLUSTER = (1, 2, 1)
 def _build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
-                        shape_vars: tuple, slots: int = 2, crossover: bool = False):
+                        shape_vars: tuple, slots: int = 2):
     """The prim_func (``sparse_decode.decode_prim_func`` around this schedule's body);
     ``shape_vars``: its symbolic sizes (``sparse_decode._shape_vars()``); ``slots``: the
     producer's register slots of raw bytes (``slots - 1`` steps of 32 tokens x one K half in
-    flight while it dequantises one); ``crossover``: the 2-CTA crossover (module
-    docstring)."""
+    flight while it dequantises one)."""
     if (BI, slots) not in SEESAW_DECODE_REGS:
         raise ValueError("consumers 'seesaw': (block_tokens, producer_slots) must be one of "
                          f"{sorted(SEESAW_DECODE_REGS)}, got {(BI, slots)}")
-    if crossover:
-        check_crossover(num_heads, BI, slots)
     D = HEAD_DIM
     DH = D // 2
     HB = 64
     head_groups = (num_heads + HB - 1) // HB
     role_regs = SEESAW_DECODE_REGS[(BI, slots)]
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shape_vars
-    if crossover:  # one producer per rank: rank h fills K half h of every buffer
-        producers = tuple(make_fp8_half_producer(has_extra, BI, fp8_format, slots, (h,),
-                                                 announce_crossover) for h in (0, 1))
-    else:
-        producers = (make_fp8_half_producer(has_extra, BI, fp8_format, slots),)
+    produce_halves = make_fp8_half_producer(has_extra, BI, fp8_format, slots)
 
     @T.macro
     def finish(st, ss, me: int, acc_o, stage, bar_id: int, d0: int, Sink, Out, Lse, OPartial,
@@ -177,16 +109,10 @@ def _build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: in
              extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
              num_ctas):
         with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
-                      prelude=FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE,
-                      cluster_dims=CROSSOVER_CLUSTER if crossover else None) as (row, hg, split):
+                      prelude=FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE) as (row, hg, split):
             st = WarpSpecializedState(HB, BI, D, split=False)
-            # A K half is filled by one plain arrival per producer thread after its stores;
-            # with the crossover by its copies (crossover_ready_arrivals).
-            if crossover:
-                ss = SeesawState(HB, BI, ready_arrivals=crossover_ready_arrivals(),
-                                 crossover=True)
-            else:
-                ss = SeesawState(HB, BI, ready_arrivals=128)
+            # A K half is filled by one plain arrival per producer thread after its stores.
+            ss = SeesawState(HB, BI, ready_arrivals=128)
             tx = T.get_thread_binding()
             # Once, as variables: as expressions every output address recomputed them.
             r_b = T.alloc_var(T.int32, init=row // s_q)
@@ -226,16 +152,6 @@ def _build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: in
                                    extra_block_stride, extra_num_blocks)
                 regs = alloc_half_producer_registers(BI, slots)
                 rng = TileRange(r_b, r_s, t_begin, t_end, main_tiles)
-                if crossover:
-                    if T.block_rank_in_cluster() == 0:
-                        producers[0](st, ss, regs, p, main, extra, rng, pairs)
-                    else:
-                        producers[1](st, ss, regs, p, main, extra, rng, pairs)
-                else:
-                    producers[0](st, ss, regs, p, main, extra, rng, pairs)
-            if crossover:
-                # Neither CTA leaves while its peer may still arrive on its barriers or copy
-                # into its buffers (the peer's last releases and copies precede its arrival).
-                T.cluster_sync()
+                produce_halves(st, ss, regs, p, main, extra, rng, pairs)
 
     return decode_prim_func(shape_vars, num_heads, S, body)

@@ -190,12 +190,6 @@ def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
             if op == "sparse_decode" and c.get("raw_ring", 0) and (
                     c.get("consumers", "split") != "split" or c.get("persistent")):
                 return "raw_ring: the producer's raw ring serves the fixed grid's split consumers"
-            # (and 128 heads: the front end's build refuses the others, naming the knob)
-            if op == "sparse_decode" and c.get("cluster_crossover") and (
-                    c.get("consumers", "split") != "seesaw" or c.get("persistent") or bi != 64
-                    or c.get("producer_slots", 2) != 2 or c.get("raw_ring", 0)):
-                return ("cluster_crossover: the 2-CTA crossover takes the fixed grid's seesaw "
-                        "consumers with block_tokens 64, producer_slots 2, raw_ring 0")
             if op == "sparse_prefill" and c.get("num_stages", 0) != 0:
                 return "num_stages: unused by the warp-specialised schedule (same kernel as 0)"
         elif threads == 384:

@@ -549,104 +549,12 @@ def test_cluster_gather_prefill_source(kwargs, tmp_path):
     _check_no_spills(source, tmp_path)
 
 
-# ------------------------------------------------------------- the 2-CTA crossover (h128)
-def _crossover_examples():
-    return _examples_with("sparse_decode", "cluster_crossover", lambda k: (
-        f"crossover-extra{int(k['has_extra'])}-splits{k.get('num_splits', 1)}"))
-
-
-def test_crossover_has_examples():
-    """Both scopes, one split and split-KV."""
-    kwargs = [p.values[0] for p in _crossover_examples()]
-    assert {k["has_extra"] for k in kwargs} == {False, True}
-    assert {k.get("num_splits", 1) > 1 for k in kwargs} == {False, True}
-
-
-@pytest.mark.parametrize("kwargs", _crossover_examples())
-def test_crossover_source(kwargs, tmp_path):
-    """The generated CUDA of a crossover decode (sparse_decode.LOWERING_EXAMPLES): launched in
-    clusters of (1, 2, 1) (the device function's ``cluster_dims``); each K half reaches the
-    peer whole, by ``tl::tma_store_cluster`` (mapa, remote ``arrive.expect_tx``,
-    ``cp.async.bulk.shared::cluster``) of 32 KB, one per buffer and rank, the buffer's 64
-    validity bytes beside its first half, never by the element-wise fallback; the consumers
-    release halves by remote arrivals; no ``__syncthreads`` inside the role branches (the
-    producer meets at its own named barrier before each copy); cluster barriers fenced and a
-    cluster sync before the roles and at the end; shared memory within 227 KB; no spills."""
-    from dsv4_tl.tile_kernels.sparse_decode_seesaw import CROSSOVER_PRODUCER_BAR
-
-    kernel = _compiled_decode(kwargs)
-    dims = [list(f.attrs["cluster_dims"]) for f in kernel.artifact.device_mod.functions.values()
-            if f.attrs is not None and "cluster_dims" in f.attrs]
-    assert dims == [[1, 2, 1]], dims
-    source = kernel.get_kernel_source()
-    copies = re.findall(r"tl::tma_store_cluster\(.*?\(uint32_t\)\(\(uint\)(\d+)\)", source)
-    assert sorted(copies) == sorted(["32768"] * 4 + ["64"] * 2), copies
-    assert "map_shared_rank" not in source  # the element-wise fallback
-    # three releases per consumer and tile pair (seesaw.seesaw_release), to CTA 0 or 1
-    assert len(re.findall(r"\.arrive\([01]u\);", source)) == 6
-    roles = source.index("if (((int)threadIdx.x) < 128) {")
-    end = source.rindex("tl::cluster_sync();")
-    assert source.index("tl::cluster_sync();") < roles < end
-    assert source.index("tl::fence_barrier_init();") < roles
-    assert "__syncthreads()" not in source[roles:end]
-    bars = re.findall(r"__sync_thread_partial\((\d+), 128\)", source[roles:end])
-    assert bars.count(str(CROSSOVER_PRODUCER_BAR)) == 4  # one before each half's copies
-    assert _dynamic_shared_bytes(kernel) <= 227 * 1024
-    _check_validity_ordering(source)
-    _check_no_spills(source, tmp_path)
-
-
-def _check_validity_ordering(source: str) -> None:
-    """The crossover's validity bytes, the only bytes its producer stores and its consumers
-    load with plain accesses (racecheck's 4 hazards of run 56: bench/PERF_NOTES.md item 40,
-    "racecheck"), are ordered both ways: each buffer's store sites come right after a wait on
-    a free barrier that the consumers release through the cluster window (``.arrive(0u)`` /
-    ``.arrive(1u)``) with the parity of the previous pair, its load site right after a wait on
-    the ready barrier its bulk copy completes on, and that load precedes the consumer's
-    release of the free barrier."""
-    copies = re.findall(r"tl::tma_store_cluster\(\(&\(\(\(bool\*\)(\w+)\)\[0\]\)\), .*?, "
-                        r"\(uint32_t\)\(\(uint\)64\), (\w+)\[0\]\);", source)
-    assert len(copies) == 2, copies
-    waits = [(m.start(), m.group(1), m.group(2)) for m in
-             re.finditer(r"(\w+)\[0\]\.wait\(([^;]*)\);", source)]
-
-    def last_wait(pos):
-        return [w for w in waits if w[0] < pos][-1]
-
-    for valid, ready in copies:
-        stores = [m.start() for m in re.finditer(re.escape(valid) + r"\[[^\]]*\] = ", source)]
-        loads = [m.start() for m in re.finditer(r"\(bool\)" + re.escape(valid) + r"\[", source)]
-        assert len(stores) == 2 and len(loads) == 1, (valid, stores, loads)
-        frees = set()
-        for pos in stores:
-            _, free, parity = last_wait(pos)
-            assert parity.endswith("& 1) ^ 1)"), (valid, free, parity)  # the previous pair's
-            frees.add(free)
-        assert len(frees) == 1, frees
-        free = frees.pop()
-        assert free != ready
-        assert last_wait(loads[0])[1] == ready, (valid, last_wait(loads[0]))
-        release = re.search(re.escape(free) + r"\[0\]\.arrive\([01]u\);", source[loads[0]:])
-        assert release is not None, f"no release of {free} after the load of {valid}"
-
-
-@pytest.mark.parametrize("kwargs,message", [
-    ({"num_heads": 64}, "cluster_crossover: needs num_heads 128"),
-    ({"num_heads": 96}, "cluster_crossover: needs num_heads 128"),
-    ({"num_heads": 256}, "cluster_crossover: needs num_heads 128"),
-    ({"block_tokens": 32}, "cluster_crossover: .*block_tokens 64"),
-    ({"consumers": "split"}, "cluster_crossover: needs .*consumers 'seesaw'"),
-    ({"persistent": True}, "cluster_crossover: needs .*persistent False"),
-    ({"cluster_crossover": 1}, "cluster_crossover: expected True or False"),
-])
-def test_crossover_refused(kwargs, message):
-    """Where the crossover cannot apply: a clear ValueError naming it."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-
-    base = {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
-            "block_tokens": 64, "consumers": "seesaw", "cluster_crossover": True}
-    with pytest.raises(ValueError, match=message):
-        build_sparse_decode(**{**base, **kwargs})
+def _launch_shared_bytes(kernel) -> int:
+    """The dynamic shared memory of a compiled decode kernel: the last int64 launch argument
+    the host code sets before it calls the device function."""
+    host = kernel.get_host_source()
+    launch = host[:host.index('"sparse_decode_kernel", &')]
+    return int(re.findall(r"\(\(int64_t\)(\d+)\)", launch)[-1])
 
 
 # --------------------------------------------------- the persistent decode grid's Q stages

@@ -8,7 +8,6 @@ relative Frobenius error <= 1e-2; lse only sees fp32 accumulation of exact bf16 
 |err| <= 1e-3 + 2^-13·|ref|.
 """
 
-import contextlib
 import math
 
 import pytest
@@ -754,6 +753,17 @@ def test_decode_tokens_in_m_splits(h, hb, threads, stages, per_sm, extra_kind, s
         _case(7, 1, h, extra_kind, gen)
         _case(3, 2, h, extra_kind, gen)  # s_q 2: rows of one request, their own indices
 
+class _PoisonedScratch:
+    """The split partials and the split table in fresh NaN-filled tensors at every call, so a
+    partial that the kernel did not write reaches the combine as NaN (the stream's pooled
+    scratch could hold a previous call's right values)."""
+
+    @staticmethod
+    def views(device, shapes):
+        return tuple(torch.full(shape, math.nan, dtype=torch.float32, device=device)
+                     for shape in shapes)
+
+
 # ------------------------------------------------------- tokens in M on the persistent grid
 # The tokens-in-M decode walking work.py's items (issue 24, bench/PERF_NOTES.md item 50): two
 # K buffers, every tile of an item's pairs (an odd range's padding tile all-invalid), Q per
@@ -1060,97 +1070,11 @@ def test_decode_raw_ring_tokens_in_m(seed):
             check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(16, gen))
 
 
-# ------------------------------------------------------------ the 2-CTA crossover (h128)
-# The seesaw schedule with 64-token tiles and ``cluster_crossover``: the two head-group CTAs
-# of a (row, split) form a cluster, each dequantises one K half of every tile and copies it
-# into its peer (tile_kernels/sparse_decode_seesaw.py), forced for every shape (h128 only:
-# elsewhere the knob is refused). The cases reuse few variants (both scopes, splits 1 / 2 /
-# 8, FNUZ) so that one device call compiles them with the A/B's (scripts/device_crossover.sh).
 def _decode_default() -> dict:
+    """The sm_90a schedule file's default decode config."""
     from dsv4_tl.schedules import schedule_for
 
     return schedule_for("cuda_sm90a", "sparse_decode")
-
-
-# (on the schedule default, so that every knob is spelled as decode_grid_ab.py's "crossover"
-# and "seesaw" rows spell it: one variant each, compiled once by scripts/device_crossover.sh)
-CROSSOVER = {**_decode_default(), **SEESAW, "cluster_crossover": True}
-
-
-def _crossover(**over):
-    return _forcing_sm90a("sparse_decode", {**CROSSOVER, **over})
-
-
-@pytest.mark.parametrize(
-    "b,s_q,extra_kind,over",
-    [
-        (1, 1, "c4a1024", {"num_splits": 8}),
-        (1, 1, "swa", {}),
-        (32, 1, "c4a1024", {}),
-        (32, 1, "c128a1024", {"num_splits": 2}),
-        (128, 1, "c4a1024", {}),
-        (128, 1, "swa", {}),
-        (128, 1, "c128a1024", {}),
-        (64, 1, "swa", {"num_splits": 2}),
-        (37, 3, "c4a1024", {}),
-        (7, 1, "c128a256", {"num_splits": 8}),
-        (16, 1, "c128a8192", {"num_splits": 2}),
-    ],
-    ids=_seesaw_id,
-)
-def test_decode_crossover_matches_reference(b, s_q, extra_kind, over, seed):
-    """h128 on the 2-CTA crossover: b 1 / 32 / 128, both scopes, SWA-only, MTP rows, split-KV
-    partials (2 and 8 splits, empty splits at b1) through the combine, a long C128A row;
-    holes, garbage past the lengths and a lonely last request come with every case
-    (decode_case), outputs NaN-poisoned."""
-    gen = torch.Generator(DEV).manual_seed(seed)
-    with _crossover(**over):
-        check_decode(*decode_case(b, s_q, 128, extra_kind, gen))
-
-
-@pytest.mark.parametrize("num_splits", [1, 2, 8])
-def test_decode_crossover_split_edges(num_splits, seed):
-    """The split-boundary lengths (padding tiles of an odd tile count, which both CTAs
-    produce and copy all-invalid; window-to-compressed crossings; empty splits) with block
-    0's slot 0 poisoned."""
-    gen = torch.Generator(DEV).manual_seed(seed)
-    q = torch.randn((1, 1, 128, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
-    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
-    with _crossover(num_splits=num_splits):
-        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
-            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
-            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
-            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(128, gen))
-
-
-@pytest.mark.parametrize("case", ["lonely", "holes", "out_of_range", "sinks", "fnuz"])
-def test_decode_crossover_edge_inputs(case, seed):
-    """Every length 0 (out 0, lse +inf; no tile, so no copy), every entry -1, slots past the
-    cache and other negatives (block 0 poisoned), the four sink kinds, FNUZ bytes."""
-    gen = torch.Generator(DEV).manual_seed(seed)
-    with _crossover():
-        _edge_input_case(case, gen, 128, "c4a1024", poison_block0=True)
-
-
-def test_decode_crossover_same_as_seesaw(seed):
-    """The crossover changes who dequantises, not the math: on the same inputs its out and
-    lse equal the seesaw schedule's (64-token tiles, same consumers, same tile order)
-    bitwise, both scopes."""
-    gen = torch.Generator(DEV).manual_seed(seed)
-    for extra_kind, splits in (("c4a1024", 1), ("swa", 1)):
-        q, main, extra, sink_t = decode_case(32, 1, 128, extra_kind, gen)
-        got = []
-        # (the seesaw's schedule as decode_grid_ab.py's "seesaw" rows force it: one variant)
-        for ctx in (_crossover(num_splits=splits, cluster_crossover=False),
-                    _crossover(num_splits=splits)):
-            with ctx:
-                out, lse = sparse_decode(q, *main, SCALE, sink_t, *extra)
-                torch.cuda.synchronize()
-                got.append((out.clone(), lse.clone()))
-        (o0, l0), (o1, l1) = got
-        assert torch.equal(o0, o1), f"{extra_kind}: out differs from the seesaw schedule's"
-        assert torch.equal(l0, l1), f"{extra_kind}: lse differs from the seesaw schedule's"
 
 
 # ------------------------------------------------------------ the lean FP8 producer

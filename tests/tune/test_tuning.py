@@ -169,22 +169,6 @@ def test_decode_warp_specialized_takes_32_or_64_token_tiles():
         build_sparse_decode(64, True, warp_specialized=True, threads=384, block_tokens=128)
 
 
-def test_decode_cluster_crossover_rules_match_the_builder():
-    """The resource model keeps the crossover where the builder takes it (seesaw consumers,
-    64-token tiles, 2 producer slots, fixed grid; 128 heads is the builder's rule) and prunes,
-    naming the knob, what the builder refuses."""
-    xo = {**WS, "block_tokens": 64, "consumers": "seesaw", "producer_slots": 2,
-          "persistent": False, "raw_ring": 0, "cluster_crossover": True}
-    assert tune.prune(SM90A, "sparse_decode", xo) is None
-    for over in ({"consumers": "split"}, {"block_tokens": 32}, {"persistent": True},
-                 {"block_tokens": 32, "producer_slots": 4}):
-        reason = tune.prune(SM90A, "sparse_decode", {**xo, **over})
-        assert reason is not None and reason.startswith("cluster_crossover"), (over, reason)
-        with pytest.raises(ValueError, match="cluster_crossover|consumers 'seesaw'"):
-            build_sparse_decode(128, True, **{k: v for k, v in {**xo, **over}.items()
-                                              if k != "num_splits"})
-
-
 TIM = {"block_tokens": 64, "heads_per_block": 16, "threads": 384, "num_splits": 1,
        "warp_specialized": False, "tokens_in_m": True, "num_stages": 2, "ctas_per_sm": 1}
 
