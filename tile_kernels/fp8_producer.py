@@ -25,20 +25,7 @@ per buffer ``b``: ``K_l[b]`` / ``K_r[b]`` (``[BI, 256]`` bf16, dims [0, 256) and
 fence). Tile ``k`` of a range uses buffer ``k % NB``; each buffer's barriers complete once
 per round of ``NB`` tiles, so their phase is the count of rounds the CTA produced before.
 
-Raw ring (``raw_ring`` N >= 2, not the default): the raw bytes go by ``cp.async`` into a
-shared-memory ring of N slots of one round (32 tokens) each instead of registers, N - 1
-rounds ahead of the one being dequantised (one ``cp.async`` group per round; ``wait_group
-N - 1`` before a round's dequantisation), so N - 1 rounds of bytes are in flight without
-costing registers (the register path has about one round in flight: bench/PERF_NOTES.md
-item 38). Each lane reads back only the bytes its own copies wrote, so no barrier joins the
-producer's warps; the slots are lane-major (chunk ``c`` of lane ``p`` at 16-byte slot ``c *
-128 + p``: a warp's copies and reads of one chunk are 512 contiguous bytes). An invalid
-token's copies are zero-filled (source size 0: no memory read), and its validity travels in
-the slot beside its bytes. The K stores are 16-byte calls that TileLang's thread-sync pass
-sees as reads (``dsv4_st16``, as the half producer's), so it puts no barrier into the loop.
-
-Lean producer (``lean``, schedule knob ``producer_lean``, not the default; register path
-only): the same bytes, loads and K, in fewer instructions per round (bench/PERF_NOTES.md item
+Lean producer (``lean``, schedule knob ``producer_lean``, not the default): the same bytes, loads and K, in fewer instructions per round (bench/PERF_NOTES.md item
 46): the K stores as ``dsv4_st16`` calls (no barrier inserted between a round's stores), a
 token's loads, block / slot (a multiply-high by the block size's magic number, computed
 once per scope) and validity in one call (``dsv4_ldg_token``), and the dequantisation with
@@ -62,26 +49,14 @@ assert (NUM_TILES, QUANT_TILE, NOPE_DIM, TOKEN_DATA_BYTES, TOKEN_SCALE_BYTES) ==
 TOKENS_PER_ROUND = 32
 RAW_WORDS = 4 * NUM_TILES + 8 + 2
 PRODUCER_THREADS = 128
-# One slot of the raw ring (words): a lane's 9 chunks of 16 bytes (7 NoPE quarters, 2 RoPE
-# pieces) lane-major, then its 8 scale bytes (2 words) and its validity (1 word).
+# A round's 16-byte chunks per lane: 7 NoPE quarters, 2 RoPE pieces.
 RAW_CHUNKS = NUM_TILES + 2
-RAW_SCALE_WORD = 4 * RAW_CHUNKS * PRODUCER_THREADS
-RAW_OK_WORD = RAW_SCALE_WORD + 2 * PRODUCER_THREADS
-RAW_SLOT_WORDS = RAW_OK_WORD + PRODUCER_THREADS  # 4992 words, 19,968 bytes
-RAW_SLOT_BYTES = 4 * RAW_SLOT_WORDS
 
 
-def raw_ring_bytes(raw_ring: int) -> int:
-    """Shared memory of a raw ring of ``raw_ring`` slots (0: the register path)."""
-    return raw_ring * RAW_SLOT_BYTES
-
-
-# The raw ring's copies and validity stores, as calls (the K stores: ``dsv4_st16``,
-# HALF_PRODUCER_PRELUDE; ``producer_prelude`` joins them).
-# Every shared-memory address they take is declared read-only ("r") to TileLang's
-# thread-sync pass: each lane reads back only its own copies, ordered by its own
-# ``cp.async.wait_group``, and the K buffers' ordering is the ready / free barriers'; as
-# writes the pass put barriers among the producer's warps.
+# Asynchronous 16 / 8-byte copies global -> shared and a validity store, as calls whose
+# shared addresses are declared read-only to TileLang's thread-sync pass (each lane reads back
+# only its own copies). Left from the retired raw ring (bench/PERF_NOTES.md "Retired levers");
+# prefill's cluster_gather producer still issues them.
 RAW_RING_PRELUDE = r"""
 // dsv4-tl: the FP8 producer's raw ring (tile_kernels/fp8_producer.py).
 // 16 (8) bytes global -> shared, asynchronously; zero-filled without a read when !ok.
@@ -136,17 +111,14 @@ class TileRange(NamedTuple):
 
 
 class ProducerRegisters(NamedTuple):
-    """A producer lane's registers: ``raw`` (two rounds of staged bytes; with the raw ring
-    only the scale words of the round being dequantised), ``ok`` (their validity), ``nxt``
-    (the next tile's index entry per round of a tile), ``deq`` (one dequantised 16-value
-    chunk); ``ring_raw``: the raw ring's shared slots (None on the register path); ``divm``:
-    the lean producer's division magic (main scope's multiplier and shift, then the extra
-    scope's; None otherwise)."""
+    """A producer lane's registers: ``raw`` (two rounds of staged bytes), ``ok`` (their
+    validity), ``nxt`` (the next tile's index entry per round of a tile), ``deq`` (one
+    dequantised 16-value chunk); ``divm``: the lean producer's division magic (main scope's
+    multiplier and shift, then the extra scope's; None otherwise)."""
     raw: object
     ok: object
     nxt: object
     deq: object
-    ring_raw: object = None
     divm: object = None
 
 
@@ -164,41 +136,6 @@ class RegisterSlot(NamedTuple):
 
     def scale_word(self, i: int):
         return self.raw[RAW_WORDS * self.slot + 4 * RAW_CHUNKS + i]
-
-
-class SharedSlot(NamedTuple):
-    """Lane ``p``'s part of the raw-ring slot at word ``base`` (an expression): chunk ``c``
-    at words ``4 (c * 128 + p) ..``, the scale words at ``RAW_SCALE_WORD + 2p``, the
-    validity at ``RAW_OK_WORD + p``. Addresses are declared read-only (RAW_RING_PRELUDE)."""
-    raw: object
-    base: object
-    p: object
-
-    def chunk(self, c: int, mode: str):
-        return T.access_ptr(self.raw[self.base + 4 * (c * PRODUCER_THREADS + self.p)], "r", 4)
-
-    def scales(self, mode: str):
-        return T.access_ptr(self.raw[self.base + RAW_SCALE_WORD + 2 * self.p], "r", 2)
-
-    def scale_word(self, i: int):
-        return self.raw[self.base + RAW_SCALE_WORD + 2 * self.p + i]
-
-    def ok_word(self):
-        return self.raw[self.base + RAW_OK_WORD + self.p]
-
-
-class RingRound(NamedTuple):
-    """A raw-ring round being dequantised: its chunks read from the shared ``slot``, its two
-    scale words from the registers ``scales`` (copied once: the K stores between their uses
-    would make the compiler read them again)."""
-    slot: SharedSlot
-    scales: object
-
-    def chunk(self, c: int, mode: str):
-        return self.slot.chunk(c, mode)
-
-    def scale_word(self, i: int):
-        return self.scales[i]
 
 
 def lane_token(r, p):
@@ -235,32 +172,18 @@ def tile_token_index_lean(main, extra, rng, k, j, block_tokens: int, has_extra: 
         T.max(T.min((t - rng.main_tiles) * BI + j, extra.width - 1), 0))
 
 
-def check_raw_ring(raw_ring) -> int:
-    """``raw_ring``: 0 (register path) or 2-8 slots; ValueError naming it otherwise."""
-    if type(raw_ring) is not int or not (raw_ring == 0 or 2 <= raw_ring <= 8):
-        raise ValueError(f"raw_ring: expected 0 (raw bytes in registers) or 2-8 shared slots "
-                         f"of 32 tokens, got {raw_ring!r}")
-    return raw_ring
-
-
-def check_producer_lean(producer_lean, raw_ring: int = 0) -> bool:
-    """``producer_lean``: True or False; the lean producer stages raw bytes in registers, so
-    not with a raw ring. ValueError naming it otherwise."""
+def check_producer_lean(producer_lean) -> bool:
+    """``producer_lean``: True or False; ValueError naming it otherwise."""
     if type(producer_lean) is not bool:
         raise ValueError(f"producer_lean: expected True or False, got {producer_lean!r}")
-    if producer_lean and raw_ring:
-        raise ValueError(f"producer_lean: the lean producer stages raw bytes in registers, not "
-                         f"with raw_ring {raw_ring}")
     return producer_lean
 
 
-def alloc_producer_registers(block_tokens: int, raw_ring: int = 0,
-                             lean: bool = False) -> ProducerRegisters:
+def alloc_producer_registers(block_tokens: int, lean: bool = False) -> ProducerRegisters:
     """The registers of ``FP8Producer.produce_tiles`` (allocated once per CTA, so that a
-    persistent CTA's items reuse them), and with ``raw_ring`` its shared slots."""
-    ring = check_raw_ring(raw_ring)
-    check_producer_lean(lean, ring)
-    shapes = {"raw": ([2 if ring else 2 * RAW_WORDS], T.uint32),  # two rounds in flight
+    persistent CTA's items reuse them)."""
+    check_producer_lean(lean)
+    shapes = {"raw": ([2 * RAW_WORDS], T.uint32),  # two rounds in flight
               "ok": ([2], T.int32),
               "nxt": ([block_tokens // TOKENS_PER_ROUND], T.int32),
               "deq": ([16], T.bfloat16)}
@@ -270,40 +193,34 @@ def alloc_producer_registers(block_tokens: int, raw_ring: int = 0,
     for name, (shape, dtype) in shapes.items():
         regs[name] = T.alloc_local(shape, dtype)
         IRBuilder.name(name, regs[name])  # the name in the generated code
-    if ring:
-        regs["ring_raw"] = T.alloc_shared([ring * RAW_SLOT_WORDS], T.uint32)
-        IRBuilder.name("ring_raw", regs["ring_raw"])
     return ProducerRegisters(**regs)
 
 
 def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
-                      num_buffers: int = 2, raw_ring: int = 0, lean: bool = False):
+                      num_buffers: int = 2, lean: bool = False):
     """The producer macro ``produce_tiles(ring, regs, p, main, extra, rng, rounds,
     rounds_before, tiles)`` for tiles of ``block_tokens`` (32 or 64) tokens into a ring of
     ``num_buffers`` K buffers.
 
     ``ring``: the K buffers and barriers (module docstring); ``regs``:
-    ``alloc_producer_registers(block_tokens, raw_ring)``; ``p``: the lane (0-127) in the
+    ``alloc_producer_registers(block_tokens, lean)``; ``p``: the lane (0-127) in the
     producer warpgroup; ``main`` / ``extra``: ``CacheScope`` of each scope; ``rng``:
     ``TileRange``; ``rounds``: the rounds of ``num_buffers`` tiles to fill (tile ``k`` is
     ``rng.t_begin + k``, produced all-invalid past ``rng.t_end``); ``rounds_before``: the
     rounds this CTA's producer filled before (the barriers' phase); ``tiles``: None: every
     round fills all its buffers (the heads-in-M consumers take them in pairs), else tiles
     ``k >= tiles`` are skipped (their readers skip them too; 64-token tiles only).
-    ``raw_ring``: 0, raw bytes staged in registers; N >= 2, in N shared slots of 32 tokens,
-    N - 1 rounds ahead (module docstring; the kernel's prelude: ``producer_prelude``).
-    ``lean``: the lean producer (module docstring; register path only; ``regs`` from
-    ``alloc_producer_registers(..., lean=True)``).
+    ``lean``: the lean producer (module docstring; ``regs`` from
+    ``alloc_producer_registers(..., lean=True)``; the kernel's prelude: ``producer_prelude``).
     """
     BI = block_tokens
     NB = num_buffers
-    N = check_raw_ring(raw_ring)
-    LEAN = check_producer_lean(lean, N)
+    LEAN = check_producer_lean(lean)
     DH = HEAD_DIM // 2  # a K half
     R = BI // TOKENS_PER_ROUND  # rounds per tile
     if R not in (1, 2):
         raise ValueError(f"block_tokens: the FP8 producer takes 32 or 64, got {BI}")
-    if R == 1 and NB != 2 and not N:
+    if R == 1 and NB != 2:
         # one register slot per tile parity: the slot of tile k must be a trace-time constant
         raise ValueError(f"num_buffers: 32-token tiles need 2 K buffers, got {NB}")
     if fp8_format not in FP8_RESTORE_EXP:
@@ -320,8 +237,6 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
     def load16(slot, c: int, src, ok):
         """The call that loads chunk ``c`` of ``slot`` from ``src`` (a plain function, not a
         macro: a macro would bind ``src`` to a ``void*`` variable, losing its constness)."""
-        if N:
-            return T.call_extern("handle", "dsv4_cp_async16", slot.chunk(c, "r"), src, ok)
         return T.call_extern("handle", "dsv4_ldg16", src, slot.chunk(c, "w"))
 
     @T.macro
@@ -338,7 +253,7 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
     @T.macro
     def load_quarter(slot, ok, oi, q, idx, scope, length, col):
         """``slot`` <- this lane's quarter of token ``idx`` at column ``col`` of ``scope``;
-        ``ok[oi]`` (and with the raw ring the slot's validity word) <- its validity."""
+        ``ok[oi]`` <- its validity."""
         # Block and slot by int32 truncating division of the clamped index (int64 division
         # by a run-time block size is a long instruction sequence).
         blk = T.truncdiv(T.max(idx, 0), scope.block_size)
@@ -358,13 +273,8 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
         for u in unrolled(2):
             load16(slot, NUM_TILES + u,
                    T.access_ptr(scope.u8[rec + NOPE_DIM + 32 * q + 16 * u], "r", 16), ok[oi])
-        if N:
-            T.call_extern("handle", "dsv4_cp_async8", slot.scales("r"),
-                          T.access_ptr(scope.u8[scl], "r", 8), ok[oi])
-            T.call_extern("handle", "dsv4_st_u32", T.access_ptr(slot.ok_word(), "r", 1), ok[oi])
-        else:
-            T.call_extern("handle", "dsv4_ldg8", T.access_ptr(scope.u8[scl], "r", 8),
-                          slot.scales("w"))
+        T.call_extern("handle", "dsv4_ldg8", T.access_ptr(scope.u8[scl], "r", 8),
+                      slot.scales("w"))
 
     @T.macro
     def load_round(regs, slot, oi, r, k, p, main, extra, rng):
@@ -399,9 +309,9 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
         regs.nxt[r] = token_index(main, extra, rng, k + 1, j)
 
     def st16(dst, deq, d0: int):
-        """The raw ring's and the lean producer's K store: ``deq[d0 : d0 + 8]`` -> the 16
-        bytes at ``dst`` (a K element), as a call declared read (RAW_RING_PRELUDE): no
-        inserted barrier."""
+        """The lean producer's K store: ``deq[d0 : d0 + 8]`` -> the 16 bytes at ``dst`` (a K
+        element), as a call declared read (``dsv4_st16``, HALF_PRODUCER_PRELUDE): no inserted
+        barrier."""
         return T.call_extern("handle", "dsv4_st16", T.access_ptr(dst, "r", 8),
                              T.access_ptr(deq[d0], "r", 8))
 
@@ -460,13 +370,7 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
                           T.access_ptr(deq[0], "w", 16))
             # Each branch holds its own store loop: a store under a branch inside a
             # vectorised loop gets hoisted out of the branch by TileLang's vectoriser.
-            if N:
-                for h in unrolled(2):
-                    if g < 4:
-                        st16(ring.K_l[buf][j, g * QUANT_TILE + 16 * q + 8 * h], deq, 8 * h)
-                    else:
-                        st16(ring.K_r[buf][j, g * QUANT_TILE - DH + 16 * q + 8 * h], deq, 8 * h)
-            elif g < 4:
+            if g < 4:
                 for h in unrolled(2):
                     for v in T.vectorized(8):
                         ring.K_l[buf][j, g * QUANT_TILE + 16 * q + 8 * h + v] = deq[8 * h + v]
@@ -474,18 +378,11 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
                 for h in unrolled(2):
                     for v in T.vectorized(8):
                         ring.K_r[buf][j, g * QUANT_TILE - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
-        if N:  # the RoPE pieces are two chunks apart in a shared slot
-            for u in unrolled(2):
-                T.call_extern("handle", "dsv4_copy<4>", slot.chunk(NUM_TILES + u, "r"), ok[oi],
-                              T.access_ptr(deq[8 * u], "w", 8))
-            for h in unrolled(2):
-                st16(ring.K_r[buf][j, NOPE_DIM - DH + 16 * q + 8 * h], deq, 8 * h)
-        else:
-            T.call_extern("handle", "dsv4_copy<8>", slot.chunk(NUM_TILES, "r", 8), ok[oi],
-                          T.access_ptr(deq[0], "w", 16))
-            for h in unrolled(2):
-                for v in T.vectorized(8):
-                    ring.K_r[buf][j, NOPE_DIM - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
+        T.call_extern("handle", "dsv4_copy<8>", slot.chunk(NUM_TILES, "r", 8), ok[oi],
+                      T.access_ptr(deq[0], "w", 16))
+        for h in unrolled(2):
+            for v in T.vectorized(8):
+                ring.K_r[buf][j, NOPE_DIM - DH + 16 * q + 8 * h + v] = deq[8 * h + v]
 
     # the register path's dequantisation of a round
     register_round = dequant_round_lean if LEAN else dequant_round
@@ -504,34 +401,6 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
         T.fence_proxy_async()
         T.barrier_arrive(ring.k_ready[buf])
 
-    def ring_slot(regs, p, rnd, step: int):
-        """The raw-ring slot of step ``rnd * NB * R + step`` (a step = one round of a tile)."""
-        if (NB * R) % N == 0:  # the slot repeats every round of K buffers
-            return SharedSlot(regs.ring_raw, (step % N) * RAW_SLOT_WORDS, p)
-        return SharedSlot(regs.ring_raw, T.truncmod(rnd * (NB * R) + step, N) * RAW_SLOT_WORDS,
-                          p)
-
-    @T.macro
-    def fill_from_ring(ring, buf, phase, rnd, k, p, regs, main, extra, rng):
-        """Tile ``k`` (buffer ``buf``) from the raw ring: per round, the bytes of the round
-        N - 1 steps ahead requested, this round's group awaited, the buffer awaited (first
-        round), the round dequantised shared -> shared."""
-        for r in unrolled(R):
-            ahead = r + N - 1  # the step issued now, counted from this tile's first round
-            load_round(regs, ring_slot(regs, p, rnd, buf * R + ahead), 0, ahead % R,
-                       k + ahead // R, p, main, extra, rng)
-            T.call_extern("handle", "dsv4_cp_async_commit")
-            T.call_extern("handle", f"dsv4_cp_async_wait<{N - 1}>")
-            if r == 0:
-                T.barrier_wait(ring.k_free[buf], phase)
-            slot = ring_slot(regs, p, rnd, buf * R + r)
-            regs.ok[1] = T.cast(slot.ok_word(), T.int32)
-            for i in unrolled(2):
-                regs.raw[i] = slot.scale_word(i)
-            dequant_round(ring, buf, RingRound(slot, regs.raw), regs.ok, 1, regs.deq, r, p)
-        T.fence_proxy_async()
-        T.barrier_arrive(ring.k_ready[buf])
-
     @T.macro
     def produce_bound(ring, regs, p, main, extra, r_b, r_s, t_begin, t_end, main_tiles, rounds,
                       rounds_before, tiles):
@@ -547,24 +416,12 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
                 regs.divm[3] = T.call_extern("uint32", "dsv4_div_shr", extra.block_size)
         for r in unrolled(R):
             regs.nxt[r] = token_index(main, extra, rng, 0, lane_token(r, p)[0])
-        if N:
-            for u in unrolled(N - 1):  # steps 0 .. N-2 in flight before the first wait
-                load_round(regs, SharedSlot(regs.ring_raw, u * RAW_SLOT_WORDS, p), 0, u % R,
-                           u // R, p, main, extra, rng)
-                T.call_extern("handle", "dsv4_cp_async_commit")
-        else:
-            load_round(regs, RegisterSlot(regs.raw, 0), 0, 0, 0, p, main, extra, rng)
+        load_round(regs, RegisterSlot(regs.raw, 0), 0, 0, 0, p, main, extra, rng)
         for rnd in T.serial(rounds):
             for buf in buffers:  # K buffer == tile % NB
                 k = rnd * NB + buf
                 phase = ((rounds_before + rnd) & 1) ^ 1
-                if N:
-                    if tiles is not None:
-                        if k < tiles:
-                            fill_from_ring(ring, buf, phase, rnd, k, p, regs, main, extra, rng)
-                    else:
-                        fill_from_ring(ring, buf, phase, rnd, k, p, regs, main, extra, rng)
-                elif R == 1:
+                if R == 1:
                     # One round per tile, one register slot per tile parity (NB == 2): tile
                     # k+1's bytes are requested before the wait for tile k's buffer, so they
                     # arrive during that wait and tile k's dequantisation.
@@ -580,10 +437,6 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
                         fill_two_rounds(ring, buf, phase, k, p, regs, main, extra, rng)
                 else:
                     fill_two_rounds(ring, buf, phase, k, p, regs, main, extra, rng)
-        if N:
-            # the copies issued past the range (zero-filled, no reads) land before the CTA
-            # may exit and its shared memory be handed on
-            T.call_extern("handle", "dsv4_cp_async_wait<0>")
 
     def produce_tiles(ring, regs, p, main, extra, rng, rounds, rounds_before, tiles=None):
         produce_bound(ring, regs, p, main, extra, *rng, rounds, rounds_before, tiles)
@@ -787,10 +640,8 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
     return produce_halves
 
 
-def producer_prelude(raw_ring: int, lean: bool = False) -> str:
-    """The CUDA lines a kernel with ``make_fp8_producer(..., raw_ring, lean)`` needs."""
-    if raw_ring:
-        return FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE + RAW_RING_PRELUDE
+def producer_prelude(lean: bool = False) -> str:
+    """The CUDA lines a kernel with ``make_fp8_producer(..., lean)`` needs."""
     if lean:
         return FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE + FP8_LEAN_PRELUDE
     return FP8_BF16_PRELUDE

@@ -1,24 +1,19 @@
 """Schedule rules in pure Python (no TileLang import), read by both the kernel builders and
-the tuner's resource check (``python/dsv4_tl/tune/resources.py``), so a rule is written once
+the tuner's resource check (``python/dsv4_tl/schedule_rules.py``), so a rule is written once
 instead of mirrored."""
 
 from typing import Optional
 
 
-def producer_lean_refusal(producer_lean, *, raw_ring=0, warp_specialized=False,
-                          consumers="split",
+def producer_lean_refusal(producer_lean, *, warp_specialized=False, consumers="split",
                           tokens_in_m=False) -> Optional[str]:
     """Why the lean FP8 producer (``producer_lean``, bench/PERF_NOTES.md item 46) cannot serve
     this schedule, or None. It is the register path of the one FP8 producer
     (``fp8_producer``): the split consumers of the warp-specialised schedule on the fixed
     and the persistent grid (both balances; bench/PERF_NOTES.md item 52), and tokens in M
-    on either grid; not with a raw ring (raw bytes in shared slots) nor the seesaw's half
-    producer."""
+    on either grid; not the seesaw's half producer."""
     if not producer_lean:
         return None
-    if raw_ring:
-        return (f"producer_lean: the lean producer stages raw bytes in registers, not with "
-                f"raw_ring {raw_ring}")
     if not (tokens_in_m or (warp_specialized and consumers == "split")):
         return ("producer_lean: the lean producer serves the split consumers and tokens in M, "
                 f"got consumers {consumers!r}, warp_specialized {warp_specialized}, "
@@ -26,17 +21,16 @@ def producer_lean_refusal(producer_lean, *, raw_ring=0, warp_specialized=False,
     return None
 
 
-def tokens_in_m_persistent_refusal(*, num_splits, num_stages, ctas_per_sm=1, raw_ring=0,
-                                   balance="items", item_cost=1) -> Optional[str]:
+def tokens_in_m_persistent_refusal(*, num_splits, num_stages, ctas_per_sm=1, balance="items",
+                                   item_cost=1) -> Optional[str]:
     """Why the tokens-in-M decode's persistent grid cannot take this schedule, or None. It
     walks ``work.walk_items``' tile pairs (two K buffers), one split per item (the walk cuts
-    rows itself), one CTA per SM (the front end's grid), the register path of the producer,
-    lean or not (a raw ring would drain at every item), outputs by TMA of whole head groups,
+    rows itself), one CTA per SM (the front end's grid), the producer lean or not, outputs by
+    TMA of whole head groups,
     and the item balance (the tile balance, ``balance`` "tiles" of bench/PERF_NOTES.md item 48, is
     built for the 64-head warp-specialised grid only)."""
     for name, value, want in (("num_splits", num_splits, 1), ("num_stages", num_stages, 2),
-                              ("ctas_per_sm", ctas_per_sm, 1), ("raw_ring", raw_ring, 0),
-                              ("balance", balance, "items")):
+                              ("ctas_per_sm", ctas_per_sm, 1), ("balance", balance, "items")):
         if value != want:
             return (f"persistent: the tokens-in-M persistent grid needs {name} {want!r}, "
                     f"got {value!r}")

@@ -39,7 +39,7 @@ from tvm.script.ir_builder import IRBuilder
 from .compile_options import NO_AUTO_BOUNDS_GUARDS
 from .fp8 import FP8_FORMATS, fp8_byte_to_float
 from .fp8_producer import (CacheScope, TileRange, alloc_producer_registers, check_producer_lean,
-                           check_raw_ring, make_fp8_producer, producer_prelude, raw_ring_bytes,
+                           make_fp8_producer, producer_prelude,
                            unrolled)
 from .schedule_rules import producer_lean_refusal, tokens_in_m_persistent_refusal
 from .tile_math import check_tile_math
@@ -167,7 +167,6 @@ def build_sparse_decode(
     tokens_in_m: bool = False,
     num_stages: int = 2,
     ctas_per_sm: int = 1,
-    raw_ring: int = 0,
     producer_lean: bool = False,
     balance: str = "items",
     q_stages: int = 0,
@@ -225,18 +224,12 @@ def build_sparse_decode(
             ``ctas_per_sm`` (1-3, >1 only with 256 threads) bounds the registers so that
             several CTAs share an SM (``_build_tokens_in_m``). sm_90a only. With
             ``persistent`` (whole head groups; ``num_splits`` 1, ``num_stages`` 2,
-            ``ctas_per_sm`` 1, no raw ring; others refused by name) the
+            ``ctas_per_sm`` 1; others refused by name) the
             persistent grid of the 64-head schedule, its item walk shared (``work.py``;
             bench/PERF_NOTES.md item 50).
-        raw_ring: the FP8 producer's staging of raw bytes (split consumers and tokens in M):
-            0 in registers (about one round of 32 tokens in flight), N (2-8) in a ring of N
-            shared slots of 32 tokens (~19.5 KB each), N - 1 rounds in flight
-            (``fp8_producer``); fixed grid only; refused where Q, the K buffers and the ring
-            pass the 227 KB of shared memory of a CTA (``227 KB / ctas_per_sm``), e.g. the
-            split consumers' 64-token tiles or more than 4 slots beside their 32-token ones.
         producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
-            in M, on either grid; not with a raw ring nor the seesaw's half
-            producer: ``schedule_rules.producer_lean_refusal``): the same loads and K in
+            in M, on either grid; not with the seesaw's half producer:
+            ``schedule_rules.producer_lean_refusal``): the same loads and K in
             fewer instructions per 32-token round (``fp8_producer``,
             ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md items 46, 52).
 
@@ -255,20 +248,12 @@ def build_sparse_decode(
     """
     if fp8_format not in FP8_FORMATS:
         raise ValueError(f"fp8_format: expected one of {FP8_FORMATS}, got {fp8_format!r}")
-    check_raw_ring(raw_ring)
-    check_producer_lean(producer_lean, raw_ring)
-    refusal = producer_lean_refusal(producer_lean, raw_ring=raw_ring,
-                                    warp_specialized=warp_specialized, consumers=consumers,
+    check_producer_lean(producer_lean)
+    refusal = producer_lean_refusal(producer_lean, warp_specialized=warp_specialized,
+                                    consumers=consumers,
                                     tokens_in_m=tokens_in_m)
     if refusal:
         raise ValueError(refusal)
-    if raw_ring and (persistent or not ((warp_specialized and consumers == "split")
-                                         or tokens_in_m)):
-        # (the persistent grid would drain the ring at every item; not yet run on a GPU)
-        raise ValueError("raw_ring: the FP8 producer's raw ring serves the split consumers and "
-                         f"tokens in M on the fixed grid, got consumers {consumers!r}, "
-                         f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}, "
-                         f"persistent {persistent}")
     if q_stages not in (0, 1, 2) or type(q_stages) is not int or (
             q_stages and not (persistent and warp_specialized and not tokens_in_m)):
         raise ValueError("q_stages: 0 (the rule), 1 or 2 Q stages of the warp-specialised "
@@ -297,17 +282,10 @@ def build_sparse_decode(
         # same rule): a padded last group keeps the fixed grid.
         persistent = persistent and num_heads % HB == 0
         if persistent:
-            check_tokens_in_m_persistent(S, num_stages, ctas_per_sm, raw_ring, balance,
-                                         item_cost)
+            check_tokens_in_m_persistent(S, num_stages, ctas_per_sm, balance, item_cost)
         _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages, ctas_per_sm)
-        # Q, the K buffers and their flags, P (one per K buffer with two math warpgroups),
-        # the rescale and denominator rows
-        two = threads == 384
-        check_shared_budget(HB * D * 2 + num_stages * (BI * D * 2 + BI)
-                            + (num_stages if two else 1) * HB * BI * 2,
-                            raw_ring, ctas_per_sm)
         return _build_tokens_in_m(num_heads, has_extra, fp8_format, S, BI, HB, num_stages,
-                                  threads, ctas_per_sm, raw_ring, producer_lean,
+                                  threads, ctas_per_sm, producer_lean,
                                   persistent=persistent,
                                   item_cost=item_cost)
     if warp_specialized:
@@ -329,10 +307,8 @@ def build_sparse_decode(
             from .sparse_decode_seesaw import _build_seesaw_decode
             return _build_seesaw_decode(num_heads, has_extra, fp8_format, S, BI, _shape_vars(),
                                        producer_slots)
-        # Q, two K buffers and their flags, two P tiles (WarpSpecializedState)
-        check_shared_budget(HB * D * 2 + 2 * (BI * D * 2 + BI) + 2 * HB * BI * 2, raw_ring)
         return _build_warp_specialized(num_heads, has_extra, fp8_format, S, BI, persistent,
-                                       item_cost, raw_ring, producer_lean,
+                                       item_cost, producer_lean,
                                        balance=balance,
                                        q_stages=q_stages)
     if persistent:
@@ -466,24 +442,6 @@ def build_sparse_decode(
     return decode_prim_func(shapes, num_heads, S, body)
 
 
-# A CTA's shared memory on sm_90a (227 KB) and what the kernels' small buffers take beside
-# the tiles (rescale / denominator rows, flags, the reductions' scratch, each placed at a
-# 1 KB boundary by TileLang).
-SHARED_MEMORY_PER_CTA = 227 * 1024
-SMALL_BUFFERS_BYTES = 4 * 1024
-
-
-def check_shared_budget(tile_bytes: int, raw_ring: int, ctas_per_sm: int = 1):
-    """ValueError naming ``raw_ring`` when the tiles (``tile_bytes``: Q, K buffers, P), the
-    small buffers and a raw ring of ``raw_ring`` slots pass a CTA's share of an SM's shared
-    memory."""
-    need = tile_bytes + SMALL_BUFFERS_BYTES + raw_ring_bytes(raw_ring)
-    if raw_ring and need > SHARED_MEMORY_PER_CTA // ctas_per_sm:
-        raise ValueError(f"raw_ring: {raw_ring} slots ({raw_ring_bytes(raw_ring)} bytes) beside "
-                         f"{tile_bytes} bytes of tiles need ~{need} bytes of shared memory, more "
-                         f"than {SHARED_MEMORY_PER_CTA // ctas_per_sm} per CTA")
-
-
 def row_lengths(MainLength, ExtraLength, topk, ew, r_b, has_extra: bool) -> tuple:
     """Request ``r_b``'s scope lengths clamped into ``[0, width]`` (expressions)."""
     main_len = T.min(T.max(MainLength[r_b], 0), topk)
@@ -508,7 +466,7 @@ def store_row_splits(RowSplits, row, hg, split, S: int):
 
 
 def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
-                            persistent: bool = False, item_cost: int = 3, raw_ring: int = 0,
+                            persistent: bool = False, item_cost: int = 3,
                             producer_lean: bool = False, *,
                             balance: str = "items",
                             q_stages: int = 0):
@@ -525,8 +483,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
     head_groups = (num_heads + HB - 1) // HB
     shapes = _shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
-    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, raw_ring=raw_ring,
-                                      lean=producer_lean)
+    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, lean=producer_lean)
 
     @T.macro
     def write_half(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, split, h0):
@@ -706,7 +663,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
              num_ctas):
         if persistent:
             with T.Kernel(num_ctas, threads=WS_THREADS,
-                          prelude=producer_prelude(raw_ring, producer_lean)) as cta:
+                          prelude=producer_prelude(producer_lean)) as cta:
                 # Q comes per work item, loaded by the producer into one of NQ stages
                 # (bar_q: the loading warpgroup's 128 threads arrive; q_free: both
                 # consumers); with one stage by warpgroup 0.
@@ -749,7 +706,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                 else:
                     ws_set_regs(regs_p[2])
                     p = tx - 256
-                    regs = alloc_producer_registers(BI, raw_ring, producer_lean)
+                    regs = alloc_producer_registers(BI, producer_lean)
                     lv = T.alloc_local([2], T.int32)  # the row's lengths
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
                               lambda item: produce_item(
@@ -760,7 +717,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                          extra_block_stride, extra_num_blocks)))
         else:
             with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
-                          prelude=producer_prelude(raw_ring, producer_lean)) as (row, hg, split):
+                          prelude=producer_prelude(producer_lean)) as (row, hg, split):
                 st = WarpSpecializedState(HB, BI, D)
                 tx = T.get_thread_binding()
                 # Once, as variables: as expressions every output address recomputed them
@@ -827,7 +784,7 @@ def _build_warp_specialized(num_heads: int, has_extra: bool, fp8_format: str, S:
                                       main_block_stride, main_num_blocks)
                     extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
                                        extra_block_stride, extra_num_blocks)
-                    regs = alloc_producer_registers(BI, raw_ring, producer_lean)
+                    regs = alloc_producer_registers(BI, producer_lean)
                     produce_tiles(st, regs, p, main, extra,
                                   TileRange(r_b, r_s, t_begin, t_end, main_tiles), pairs, 0)
 
@@ -882,11 +839,11 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_pe
                          f"{threads} threads")
 
 
-def check_tokens_in_m_persistent(S, NB, ctas_per_sm, raw_ring, balance, item_cost):
+def check_tokens_in_m_persistent(S, NB, ctas_per_sm, balance, item_cost):
     """ValueError naming the knob that the tokens-in-M decode's persistent grid cannot take
     (the rule: ``schedule_rules.tokens_in_m_persistent_refusal``, which the tuner reads too)."""
     why = tokens_in_m_persistent_refusal(num_splits=S, num_stages=NB, ctas_per_sm=ctas_per_sm,
-                                         raw_ring=raw_ring, balance=balance,
+                                         balance=balance,
                                          item_cost=item_cost)
     if why is not None:
         raise ValueError(why)
@@ -926,7 +883,7 @@ class TokensInMRing:
 
 
 def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
-                       HB: int, NB: int, threads: int, ctas_per_sm: int, raw_ring: int = 0,
+                       HB: int, NB: int, threads: int, ctas_per_sm: int,
                        producer_lean: bool = False, *,
                        persistent: bool = False, item_cost: int = 3):
     """Sparse decode for few heads (TP head counts, speculative drafts): the heads are
@@ -966,7 +923,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     buffers = tuple(range(NB))
     shapes = _shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
-    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB, raw_ring, producer_lean)
+    produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB, producer_lean)
 
     def alloc_math_fragments():
         """The math warpgroups' fragments (both grids; allocated in this order, each named in
@@ -1094,7 +1051,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
              extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
              num_ctas):
         with T.Kernel(b * s_q, head_groups, S, threads=threads,
-                      prelude=producer_prelude(raw_ring, producer_lean)) as (row, hg, split):
+                      prelude=producer_prelude(producer_lean)) as (row, hg, split):
             if ctas_per_sm > 1:
                 T.annotate_min_blocks_per_sm(ctas_per_sm)
             rg = TokensInMRing(HB, BI, D, NB, threads)
@@ -1182,7 +1139,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                                   main_block_stride, main_num_blocks)
                 extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
                                    extra_block_stride, extra_num_blocks)
-                regs = alloc_producer_registers(BI, raw_ring, producer_lean)
+                regs = alloc_producer_registers(BI, producer_lean)
                 produce_tiles(rg, regs, tx - producer0, main, extra,
                               TileRange(r_b, r_s, t_begin, t_end, main_tiles), rounds, 0, tiles)
 
@@ -1289,7 +1246,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                         main_num_blocks, extra_block_size, extra_block_stride, extra_num_blocks,
                         tiles_per_split, num_ctas):
         with T.Kernel(num_ctas, threads=threads,
-                      prelude=producer_prelude(raw_ring, producer_lean)) as cta:
+                      prelude=producer_prelude(producer_lean)) as cta:
             regs_split = tokens_in_m_persistent_regs(HB)
             # Q per item, by warpgroup 0 (its 128 threads arrive)
             rg = TokensInMRing(HB, BI, D, NB, threads, q_arrivals=128)
@@ -1323,7 +1280,7 @@ def _build_tokens_in_m(num_heads: int, has_extra: bool, fp8_format: str, S: int,
             else:
                 if two:
                     ws_set_regs(regs_split[2])
-                regs = alloc_producer_registers(BI, raw_ring, producer_lean)
+                regs = alloc_producer_registers(BI, producer_lean)
                 lv = T.alloc_local([2], T.int32)  # the row's lengths
                 walk_plan("items", span, units, head_groups, s_q, tiles,
                           lambda item: produce_item(
@@ -1494,18 +1451,6 @@ LOWERING_EXAMPLES = [
     # the split-major merge, 20 heads: a padded last group of 8
     {"builder": "build_sparse_decode_combine",
      "kwargs": {"num_heads": 20, "num_splits": 4, "merge": "splits"}},
-    # the producer's raw ring (raw_ring): split consumers, 32-token tiles, both scopes with
-    # split-KV partials, 4 slots; a padded group (h96) SWA-only, 8 splits, 3 slots (the slot
-    # of a round taken at run time); tokens in M, 64-token tiles (2 rounds a tile), 3 slots
-    {"builder": "build_sparse_decode",
-     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
-                "block_tokens": 32, "num_splits": 2, "raw_ring": 4}},
-    {"builder": "build_sparse_decode",
-     "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
-                "block_tokens": 32, "num_splits": 8, "raw_ring": 3}},
-    {"builder": "build_sparse_decode",
-     "kwargs": {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
-                "threads": 384, "block_tokens": 64, "num_stages": 2, "raw_ring": 3}},
     # the lean FP8 producer (producer_lean): split consumers, 32-token tiles, h128 both scopes
     # one split (the h128 b128 C4A kernel); a padded group (h96) SWA-only, 8 splits (padding
     # tiles); tokens in M, 64-token tiles (two rounds a tile)

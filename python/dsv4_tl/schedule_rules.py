@@ -39,9 +39,6 @@ def _buffers(*sizes: int) -> int:
 
 
 _REDUCE_SCRATCH = 2048  # row reductions of the softmax (reduce_max / reduce_sum) stage here
-# One slot of the decode producer's raw ring (tile_kernels/fp8_producer.RAW_SLOT_BYTES: per
-# producer lane 9 chunks of 16 bytes, 8 scale bytes and a validity word)
-_RAW_SLOT_BYTES = 128 * (9 * 16 + 8 + 4)
 
 
 def _ws_smem(hb: int, bi: int) -> int:
@@ -62,17 +59,15 @@ def smem_bytes(op: str, config: dict) -> int:
     c = config
     if op in ("sparse_decode", "sparse_prefill"):
         hb, bi = c["heads_per_block"], c["block_tokens"]
-        # decode's FP8 producer stages raw bytes in registers, or with raw_ring N in N
-        # shared slots (tile_kernels/fp8_producer.RAW_SLOT_BYTES each)
-        ring = _buffers(c.get("raw_ring", 0) * _RAW_SLOT_BYTES) if op == "sparse_decode" else 0
+        # (decode's FP8 producer stages its raw bytes in registers)
         if c.get("warp_specialized"):
-            return _ws_smem(hb, bi) + ring
+            return _ws_smem(hb, bi)
         if c.get("tokens_in_m"):  # Q, num_stages K buffers and their validity flags, P
             nb = c["num_stages"]  # (one per K buffer with two math warpgroups, with its
             two = c["threads"] == 384  # rescale row, and the denominators' row)
             return (_buffers(hb * HEAD_DIM * 2, *(bi * HEAD_DIM * 2,) * nb, *(bi,) * nb,
                              *(hb * bi * 2,) * (nb if two else 1), *(hb * 4,) * (nb if two else 0),
-                             hb * 4 if two else 0) + _REDUCE_SCRATCH + ring)
+                             hb * 4 if two else 0) + _REDUCE_SCRATCH)
         common = (hb * HEAD_DIM * 2, bi * HEAD_DIM * 2, hb * bi * 2)  # Q, K, P (bf16)
         if op == "sparse_decode":  # row offsets (int64), 7 scales (fp32), flags
             return _buffers(*common, bi * 8, bi * 7 * 4, bi) + _REDUCE_SCRATCH
@@ -137,7 +132,7 @@ def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
         # tile_kernels/schedule_rules.producer_lean_refusal (the builder's own rule)
         if op == "sparse_decode":
             refusal = producer_lean_refusal(
-                c.get("producer_lean"), raw_ring=c.get("raw_ring", 0),
+                c.get("producer_lean"),
                 warp_specialized=c.get("warp_specialized", False),
                 consumers=c.get("consumers", "split"), tokens_in_m=c.get("tokens_in_m", False))
             if refusal:
@@ -165,7 +160,7 @@ def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
             if op == "sparse_decode" and c.get("persistent"):
                 why = tokens_in_m_persistent_refusal(
                     num_splits=c["num_splits"], num_stages=c["num_stages"], ctas_per_sm=per_sm,
-                    raw_ring=c.get("raw_ring", 0), balance=c.get("balance", "items"),
+                    balance=c.get("balance", "items"),
                     item_cost=c.get("item_cost", 1))
                 if why is not None:
                     return why
@@ -187,9 +182,6 @@ def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
             if op == "sparse_decode" and bi not in (32, 64):
                 return (f"warp_specialized: decode's producer takes 32- or 64-token tiles (32 "
                         f"tokens per round), got block_tokens {bi}")
-            if op == "sparse_decode" and c.get("raw_ring", 0) and (
-                    c.get("consumers", "split") != "split" or c.get("persistent")):
-                return "raw_ring: the producer's raw ring serves the fixed grid's split consumers"
             if op == "sparse_prefill" and c.get("num_stages", 0) != 0:
                 return "num_stages: unused by the warp-specialised schedule (same kernel as 0)"
         elif threads == 384:

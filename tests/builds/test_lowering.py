@@ -189,41 +189,6 @@ def test_export_and_load(tmp_path):
     assert callable(module[symbol])
 
 
-# ------------------------------------------------------------------ the producer's raw ring
-def _raw_ring_examples():
-    return _examples_with("sparse_decode", "raw_ring", lambda k: (
-        f"raw_ring{k['raw_ring']}-h{k['num_heads']}-bt{k['block_tokens']}"))
-
-
-def test_raw_ring_has_examples():
-    assert len(_raw_ring_examples()) >= 3
-
-
-@pytest.mark.parametrize("kwargs", _raw_ring_examples())
-def test_raw_ring_producer_source(kwargs, tmp_path):
-    """The generated CUDA of a raw-ring decode (sparse_decode.LOWERING_EXAMPLES, the kernel
-    test_lowering compiled): in the producer's loop (from its first
-    ``cp.async`` commit to the final ``wait_group 0``) no barrier that TileLang inserted (each
-    would lock the producer's four warps together); one commit per round of 32 tokens, N - 1
-    before the loop; every wait before a dequantisation leaves N - 1 groups in flight; the
-    dynamic shared memory within the 227 KB of a CTA; and, where nvcc is here, no spills."""
-    n = kwargs["raw_ring"]
-    steps = kwargs.get("num_stages", 2) * kwargs["block_tokens"] // 32  # K buffers x rounds
-    kernel = _compiled_decode(kwargs)
-    source = kernel.get_kernel_source()
-    start = source.index("dsv4_cp_async_commit();")
-    end = source.index("dsv4_cp_async_wait<0>();")
-    loop = source[start:end]
-    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\(|bar\.sync", loop)
-    assert not inserted, f"barriers inside the producer's loop: {inserted}"
-    assert loop.count("dsv4_cp_async_commit();") == (n - 1) + steps
-    waits = re.findall(r"dsv4_cp_async_wait<(\d+)>\(\);", loop)
-    assert waits == [str(n - 1)] * steps, waits
-    assert "dsv4_ldg16" not in loop  # every raw byte comes through the ring
-    assert _dynamic_shared_bytes(kernel) <= 227 * 1024
-    _check_no_spills(source, tmp_path)
-
-
 # ------------------------------------------------------------------ the lean FP8 producer
 def _producer_lean_examples():
     return _examples_with("sparse_decode", "producer_lean", lambda k: (
@@ -273,7 +238,6 @@ LEAN_PERSISTENT_SPILLS = (300, 540)
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"block_tokens": 32, "producer_lean": True, "raw_ring": 4}, "producer_lean: .*raw_ring 4"),
     ({"block_tokens": 32, "producer_lean": True, "consumers": "seesaw"},
      "producer_lean: .*split consumers"),
     ({"block_tokens": 32, "producer_lean": True, "warp_specialized": False, "threads": 256},
@@ -445,40 +409,6 @@ def _dynamic_shared_bytes(kernel) -> int:
     return max(sizes)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"block_tokens": 64, "raw_ring": 2}, "raw_ring: 2 slots"),  # beside 2 x 64 KB K buffers
-    ({"block_tokens": 32, "raw_ring": 5}, "raw_ring: 5 slots"),
-    ({"block_tokens": 32, "raw_ring": 1}, "raw_ring: expected 0"),
-    ({"block_tokens": 32, "raw_ring": 4, "persistent": True}, "raw_ring: .*fixed grid"),
-    ({"block_tokens": 32, "raw_ring": 4, "consumers": "seesaw"}, "raw_ring: .*split consumers"),
-    ({"block_tokens": 32, "raw_ring": 4, "warp_specialized": False, "threads": 256},
-     "raw_ring: .*split consumers"),
-])
-def test_raw_ring_refused(kwargs, message):
-    """Configurations the raw ring does not fit or serve: a clear ValueError naming it."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-
-    base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384}
-    with pytest.raises(ValueError, match=message):
-        build_sparse_decode(**{**base, **kwargs})
-
-
-def test_raw_ring_tokens_in_m_budget():
-    """Tokens in M: 3 slots fit beside two 64-token K buffers at 16 heads, 4 do not; with
-    two CTAs per SM each gets half of the shared memory."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
-
-    base = {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
-            "threads": 384, "block_tokens": 64, "num_stages": 2}
-    build_sparse_decode(**base, raw_ring=3)
-    with pytest.raises(ValueError, match="raw_ring: 4 slots"):
-        build_sparse_decode(**base, raw_ring=4)
-    with pytest.raises(ValueError, match="raw_ring: 2 slots .* more than 116224 per CTA"):
-        build_sparse_decode(num_heads=8, has_extra=True, tokens_in_m=True, heads_per_block=8,
-                            threads=256, block_tokens=64, num_stages=1, ctas_per_sm=2,
-                            raw_ring=2)
-
-
 # ------------------------------------------------- tokens-in-M prefill with K by halves
 def _k_halves_examples():
     return _examples_with("sparse_prefill", "k_halves", lambda k: (
@@ -629,7 +559,6 @@ def test_tim_persistent_source(kwargs, tmp_path):
     ({"num_splits": 2}, "persistent: .*needs num_splits 1, got 2"),
     ({"num_stages": 1}, "persistent: .*needs num_stages 2, got 1"),
     ({"threads": 256, "ctas_per_sm": 2}, "persistent: .*needs ctas_per_sm 1, got 2"),
-    ({"raw_ring": 2}, "raw_ring: .*fixed grid"),
     ({"balance": "tiles"}, "persistent: .*needs balance 'items', got 'tiles'"),
     ({"item_cost": 0}, "persistent: needs item_cost >= 1, got 0"),
 ])

@@ -974,100 +974,20 @@ def test_decode_seesaw_edge_inputs(case, slots4, seed):
         _edge_input_case(case, gen, 64, "c4a512", poison_block0=False)
 
 
-# ---------------------------------------------------------------- the producer's raw ring
-# The split consumers on the fixed grid (32-token tiles) with the FP8 producer's raw bytes
-# staged in a ring of 4 shared slots by cp.async (``raw_ring``, tile_kernels/fp8_producer.py),
-# forced for every shape; ``over`` changes knobs of it. The cases reuse few variants (h64 /
-# h128 with and without the extra scope, splits 1 / 2 / 8; h96; FNUZ; tokens in M at h16 with
-# 3 slots), so that one device call compiles them with the A/B's (scripts/device_raw_ring.sh).
-RAW_RING = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 1,
-            "warp_specialized": True, "persistent": False, "item_cost": 3,
-            "tiles_per_split_min": 4, "invariant_tiles_per_split": 16, "tokens_in_m": False,
-            "num_stages": 2, "ctas_per_sm": 1, "consumers": "split", "producer_slots": 2,
-            "raw_ring": 4}
-# tokens in M (config A: two math warpgroups, 2 K buffers of 64 tokens) with 3 slots
-RAW_RING_TIM = {**RAW_RING, "block_tokens": 64, "heads_per_block": 16, "warp_specialized": False,
-                "tokens_in_m": True, "raw_ring": 3}
+# Tokens in M (config A: two math warpgroups, 2 K buffers of 64 tokens) at 16 heads, on the
+# fixed grid, the schedule file's other knobs spelled out.
+TIM_A16_FIXED = {"block_tokens": 64, "heads_per_block": 16, "threads": 384, "num_splits": 1,
+                 "warp_specialized": False, "persistent": False, "item_cost": 3,
+                 "tiles_per_split_min": 4, "invariant_tiles_per_split": 16,
+                 "tokens_in_m": True, "num_stages": 2, "ctas_per_sm": 1, "consumers": "split",
+                 "producer_slots": 2}
 
 
-def _raw_ring(**over):
-    return _forcing_sm90a("sparse_decode", {**RAW_RING, **over})
-
-
-def _raw_ring_id(v):
-    """Test ids with the knobs spelled out (``-k raw_ring`` selects every raw-ring test)."""
+def _knob_id(v):
+    """Test ids with the knobs spelled out."""
     if isinstance(v, dict):
         return "-".join(f"{k.split('_')[-1]}{x}" for k, x in v.items()) or "as_is"
     return str(v)
-
-
-@pytest.mark.parametrize(
-    "h,b,s_q,extra_kind,over",
-    [
-        (64, 128, 1, "c4a512", {}),
-        (128, 128, 1, "c4a1024", {}),
-        (128, 64, 1, "swa", {}),
-        (128, 37, 3, "c4a1024", {}),
-        (64, 64, 1, "c128a128", {}),
-        (128, 7, 1, "c128a256", {"num_splits": 2}),
-        (128, 16, 1, "c128a8192", {"num_splits": 2}),
-        (64, 1, 1, "c4a512", {"num_splits": 8}),
-        (64, 7, 1, "c128a128", {"num_splits": 8}),
-        (96, 7, 1, "c4a512", {}),
-    ],
-    ids=_raw_ring_id,
-)
-def test_decode_raw_ring_matches_reference(h, b, s_q, extra_kind, over, seed):
-    """Both scopes, SWA-only, MTP rows, split-KV partials (2 and 8 splits) through the
-    combine, a padded head count (96), a long C128A row; holes, garbage past the lengths and
-    a lonely last request come with every case (decode_case), outputs NaN-poisoned."""
-    gen = torch.Generator(DEV).manual_seed(seed)
-    with _raw_ring(**over):
-        check_decode(*decode_case(b, s_q, h, extra_kind, gen))
-
-
-@pytest.mark.parametrize("h,num_splits", [(64, 8), (128, 2)], ids=["h64-splits8", "h128-splits2"])
-def test_decode_raw_ring_split_edges(h, num_splits, seed):
-    """The split-boundary lengths (padding tiles of an odd tile count: the ring's copies past
-    the range, window-to-compressed crossings, empty splits) with block 0's slot 0 poisoned
-    (an invalid token's zero-filled copy must not read it)."""
-    gen = torch.Generator(DEV).manual_seed(seed)
-    q = torch.randn((1, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
-    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
-    with _raw_ring(num_splits=num_splits):
-        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
-            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
-            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
-            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(h, gen))
-
-
-@pytest.mark.parametrize("case", ["lonely", "holes", "out_of_range", "sinks", "fnuz"])
-def test_decode_raw_ring_edge_inputs(case, seed):
-    """Every length 0 (out 0, lse +inf), every entry -1, slots past the cache and other
-    negatives (block 0 poisoned), the four sink kinds, FNUZ bytes."""
-    gen = torch.Generator(DEV).manual_seed(seed)
-    with _raw_ring():
-        _edge_input_case(case, gen, 64, "c4a512", poison_block0=True)
-
-
-def test_decode_raw_ring_tokens_in_m(seed):
-    """Tokens in M (h16, 64-token tiles: two rounds of the ring per tile, 3 slots) on both
-    scopes: random rows and MTP rows, then the split-boundary lengths with block 0 poisoned."""
-    from dsv4_tl.targets import parse_target
-    from dsv4_tl.tune import forcing
-
-    gen = torch.Generator(DEV).manual_seed(seed)
-    with forcing(parse_target("cuda:sm_90a"), "sparse_decode", RAW_RING_TIM):
-        _case(7, 1, 16, "c4a512", gen)
-        _case(3, 2, 16, "c128a256", gen)
-        q = torch.randn((1, 1, 16, 512), generator=gen, device=DEV).to(torch.bfloat16)
-        k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
-        e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
-        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
-            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
-            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
-            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(16, gen))
 
 
 def _decode_default() -> dict:
@@ -1102,7 +1022,7 @@ def _lean(**over):
         (64, 7, 1, "c128a8192", {"num_splits": 8}),
         (64, 1, 1, "c4a512", {"num_splits": 8}),
     ],
-    ids=_raw_ring_id,
+    ids=_knob_id,
 )
 def test_decode_lean_matches_reference(h, b, s_q, extra_kind, over, seed):
     """Both scopes (C4A: 64-token blocks; C128A: 2-token blocks, a long row), SWA-only, MTP
@@ -1206,7 +1126,7 @@ def test_decode_lean_tokens_in_m(seed):
     from dsv4_tl.tune import forcing
 
     gen = torch.Generator(DEV).manual_seed(seed)
-    config = {**RAW_RING_TIM, "raw_ring": 0, "producer_lean": True}
+    config = {**TIM_A16_FIXED, "producer_lean": True}
     with forcing(parse_target("cuda:sm_90a"), "sparse_decode", config):
         _case(7, 1, 16, "c4a512", gen)
         _case(3, 2, 16, "c128a256", gen)
