@@ -20,11 +20,9 @@ class SeesawState:
     (fragments, one set per warpgroup), and the shared rows and barriers through which
     they pass row maxima (every tile pair) and softmax sums (once, at the end)."""
 
-    def __init__(self, heads: int, block_tokens: int, q_read_ahead: bool = False,
-                 ready_arrivals=256, crossover: bool = False):
-        """``q_read_ahead``: the persistent grid's ``q_free`` barrier (both consumers arrive
-        once their last QKᵀ of a work item is done, so the producer may load the next
-        item's Q under the item's last tile pair). ``ready_arrivals``: arrivals that fill a
+    def __init__(self, heads: int, block_tokens: int, ready_arrivals=256,
+                 crossover: bool = False):
+        """``ready_arrivals``: arrivals that fill a
         K half (prefill: 128 cp.async arrivals + 128 plain ones for the validity flags;
         decode's FP8 producer: one plain arrival per producer thread after its stores), or
         per half ``[buffer][half]``.
@@ -69,7 +67,6 @@ class SeesawState:
                             T.alloc_barrier(arrive_count=256)),
                            (T.alloc_barrier(arrive_count=256),
                             T.alloc_barrier(arrive_count=128)))
-        self.q_free = T.alloc_barrier(arrive_count=256) if q_read_ahead else None
 
 
 # FlashMLA's sm90 sparse prefill schedule ("seesaw"), in the macros below. Per tile pair,
@@ -125,13 +122,12 @@ def seesaw_exponentiate(st, ss, me: int, acc_o, scale_log2):
 
 
 @T.macro
-def seesaw_start(st, ss, me: int, acc_o, q_phase=0):
-    """Consumer ``me``'s empty output and statistics; then it waits for Q (phase
-    ``q_phase`` of ``st.bar_q``: the work item's, on the persistent grid)."""
+def seesaw_start(st, ss, me: int, acc_o):
+    """Consumer ``me``'s empty output and statistics; then it waits for Q."""
     T.fill(ss.l_i[me], 0)
     T.fill(ss.m_i[me], M_SENTINEL)
     T.fill(acc_o, 0)
-    T.barrier_wait(st.bar_q, q_phase)
+    T.barrier_wait(st.bar_q, 0)
 
 
 @T.macro
@@ -145,22 +141,15 @@ def seesaw_scored(st, ss, me: int, parity):
 
 
 @T.macro
-def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2, pair0=0, stats0=0, q_phase=0,
-                      release_q: bool = False):
-    """Consumer 0: even tiles, output columns [0, 256). On prefill's persistent grid the
-    phases run on across work items: ``pair0`` the tile pairs before this item, ``stats0``
-    the phases of ``stats_ready`` before it, ``q_phase`` its Q's; with
-    ``release_q`` it arrives on ``ss.q_free`` once this item's last QKᵀ is done (Q may then
-    be overwritten by the next item's)."""
+def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
+    """Consumer 0: even tiles, output columns [0, 256)."""
     HB, BI, DH = st.heads, st.block_tokens, st.half_dim
     me = 0
     acc_s, p_regs, m_i, m_peer, l_i, alpha = (ss.acc_s[me], ss.p_regs[me], ss.m_i[me],
                                               ss.m_peer[me], ss.l_i[me], ss.alpha[me])
-    seesaw_start(st, ss, me, acc_o, q_phase)
-    seesaw_release_q(ss, release_q, pairs == 0)
+    seesaw_start(st, ss, me, acc_o)
     for pair in T.serial(pairs):
-        seesaw_scored(st, ss, me, (pair0 + pair) & 1)
-        seesaw_release_q(ss, release_q, pair == pairs - 1)
+        seesaw_scored(st, ss, me, pair & 1)
         T.reduce_max(acc_s, m_i, dim=1, clear=False)
         T.copy(m_i, ss.m_shared[0])
         T.barrier_arrive(ss.stats_ready[0])
@@ -170,7 +159,7 @@ def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2, pair0=0, stats0=0, q_pha
         T.wait_wgmma(0)
         seesaw_release(ss, 0, 0)
         # The pair's max from consumer 1: rescale P (for consumer 1), the output and the sum.
-        T.barrier_wait(ss.stats_ready[1], (stats0 + pair) & 1)
+        T.barrier_wait(ss.stats_ready[1], pair & 1)
         T.copy(ss.m_shared[1], m_peer)
         for i in T.Parallel(HB):
             alpha[i] = T.exp2((m_i[i] - m_peer[i]) * scale_log2)
@@ -183,29 +172,25 @@ def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2, pair0=0, stats0=0, q_pha
         T.barrier_arrive(st.p_ready[0])
         for i, d in T.Parallel(HB, DH):
             acc_o[i, d] *= alpha[i]
-        T.barrier_wait(st.p_ready[1], (pair0 + pair) & 1)
+        T.barrier_wait(st.p_ready[1], pair & 1)
         T.wgmma_gemm(st.P_shared[1], st.K_l[1], acc_o)
         T.wait_wgmma(0)
         seesaw_release(ss, 1, 0)
-    seesaw_sum_exchange(ss, 0, stats0 + pairs)
+    seesaw_sum_exchange(ss, 0, pairs)
 
 
 @T.macro
-def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2, pair0=0, stats0=0, q_phase=0,
-                      release_q: bool = False):
-    """Consumer 1: odd tiles, output columns [256, 512) (the other arguments: as consumer
-    0's)."""
+def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2):
+    """Consumer 1: odd tiles, output columns [256, 512)."""
     HB, BI, DH = st.heads, st.block_tokens, st.half_dim
     me = 1
     acc_s, p_regs, m_i, m_peer, l_i, alpha = (ss.acc_s[me], ss.p_regs[me], ss.m_i[me],
                                               ss.m_peer[me], ss.l_i[me], ss.alpha[me])
-    seesaw_start(st, ss, me, acc_o, q_phase)
-    seesaw_release_q(ss, release_q, pairs == 0)
+    seesaw_start(st, ss, me, acc_o)
     for pair in T.serial(pairs):
-        seesaw_scored(st, ss, me, (pair0 + pair) & 1)
-        seesaw_release_q(ss, release_q, pair == pairs - 1)
+        seesaw_scored(st, ss, me, pair & 1)
         # Consumer 0's max already holds the history (and the even tile).
-        T.barrier_wait(ss.stats_ready[0], (stats0 + pair) & 1)
+        T.barrier_wait(ss.stats_ready[0], pair & 1)
         T.copy(ss.m_shared[0], m_i)
         T.reduce_max(acc_s, m_i, dim=1, clear=False)
         T.copy(m_i, ss.m_shared[1])
@@ -216,13 +201,13 @@ def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2, pair0=0, stats0=0, q_pha
         T.barrier_arrive(st.p_ready[1])
         T.copy(acc_s, p_regs)
         T.wgmma_gemm(p_regs, st.K_r[1], acc_o)
-        T.barrier_wait(st.p_ready[0], (pair0 + pair) & 1)
+        T.barrier_wait(st.p_ready[0], pair & 1)
         T.wgmma_gemm(st.P_shared[0], st.K_r[0], acc_o)
         T.wait_wgmma(1)
         seesaw_release(ss, 1, 1)
         T.wait_wgmma(0)
         seesaw_release(ss, 0, 1)
-    seesaw_sum_exchange(ss, 1, stats0 + pairs)
+    seesaw_sum_exchange(ss, 1, pairs)
 
 
 @T.macro
@@ -239,21 +224,11 @@ def seesaw_release(ss, buf: int, half: int):
 
 
 @T.macro
-def seesaw_release_q(ss, release_q: bool, last):
-    """With ``release_q`` (the persistent grid's Q read-ahead), arrive on ``ss.q_free`` when
-    ``last`` holds: after the item's last QKᵀ, or at its start for an item of no pairs."""
-    if release_q:
-        if last:
-            T.barrier_arrive(ss.q_free)
-
-
-@T.macro
 def seesaw_sum_exchange(ss, me: int, phase):
     """After the last pair both consumers hold the same max and each a sum over its own
     tiles in its units: exchange the sums (this also orders both consumers' last reads of
     Q and the K buffers before either reuses its Q half as the output stage). ``phase``:
-    the ``stats_ready`` phases completed before this one (the pairs, plus one per earlier
-    work item on the persistent grid)."""
+    the ``stats_ready`` phases completed before this one (one per pair)."""
     T.copy(ss.l_i[me], ss.l_shared[me])
     T.barrier_arrive(ss.stats_ready[me])
     T.barrier_wait(ss.stats_ready[1 - me], phase & 1)

@@ -41,15 +41,10 @@ from .layout import HEAD_DIM
 from .seesaw import SeesawState, seesaw_consumer_0, seesaw_consumer_1
 from .fp8_producer import RAW_RING_PRELUDE
 from .sparse_decode_seesaw import CROSSOVER_CLUSTER
-from .work import cta_work_range, walk_items, walk_strided
 
 # Registers of the warp-specialised roles (rules in attention_tile.WS_LAUNCH_REGS): both
 # consumers hold a score tile and half of the output, so they share the registers evenly.
 PREFILL_WS_REGS = check_ws_regs((216, 216, 72))
-# The persistent grid's tiles per split (tile_kernels/work.py): more than any row has, so
-# every (row, head group) is one work item (prefill has no combine).
-ONE_SPLIT = 1 << 30
-PERSISTENT_WALKS = ("balanced", "strided")
 # cluster_gather: the row's two head groups (grid dim 1) in one cluster, rank = head group,
 # the decode crossover's shape
 CLUSTER_GATHER_DIMS = CROSSOVER_CLUSTER
@@ -71,11 +66,6 @@ def build_sparse_prefill(
     warp_specialized: bool = False,
     tile_math: str = "tensor_core",
     tokens_in_m: bool = False,
-    persistent: bool = False,
-    num_ctas: int = 132,
-    item_cost: int = 2,
-    q_ahead: bool = False,
-    walk: str = "balanced",
     k_halves: bool = False,
     cluster_gather: bool = False,
 ):
@@ -99,19 +89,6 @@ def build_sparse_prefill(
             warpgroup, 384: two (the second takes half of P·V); a producer warpgroup
             gathers into ``num_stages`` (2 or 3; 3 only beside 16 heads) K buffers. Same math and
             index rules; sm_90a only (see ``_build_tokens_in_m``).
-        persistent: with ``warp_specialized`` and whole head groups (``num_heads`` a multiple
-            of 64; a padded last group keeps the fixed grid), ``min(num_ctas, s_q · groups)``
-            CTAs that each walk a cost-balanced, contiguous range of (query row, head group)
-            items, planned in the kernel from the lengths (``tile_kernels/work.py``);
-            ``num_ctas``: the target's SM count (132 on H100 SXM / H200), ``item_cost``: an
-            item's fixed cost in 64-token tiles, for the balance.
-        q_ahead: on the persistent grid, the producer loads the next item's Q as soon as
-            both consumers' last QKᵀ of this item is done (under its last tile pair), and
-            the output goes out by per-thread stores; without it, Q is loaded after both
-            output halves left by TMA through the Q buffers (as on the fixed grid).
-        walk: the persistent grid's partition: "balanced" (contiguous cost-balanced ranges,
-            ``work.cta_work_range``) or "strided" (CTA ``c`` takes units ``c, c + G, ...``:
-            the CTAs running together stay on neighbouring rows, as on the fixed grid).
         k_halves: with ``tokens_in_m``, each K buffer is filled and released by halves (dims
             [0, 256) then [256, 512), each with its own ready and free barriers), so Sᵀ of a
             tile starts on the half that has landed and the producer refills a half as soon
@@ -158,20 +135,15 @@ def build_sparse_prefill(
             return indices[row, col]
 
     check_tile_math(tile_math)
-    if (persistent or q_ahead) and not warp_specialized:
-        raise ValueError("persistent / q_ahead: need the warp-specialised schedule "
-                         f"(warp_specialized True), got {warp_specialized}")
     if k_halves and not tokens_in_m:
         # (the seesaw's K buffers already go by halves; the plain schedule has no producer)
         raise ValueError("k_halves: needs the tokens-in-M schedule (tokens_in_m True), got "
                          f"tokens_in_m {tokens_in_m}")
-    if cluster_gather and not (warp_specialized and not tokens_in_m and num_heads == 128
-                               and not persistent):
-        raise ValueError("cluster_gather: needs the warp-specialised schedule on the fixed grid "
-                         "(warp_specialized True, persistent False) at num_heads 128 (the "
-                         f"row's two 64-head groups form the cluster), got warp_specialized "
-                         f"{warp_specialized}, tokens_in_m {tokens_in_m}, persistent "
-                         f"{persistent}, num_heads {num_heads}")
+    if cluster_gather and not (warp_specialized and not tokens_in_m and num_heads == 128):
+        raise ValueError("cluster_gather: needs the warp-specialised schedule (warp_specialized "
+                         "True) at num_heads 128 (the row's two 64-head groups form the "
+                         f"cluster), got warp_specialized {warp_specialized}, tokens_in_m "
+                         f"{tokens_in_m}, num_heads {num_heads}")
     if tokens_in_m:
         _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
         return _build_tokens_in_m(num_heads, BI, HB, num_stages, threads, row_length,
@@ -182,18 +154,8 @@ def build_sparse_prefill(
         if HB != 64 or threads != 384:
             raise ValueError("warp_specialized: needs heads_per_block 64 and threads 384, got "
                              f"{HB} and {threads}")
-        if walk not in PERSISTENT_WALKS:
-            raise ValueError(f"walk: must be one of {PERSISTENT_WALKS}, got {walk!r}")
-        if not (isinstance(num_ctas, int) and num_ctas >= 1
-                and isinstance(item_cost, int) and item_cost >= 1):
-            # (item_cost >= 1: every item costs something, so the planner's cost positions
-            # fall inside the units even when every row is empty)
-            raise ValueError(f"persistent: num_ctas and item_cost must be ints >= 1, got "
-                             f"{num_ctas!r} and {item_cost!r}")
         return _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape,
-                                       len_shape, s_q, s_kv,
-                                       persistent and num_heads % HB == 0, num_ctas,
-                                       item_cost, q_ahead, walk, cluster_gather)
+                                       len_shape, s_q, s_kv, cluster_gather)
 
     @T.prim_func
     def sparse_prefill(
@@ -284,8 +246,7 @@ def row_epilogue(m_i, l_i, inv, write_stats: bool, Sink, MaxLogits, Lse, row, h0
 
 
 def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv,
-                            persistent=False, num_ctas=132, item_cost=2, q_ahead=False,
-                            walk="balanced", cluster_gather=False):
+                            cluster_gather=False):
     """The warp-specialised Hopper schedule of the same kernel (attention_tile's
     WarpSpecializedState, the consumers of seesaw.py). The producer warpgroup resolves the tile's
     indices (clamped reads, validity flags) and gathers the rows with per-thread cp.async
@@ -324,22 +285,21 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
     R = BI // 16  # rows of a tile per producer thread (8 threads per row)
 
     @T.macro
-    def seesaw_producer(st, ss, p, pairs, length, KV, Indices, Lengths, row, ahead, rows,
-                        pair0=0):
+    def seesaw_producer(st, ss, p, pairs, length, KV, Indices, Lengths, row, ahead, rows):
         """The seesaw's producer: per pair, the four K halves in the order the consumers
         read them (buffer 0 left, buffer 1 right: the halves each consumer scores first;
         then the other halves), each as soon as its readers have released it. A buffer's
         rows are resolved (and its validity flags written) with its first half; its index
         entries for the next pair are read right after, a pair ahead of their use.
         ``ahead`` / ``rows``: local int32 [2 * R] (the index entries read ahead; the resolved
-        KV rows, -1 invalid); ``pair0``: the tile pairs of the CTA's earlier work items."""
+        KV rows, -1 invalid)."""
         index_of = lambda col: index_at(Indices, Lengths, row, col)  # noqa: E731
         if pairs > 0:  # (the row's window is not empty: clamped columns stay inside it)
             for buf in (0, 1):
                 read_ahead(ahead, buf * R, index_of, buf, length, p, BI)
         for pair in T.serial(pairs):
             for buf, half in ((0, 0), (1, 1), (0, 1), (1, 0)):
-                T.barrier_wait(ss.k_free[buf][half], ((pair0 + pair) & 1) ^ 1)
+                T.barrier_wait(ss.k_free[buf][half], (pair & 1) ^ 1)
                 if half == buf:
                     resolve_rows(st.valid[buf], rows, ahead, buf * R, pair * 2 + buf, length,
                                  s_kv, p, BI)
@@ -445,124 +405,7 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                 # into its buffers (the peer's last releases and copies precede this).
                 T.cluster_sync()
 
-    if not persistent:
-        return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
-
-    # --- the persistent grid ----------------------------------------------------------------
-    # min(num_ctas, units) CTAs, each walking a contiguous, cost-balanced range of units
-    # (query row, head group) that it plans itself from the lengths (tile_kernels/work.py,
-    # one split per unit: prefill has no combine). Every role walks the same items; the
-    # barriers' phases run on across them (SeesawState: k_ready / k_free / p_ready once per
-    # tile pair, stats_ready once per pair and once per item for the sums, bar_q / q_free
-    # once per item). Between items the two consumers meet on a named barrier, so neither
-    # rewrites a shared row (maxima, sums, P) that the other may still read.
-    units = s_q * head_groups
-    grid = T.min(num_ctas, units)
-
-    @T.macro
-    def consumer_item(st, ss, me: int, item, acc_o, inv, Q, Sink, Out, MaxLogits, Lse,
-                      sm_scale, scale_log2):
-        """Consumer ``me``'s part of one work item: its half of the seesaw, the row
-        statistics (consumer 0) and its output half. With ``q_ahead`` the producer has
-        loaded the item's Q and the output goes out by per-thread stores (the Q buffers
-        already hold the next item's Q; no other 64 KiB of shared memory is left); else
-        consumer 0 loads the item's Q once both consumers are done with the last one, and
-        each output half goes out by TMA through its Q half (as on the fixed grid)."""
-        row, h0 = item.row, item.hg * HB
-        T.sync_threads(10, 256)
-        if not q_ahead and me == 0:
-            T.tma_copy(Q[row, h0:h0 + HB, 0:DH], st.Q_l, barrier=st.bar_q,
-                       leader_scope_threads=128)
-            T.tma_copy(Q[row, h0:h0 + HB, DH:D], st.Q_r, barrier=st.bar_q,
-                       leader_scope_threads=128)
-            T.barrier_arrive(st.bar_q)
-        consumer = seesaw_consumer_0 if me == 0 else seesaw_consumer_1
-        consumer(st, ss, acc_o, item.pairs, scale_log2, item.pairs_before,
-                 item.pairs_before + item.index, item.index & 1, q_ahead)
-        row_epilogue(ss.m_i[me], ss.l_i[me], inv, me == 0, Sink, MaxLogits, Lse, row, h0,
-                     num_heads, sm_scale, scale_log2)
-        if q_ahead:
-            for i, d in T.Parallel(HB, DH):
-                Out[row, h0 + i, me * DH + d] = T.cast(acc_o[i, d] * inv[i], T.bfloat16)
-        else:
-            ws_store_rows(acc_o, inv, st.Q_l if me == 0 else st.Q_r, 8 + me,
-                          Out[row, h0:h0 + HB, me * DH:(me + 1) * DH])
-
-    def walk_all(span, cta, tiles, body):
-        """Every role's walk over the CTA's items: ``walk_items`` over the planned ``span``
-        (with s_q 1: its "request" is the query row, whose ``tiles`` it reads) or
-        ``walk_strided``."""
-        if walk == "balanced":
-            return walk_items(span, units, head_groups, 1, tiles, body)
-        return walk_strided(cta, grid, units, head_groups, tiles, body)
-
-    @T.macro
-    def producer_item(st, ss, p, item, ahead, rows, Q, KV, Indices, Lengths):
-        """The producer's part of one work item: with ``q_ahead`` its Q (as soon as both
-        consumers are done with the last item's: parity 1 on the first item passes a fresh
-        barrier), then its K tiles."""
-        row = item.row
-        if q_ahead:
-            h0 = item.hg * HB
-            T.barrier_wait(ss.q_free, (item.index & 1) ^ 1)
-            T.tma_copy(Q[row, h0:h0 + HB, 0:DH], st.Q_l, barrier=st.bar_q,
-                       leader_scope_threads=128)
-            T.tma_copy(Q[row, h0:h0 + HB, DH:D], st.Q_r, barrier=st.bar_q,
-                       leader_scope_threads=128)
-            T.barrier_arrive(st.bar_q)
-        seesaw_producer(st, ss, p, item.pairs, row_length(Lengths, row), KV, Indices, Lengths,
-                        row, ahead, rows, item.pairs_before)
-
-    @T.prim_func
-    def sparse_prefill(
-        Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
-        KV: T.Tensor([s_kv, D], T.bfloat16),
-        Indices: T.Tensor(idx_shape, T.int32),
-        Lengths: T.Tensor(len_shape, T.int32),
-        Sink: T.Tensor([num_heads], T.float32),
-        Out: T.Tensor([s_q, num_heads, D], T.bfloat16),
-        MaxLogits: T.Tensor([s_q, num_heads], T.float32),
-        Lse: T.Tensor([s_q, num_heads], T.float32),
-        sm_scale: T.float32,
-    ):
-        with T.Kernel(grid, threads=WS_THREADS) as cta:
-            # Q comes per work item, by 128 threads (a consumer's or the producer's).
-            st = WarpSpecializedState(HB, BI, D, split=False, q_arrivals=128)
-            ss = SeesawState(HB, BI, q_read_ahead=q_ahead)
-            tx = T.get_thread_binding()
-            scale_log2 = sm_scale * LOG2E
-            tiles = lambda r: T.ceildiv(row_length(Lengths, r), BI)  # noqa: E731
-            span = None
-            if walk == "balanced":
-                bounds = T.alloc_shared([6], T.int32, scope="shared")
-                scratch = T.alloc_shared([WS_THREADS // 32, 3], T.int32, scope="shared")
-                cta_work_range(bounds, scratch, lambda u: tiles(u // head_groups), units,
-                               head_groups, ONE_SPLIT, item_cost, grid, cta, WS_THREADS)
-                span = T.alloc_local([6], T.int32)  # u_begin, k_begin, -, u_end, k_end, T
-                for i in (0, 1, 2, 3, 4, 5):
-                    span[i] = bounds[i]
-
-            if tx < 128:
-                ws_set_regs(PREFILL_WS_REGS[0])
-                inv = T.alloc_fragment([HB], T.float32)
-                walk_all(span, cta, tiles, lambda item: consumer_item(
-                    st, ss, 0, item, st.acc_o_l, inv, Q, Sink, Out, MaxLogits, Lse, sm_scale,
-                    scale_log2))
-            elif tx < 256:
-                ws_set_regs(PREFILL_WS_REGS[1])
-                inv = T.alloc_fragment([HB], T.float32)
-                walk_all(span, cta, tiles, lambda item: consumer_item(
-                    st, ss, 1, item, st.acc_o_r, inv, Q, Sink, Out, MaxLogits, Lse, sm_scale,
-                    scale_log2))
-            else:
-                ws_set_regs(PREFILL_WS_REGS[2])
-                ahead = T.alloc_local([2 * R], T.int32)
-                rows = T.alloc_local([2 * R], T.int32)
-                walk_all(span, cta, tiles, lambda item: producer_item(
-                    st, ss, tx - 256, item, ahead, rows, Q, KV, Indices, Lengths))
-
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
-
 
 
 # Tokens-in-M schedule (``tokens_in_m=True``). Threads: one or two math warpgroups, then
@@ -890,17 +733,6 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
 LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 128, "ragged": False, "warp_specialized": True, "threads": 384}},
-    # the persistent grid: Q reloaded after the TMA output (dense), Q read ahead (ragged),
-    # the strided walk
-    {"builder": "build_sparse_prefill",
-     "kwargs": {"num_heads": 128, "ragged": False, "warp_specialized": True, "threads": 384,
-                "persistent": True}},
-    {"builder": "build_sparse_prefill",
-     "kwargs": {"num_heads": 64, "ragged": True, "warp_specialized": True, "threads": 384,
-                "persistent": True, "q_ahead": True}},
-    {"builder": "build_sparse_prefill",
-     "kwargs": {"num_heads": 128, "ragged": True, "warp_specialized": True, "threads": 384,
-                "persistent": True, "walk": "strided"}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 128, "ragged": False}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 64, "ragged": False}},
     {"builder": "build_sparse_prefill", "kwargs": {"num_heads": 16, "ragged": True}},

@@ -335,29 +335,6 @@ def walk_items(span, units, head_groups: int, s_q, row_tiles, body):
             runs[2] += ns
 
 
-@T.macro
-def walk_strided(cta, num_ctas, units, head_groups: int, row_tiles, body):
-    """Run ``body(item)`` for units ``cta, cta + num_ctas, ...`` in order, one split each
-    (no partials): a static partition without a plan, in the order a fixed grid's block
-    scheduler would hand the units out if each took the same time, so the CTAs that run
-    together work on neighbouring rows (whose K rows an engine's indices often share in
-    L2). Items as :func:`walk_items` gives them (``r_b`` = the row, ``r_s`` 0, ``slot``
-    unused); ``row_tiles(row)``: the KV tiles of query row ``row`` (an int32 expression)."""
-    unit = T.alloc_local([1], T.int32)  # the row's tiles (a variable: read once)
-    runs = T.alloc_local([2], T.int32)  # pairs before, items before
-    runs[0] = 0
-    runs[1] = 0
-    for k in T.serial(T.ceildiv(units - cta, num_ctas)):
-        u = cta + k * num_ctas
-        row = u // head_groups
-        unit[0] = row_tiles(row)
-        pairs = T.ceildiv(unit[0], 2)
-        body(WorkItem(row, u % head_groups, row, 0, unit[0], 1, 0, 0, unit[0], pairs, runs[0],
-                      runs[1], 0))
-        runs[0] += pairs
-        runs[1] += 1
-
-
 def _cuts_before(y, ctas, total):
     """The CTA boundaries ``c`` (0..ctas) of the tile balance at cost positions below ``y``:
     ``ceil(y · ctas / total)`` (``floor(c · total / ctas) < y``), in 64 bits."""

@@ -126,9 +126,9 @@ def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
             # tile_kernels/sparse_prefill.build_sparse_prefill
             return "k_halves: needs the tokens-in-M schedule (tokens_in_m true)"
         if op == "sparse_prefill" and c.get("cluster_gather") and (
-                not c.get("warp_specialized") or c.get("tokens_in_m") or c.get("persistent")):
+                not c.get("warp_specialized") or c.get("tokens_in_m")):
             # (and num_heads 128: a static of the call, checked by the builder)
-            return "cluster_gather: needs the warp-specialised schedule on the fixed grid"
+            return "cluster_gather: needs the warp-specialised schedule"
         # tile_kernels/schedule_rules.producer_lean_refusal (the builder's own rule)
         if op == "sparse_decode":
             refusal = producer_lean_refusal(

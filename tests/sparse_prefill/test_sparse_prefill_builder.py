@@ -13,34 +13,12 @@ from dsv4_tl.tile_kernels.sparse_prefill import build_sparse_prefill  # noqa: E4
 WS = dict(warp_specialized=True, threads=384)
 
 
-@pytest.mark.parametrize("kwargs,knob", [
-    (dict(persistent=True), "persistent"),  # the plain schedule has no persistent form
-    (dict(q_ahead=True), "q_ahead"),
-    (dict(persistent=True, tokens_in_m=True, heads_per_block=16, threads=256), "persistent"),
-    (dict(WS, persistent=True, walk="random"), "walk"),
-    (dict(WS, persistent=True, num_ctas=0), "num_ctas"),
-    (dict(WS, persistent=True, item_cost=0), "item_cost"),
-])
-def test_persistent_knobs_it_cannot_take_are_named(kwargs, knob):
-    with pytest.raises(ValueError, match=knob):
-        build_sparse_prefill(128, False, **kwargs)
-
-
-def test_a_padded_head_group_keeps_the_fixed_grid():
-    """h 96 (a padded last group of 64): the persistent knob builds the fixed grid's kernel
-    (Q comes per thread there, not by the per-item TMA)."""
-    fixed = build_sparse_prefill(96, False, **WS)
-    asked = build_sparse_prefill(96, False, persistent=True, **WS)
-    assert fixed.script() == asked.script()
-
-
 TIM = dict(tokens_in_m=True, heads_per_block=32, threads=384, num_stages=2)
 
 
 @pytest.mark.parametrize("kwargs", [
     dict(k_halves=True),  # the plain schedule: no producer
     dict(WS, k_halves=True),  # the seesaw's K buffers already go by halves
-    dict(WS, persistent=True, k_halves=True),
 ])
 def test_k_halves_needs_tokens_in_m(kwargs):
     with pytest.raises(ValueError, match="k_halves"):
@@ -87,7 +65,6 @@ def test_k_halves_barriers_per_half(threads, extra):
     (64, dict(WS, cluster_gather=True)),  # one head group: no pair to cluster
     (96, dict(WS, cluster_gather=True)),
     (256, dict(WS, cluster_gather=True)),
-    (128, dict(WS, persistent=True, cluster_gather=True)),
     (128, dict(TIM, heads_per_block=32, cluster_gather=True)),
 ])
 def test_cluster_gather_where_it_cannot_apply(num_heads, kwargs):

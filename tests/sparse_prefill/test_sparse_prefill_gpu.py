@@ -161,13 +161,6 @@ def test_prefill_tokens_in_m_each_layout_dense_and_ragged(h, num_stages, threads
         assert torch.equal(a, b), f"{name}: ragged and dense kernels differ"
 
 
-# --- persistent grid (issue 26 lever 1): CTAs walk (row, head group) items -----------------
-def _persistent_config(h, *, persistent=True, q_ahead=False, num_ctas=132, walk="balanced"):
-    return {**_prefill_schedule(h, 1152), "warp_specialized": True, "tokens_in_m": False,
-            "threads": 384, "heads_per_block": 64, "block_tokens": 64, "num_stages": 0,
-            "persistent": persistent, "q_ahead": q_ahead, "num_ctas": num_ctas, "walk": walk}
-
-
 def _run_both_forms(config, q, kv, idx, lens, flat, indptr, sink):
     """(dense, ragged) outputs of one forced schedule, each into poisoned outputs."""
     s_q, h = q.shape[0], q.shape[1]
@@ -183,40 +176,14 @@ def _run_both_forms(config, q, kv, idx, lens, flat, indptr, sink):
 
 
 def _walk_inputs(s_q, h, topk, gen):
-    """Per-row lengths (first row full, last lonely), lonely rows inside the walk (an item
-    of no tile pairs between two that have some), a row of one tile (odd: padded to a
-    pair), -1 holes, out-of-range entries and garbage past the lengths."""
+    """Per-row lengths (first row full, last lonely), lonely rows between rows that have
+    tiles, a row of one tile (odd: padded to a pair), -1 holes, out-of-range entries and
+    garbage past the lengths."""
     q, kv, idx, lens, sink = _inputs(s_q, h, 6000, topk, gen)
     lens[3:6] = 0
     lens[7] = 1
     lens[8] = 65
     return q, kv, idx, lens, sink
-
-
-@pytest.mark.parametrize("h,q_ahead,num_ctas,walk",
-                         [(64, False, 7, "balanced"), (128, True, 7, "balanced"),
-                          (128, False, 132, "balanced"), (64, True, 132, "balanced"),
-                          (128, False, 7, "strided"), (64, False, 132, "strided")])
-def test_prefill_persistent_grid_matches_reference(h, q_ahead, num_ctas, walk, seed):
-    """The persistent grid forced (few CTAs: each walks many items of different lengths,
-    so every barrier's phase runs on across items, through lonely and one-tile rows),
-    dense and ragged into poisoned outputs: both match the reference and give the same
-    bits, and the same bits as the fixed grid (the per-item math is the fixed grid's)."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the warp-specialised schedule is sm_90a's")
-    gen = torch.Generator(DEV).manual_seed(seed)
-    s_q, topk = 45, 1152
-    q, kv, idx, lens, sink = _walk_inputs(s_q, h, topk, gen)
-    flat, indptr = to_csr(idx, lens)
-    config = _persistent_config(h, q_ahead=q_ahead, num_ctas=num_ctas, walk=walk)
-    dense, ragged = _run_both_forms(config, q, kv, idx, lens, flat, indptr, sink)
-    check_prefill(dense, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
-    for name, a, b in zip(("out", "max_logits", "lse"), ragged, dense):
-        assert torch.equal(a, b), f"{name}: ragged and dense kernels differ"
-    fixed, _ = _run_both_forms(_persistent_config(h, persistent=False), q, kv, idx, lens,
-                               flat, indptr, sink)
-    for name, a, b in zip(("out", "max_logits", "lse"), dense, fixed):
-        assert torch.equal(a, b), f"{name}: persistent and fixed grids differ"
 
 
 def _check_malformed_indptr(h, width, config, seed):
@@ -238,15 +205,6 @@ def _check_malformed_indptr(h, width, config, seed):
         torch.cuda.synchronize()
     dense, lens_t = clamped_csr_as_dense(flat, indptr)
     check_prefill(outs, sparse_prefill_ref(q, kv, dense, SCALE, 512, sink, lens_t), kv)
-
-
-@pytest.mark.parametrize("q_ahead", [False, True])
-def test_prefill_persistent_grid_malformed_indptr_and_few_rows(q_ahead, seed):
-    """Fewer units than CTAs (grid = units) and a malformed indptr (past nnz, decreasing):
-    clamped windows, nothing read out of bounds, rows of empty windows lonely."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the warp-specialised schedule is sm_90a's")
-    _check_malformed_indptr(128, 64, _persistent_config(128, q_ahead=q_ahead), seed)
 
 
 # --- tokens in M with K by halves (issue 26 lever 3: k_halves) -------------------------------
@@ -306,7 +264,7 @@ def test_prefill_tokens_in_m_k_halves_malformed_indptr(seed):
 def _cluster_config(cluster_gather=True):
     return {**_prefill_schedule(128, 1152), "warp_specialized": True, "tokens_in_m": False,
             "threads": 384, "heads_per_block": 64, "block_tokens": 64, "num_stages": 0,
-            "persistent": False, "cluster_gather": cluster_gather}
+            "cluster_gather": cluster_gather}
 
 
 def test_prefill_cluster_gather_matches_reference(seed):
