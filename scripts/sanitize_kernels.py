@@ -179,10 +179,7 @@ def steps() -> list:
     cluster_merge = {**raw_ring, "num_splits": 8, "raw_ring": 0, "cluster_merge": True}
     prefill_ws = {"block_tokens": 64, "heads_per_block": 64, "threads": 384, "num_stages": 0,
                   "warp_specialized": True, "tokens_in_m": False}
-    k_halves = {**prefill_ws, "warp_specialized": False, "tokens_in_m": True,
-                "heads_per_block": 16, "num_stages": 3, "threads": 256, "k_halves": True,
-                "cluster_gather": False}
-    cluster_gather = {**prefill_ws, "k_halves": False, "cluster_gather": True}
+    cluster_gather = {**prefill_ws, "cluster_gather": True}
     # tokens in M with Q and every output through the TMA box (non-default knob tma_io):
     # 20 heads in groups of 16 (the second group's box clips heads 20-31), one math warpgroup,
     # 4 splits (partials staged, stored by TMA); 20 heads in 24, two math warpgroups, unsplit
@@ -236,8 +233,6 @@ def steps() -> list:
          ("sparse_decode", tim_pers)),
         (run_prefill, (), {}, None),
         (run_prefill, (16, ", tokens in M"), {}, None),
-        (run_prefill, (16, ", tokens in M with K by halves (non-default knob)"), {},
-         ("sparse_prefill", k_halves)),
         (run_prefill, (128, ", one K gather per row through a 2-CTA cluster (non-default knob)"),
          {}, ("sparse_prefill", cluster_gather)),
         (run_gather, (200,), {}, None),

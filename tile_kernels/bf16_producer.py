@@ -1,9 +1,8 @@
-"""The BF16 K-tile producer of sparse prefill's Hopper schedules, by halves: one warpgroup
-(128 threads) that gathers a tile of ``BI`` workspace rows into a K buffer stored as two
-256-dim halves (``K_l`` dims [0, 256), ``K_r`` dims [256, 512)) and signals each half on its
-own barrier, so a consumer starts on the half that has landed. Used by the seesaw's producer
-(``sparse_prefill._build_warp_specialized``) and by the tokens-in-M producer with
-``k_halves`` (``sparse_prefill._build_tokens_in_m``).
+"""The BF16 K-tile producer of sparse prefill's warp-specialised (seesaw) schedule, by halves:
+one warpgroup (128 threads) that gathers a tile of ``BI`` workspace rows into a K buffer stored
+as two 256-dim halves (``K_l`` dims [0, 256), ``K_r`` dims [256, 512)) and signals each half on
+its own barrier, so a consumer starts on the half that has landed
+(``sparse_prefill._build_warp_specialized``).
 
 Thread ``p`` of the warpgroup owns rows ``r * 16 + p // 8`` (``r < BI / 16``) of a tile and
 the 16-byte chunks ``64 u + 8 (p % 8)`` of each half: 8 threads per row, so a warp's copies

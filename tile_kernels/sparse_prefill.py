@@ -66,7 +66,6 @@ def build_sparse_prefill(
     warp_specialized: bool = False,
     tile_math: str = "tensor_core",
     tokens_in_m: bool = False,
-    k_halves: bool = False,
     cluster_gather: bool = False,
 ):
     """Return the prim_func of sparse prefill.
@@ -89,10 +88,6 @@ def build_sparse_prefill(
             warpgroup, 384: two (the second takes half of P·V); a producer warpgroup
             gathers into ``num_stages`` (2 or 3; 3 only beside 16 heads) K buffers. Same math and
             index rules; sm_90a only (see ``_build_tokens_in_m``).
-        k_halves: with ``tokens_in_m``, each K buffer is filled and released by halves (dims
-            [0, 256) then [256, 512), each with its own ready and free barriers), so Sᵀ of a
-            tile starts on the half that has landed and the producer refills a half as soon
-            as its last reader is done (the seesaw's K halves, in the tokens-in-M schedule).
         cluster_gather: with ``warp_specialized`` at 128 heads on the fixed grid, the row's
             two head-group CTAs form a 2-CTA cluster and each gathers one K half of every
             tile and sends it into its peer's shared memory, so the row's K rows are read
@@ -135,10 +130,6 @@ def build_sparse_prefill(
             return indices[row, col]
 
     check_tile_math(tile_math)
-    if k_halves and not tokens_in_m:
-        # (the seesaw's K buffers already go by halves; the plain schedule has no producer)
-        raise ValueError("k_halves: needs the tokens-in-M schedule (tokens_in_m True), got "
-                         f"tokens_in_m {tokens_in_m}")
     if cluster_gather and not (warp_specialized and not tokens_in_m and num_heads == 128):
         raise ValueError("cluster_gather: needs the warp-specialised schedule (warp_specialized "
                          "True) at num_heads 128 (the row's two 64-head groups form the "
@@ -147,7 +138,7 @@ def build_sparse_prefill(
     if tokens_in_m:
         _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
         return _build_tokens_in_m(num_heads, BI, HB, num_stages, threads, row_length,
-                                  index_at, idx_shape, len_shape, s_q, s_kv, k_halves)
+                                  index_at, idx_shape, len_shape, s_q, s_kv)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -444,7 +435,7 @@ def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
 
 
 def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx_shape,
-                       len_shape, s_q, s_kv, k_halves=False):
+                       len_shape, s_q, s_kv):
     """Sparse prefill for few heads (TP head counts, ``heads_per_block`` 16 or 32): the heads
     are wgmma's N dimension and the KV tokens its M dimension, so no head is padded to 64.
 
@@ -469,15 +460,6 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
     The softmax sum is kept per thread in the layout of Sᵀ (``l_part``, rescaled with the
     rows) and reduced across the warpgroup once, in the epilogue: one cross-warp reduction
     (the max) per tile instead of two.
-
-    ``k_halves``: each buffer's halves ``K_l`` / ``K_r`` have their own barriers
-    (``k_ready[b][h]``, ``k_free[b][h]``). The producer fills the left half, then the right
-    (``bf16_producer``: the validity flags with the left), each as soon as its readers
-    released it; warpgroup 0 issues Sᵀ's left product as soon as the left half has landed and
-    the right one when it lands. Readers: ``K_l`` warpgroup 0 (Sᵀ, then P·V's dims [0, 256));
-    ``K_r`` with two math warpgroups warpgroup 0 (Sᵀ: released right after it) and
-    warpgroup 1 (P·V's dims [256, 512)), with one warpgroup 0 alone (its P·V's second
-    product, released after the first product's wait).
     """
     D = HEAD_DIM
     DH = D // 2
@@ -498,29 +480,6 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
         for i, d in T.Parallel(HB, DH):
             if full_groups or h0 + i < num_heads:
                 Out[row, h0 + i, d0 + d] = stage[i, d]
-
-    @T.macro
-    def producer_by_halves(p, tiles, rounds, length, ahead, rows, KV, Indices, Lengths, row,
-                           K_l, K_r, valid, k_ready, k_free):
-        """``k_halves``' producer (thread ``p`` of its warpgroup): tile ``t`` into buffer
-        ``t % NB`` by halves (``bf16_producer``), the left half (with the validity flags) as
-        soon as warpgroup 0 released it, then the right one as soon as its readers did; the
-        next tile's index entries are read right after the left half's copies are issued.
-        ``ahead`` / ``rows``: local int32 [BI / 16]."""
-        index_of = lambda col: index_at(Indices, Lengths, row, col)  # noqa: E731
-        if tiles > 0:  # (the window is not empty: clamped columns stay inside it)
-            read_ahead(ahead, 0, index_of, 0, length, p, BI)
-        for rnd in T.serial(rounds):
-            for b in buffers:
-                t = rnd * NB + b
-                if t < tiles:
-                    T.barrier_wait(k_free[b][0], (rnd & 1) ^ 1)
-                    resolve_rows(valid[b], rows, ahead, 0, t, length, s_kv, p, BI)
-                    gather_half(K_l[b], KV, rows, 0, 0, p, k_ready[b][0])
-                    if t + 1 < tiles:
-                        read_ahead(ahead, 0, index_of, t + 1, length, p, BI)
-                    T.barrier_wait(k_free[b][1], (rnd & 1) ^ 1)
-                    gather_half(K_r[b], KV, rows, 0, 1, p, k_ready[b][1])
 
     @T.prim_func
     def sparse_prefill(
@@ -565,14 +524,8 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
             # k_ready: two arrivals per producer thread (its cp.async copies landed, and a
             # plain arrive releasing its stores of the validity flags). k_free: every math
             # thread. p_ready / p_free: warpgroup 0 -> 1 and back, per P tile.
-            if k_halves:  # [buffer][half]; K_r's free count: its readers (see above)
-                k_ready = [[T.alloc_barrier(arrive_count=256) for _ in (0, 1)]
-                           for _ in buffers]
-                k_free = [[T.alloc_barrier(arrive_count=128),
-                           T.alloc_barrier(arrive_count=producer0)] for _ in buffers]
-            else:
-                k_ready = [T.alloc_barrier(arrive_count=256) for _ in buffers]
-                k_free = [T.alloc_barrier(arrive_count=producer0) for _ in buffers]
+            k_ready = [T.alloc_barrier(arrive_count=256) for _ in buffers]
+            k_free = [T.alloc_barrier(arrive_count=producer0) for _ in buffers]
             p_ready = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
             p_free = [T.alloc_barrier(arrive_count=128) for _ in (buffers if two else ())]
             bar_done = T.alloc_barrier(arrive_count=256) if two else None
@@ -600,7 +553,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                 for rnd in T.serial(rounds):
                     for b in buffers:
                         if rnd * NB + b < tiles:
-                            T.barrier_wait(k_ready[b][0] if k_halves else k_ready[b], rnd & 1)
+                            T.barrier_wait(k_ready[b], rnd & 1)
                             # cp.async wrote the tile (generic proxy); wgmma reads it
                             # through the async proxy.
                             T.fence_proxy_async()
@@ -610,13 +563,8 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                             # both halves issued before one wait (a wait per half left
                             # the tensor cores idle between them)
                             T.wgmma_gemm(K_l[b], Q_l, acc_s, transpose_B=True)
-                            if k_halves:  # the right half may still be landing
-                                T.barrier_wait(k_ready[b][1], rnd & 1)
-                                T.fence_proxy_async()
                             T.wgmma_gemm(K_r[b], Q_r, acc_s, transpose_B=True)
                             T.wait_wgmma(0)
-                            if k_halves and two:  # warpgroup 0's last read of K_r
-                                T.barrier_arrive(k_free[b][1])
                             if two:
                                 # warpgroup 1 is done with this P tile of NB tiles ago
                                 # (parity 1 on the first round: a fresh barrier's previous
@@ -639,13 +587,8 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                                              transpose_B=True)
                                 T.wgmma_gemm(K_r[b], P_tiles[0], acc_o_r, transpose_A=True,
                                              transpose_B=True)
-                                if k_halves:  # K_l is read by the first product only
-                                    T.wait_wgmma(1)
-                                    T.barrier_arrive(k_free[b][0])
                                 T.wait_wgmma(0)
-                            # the buffer (without halves), else the half read last
-                            T.barrier_arrive(k_free[b] if not k_halves
-                                             else k_free[b][0] if two else k_free[b][1])
+                            T.barrier_arrive(k_free[b])
                 # Epilogue. max_logits/lse exclude the sink; out divides by Σe^s + e^sink.
                 T.reduce_sum(l_part, l_i, dim=0, batch=HB // 4)
                 row_epilogue(m_i, l_i, inv, True, Sink, MaxLogits, Lse, row, h0, num_heads,
@@ -666,7 +609,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                             T.fence_proxy_async()
                             T.copy(alpha_shared[b], alpha_r)
                             tim_pv_half(acc_o_r, alpha_r, K_r[b], P_tiles[b])
-                            T.barrier_arrive(k_free[b][1] if k_halves else k_free[b])
+                            T.barrier_arrive(k_free[b])
                             T.barrier_arrive(p_free[b])
                 # Warpgroup 0's last QKᵀ has read Q_r (its P of the last tile came after
                 # it), and bar_done brings the heads' reciprocal denominators.
@@ -683,46 +626,40 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                 # was a full memory latency before each row's copies could start); a tile's
                 # loads are only issued when the tile exists, so an empty ragged window
                 # reads nothing.
-                if k_halves:
-                    ahead = T.alloc_local([BI // 16], T.int32)  # the index entries
-                    rows = T.alloc_local([BI // 16], T.int32)  # resolved, -1 invalid
-                    producer_by_halves(p, tiles, rounds, length, ahead, rows, KV, Indices,
-                                       Lengths, row, K_l, K_r, valid, k_ready, k_free)
-                else:
-                    if tiles > 0:
-                        for r in rows_of_thread:
-                            col = r * 16 + p // 8
-                            # Address clamped into the row's window.
-                            kv_rows[r] = index_at(Indices, Lengths, row, T.min(col, length - 1))
-                    for rnd in T.serial(rounds):
-                        for b in buffers:
-                            t = rnd * NB + b
-                            if t < tiles:
-                                T.barrier_wait(k_free[b], (rnd & 1) ^ 1)
+                if tiles > 0:
+                    for r in rows_of_thread:
+                        col = r * 16 + p // 8
+                        # Address clamped into the row's window.
+                        kv_rows[r] = index_at(Indices, Lengths, row, T.min(col, length - 1))
+                for rnd in T.serial(rounds):
+                    for b in buffers:
+                        t = rnd * NB + b
+                        if t < tiles:
+                            T.barrier_wait(k_free[b], (rnd & 1) ^ 1)
+                            for r in rows_of_thread:
+                                j = r * 16 + p // 8
+                                col = t * BI + j
+                                ok = ((col < length) and (kv_rows[r] >= 0)
+                                      and (kv_rows[r] < s_kv))
+                                valid[b][j] = ok
+                                kv_row[0] = T.if_then_else(ok, kv_rows[r], 0)
+                                # 8 threads per row, each 16 bytes per step: a warp reads
+                                # four 128-byte segments per instruction.
+                                for u in T.unroll(DH // 64):
+                                    c = 64 * u + (p % 8) * 8
+                                    T.ptx_cp_async(T.access_ptr(K_l[b][j, c], "w", 8),
+                                                   T.access_ptr(KV[kv_row[0], c], "r", 8), 8,
+                                                   ok)
+                                    T.ptx_cp_async(T.access_ptr(K_r[b][j, c], "w", 8),
+                                                   T.access_ptr(KV[kv_row[0], DH + c], "r", 8),
+                                                   8, ok)
+                            T.cp_async_barrier_noinc(k_ready[b])
+                            T.barrier_arrive(k_ready[b])
+                            if t + 1 < tiles:
                                 for r in rows_of_thread:
-                                    j = r * 16 + p // 8
-                                    col = t * BI + j
-                                    ok = ((col < length) and (kv_rows[r] >= 0)
-                                          and (kv_rows[r] < s_kv))
-                                    valid[b][j] = ok
-                                    kv_row[0] = T.if_then_else(ok, kv_rows[r], 0)
-                                    # 8 threads per row, each 16 bytes per step: a warp reads
-                                    # four 128-byte segments per instruction.
-                                    for u in T.unroll(DH // 64):
-                                        c = 64 * u + (p % 8) * 8
-                                        T.ptx_cp_async(T.access_ptr(K_l[b][j, c], "w", 8),
-                                                       T.access_ptr(KV[kv_row[0], c], "r", 8), 8,
-                                                       ok)
-                                        T.ptx_cp_async(T.access_ptr(K_r[b][j, c], "w", 8),
-                                                       T.access_ptr(KV[kv_row[0], DH + c], "r", 8),
-                                                       8, ok)
-                                T.cp_async_barrier_noinc(k_ready[b])
-                                T.barrier_arrive(k_ready[b])
-                                if t + 1 < tiles:
-                                    for r in rows_of_thread:
-                                        col = (t + 1) * BI + r * 16 + p // 8
-                                        kv_rows[r] = index_at(Indices, Lengths, row,
-                                                              T.min(col, length - 1))
+                                    col = (t + 1) * BI + r * 16 + p // 8
+                                    kv_rows[r] = index_at(Indices, Lengths, row,
+                                                          T.min(col, length - 1))
 
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
@@ -744,14 +681,6 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 24, "ragged": True, "tokens_in_m": True, "heads_per_block": 32,
                 "threads": 384, "num_stages": 2}},
-    # tokens in M with K by halves (issue 26 lever 3): TP h32 dense, two math warpgroups;
-    # h16 ragged, one math warpgroup and 3 K buffers (the largest shared memory)
-    {"builder": "build_sparse_prefill",
-     "kwargs": {"num_heads": 32, "ragged": False, "tokens_in_m": True, "heads_per_block": 32,
-                "threads": 384, "num_stages": 2, "k_halves": True}},
-    {"builder": "build_sparse_prefill",
-     "kwargs": {"num_heads": 16, "ragged": True, "tokens_in_m": True, "heads_per_block": 16,
-                "threads": 256, "num_stages": 3, "k_halves": True}},
     # the 2-CTA cluster gather at 128 heads (issue 26 lever 2), both index forms
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 128, "ragged": False, "warp_specialized": True, "threads": 384,

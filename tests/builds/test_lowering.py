@@ -409,39 +409,6 @@ def _dynamic_shared_bytes(kernel) -> int:
     return max(sizes)
 
 
-# ------------------------------------------------- tokens-in-M prefill with K by halves
-def _k_halves_examples():
-    return _examples_with("sparse_prefill", "k_halves", lambda k: (
-        f"k_halves-h{k['num_heads']}-t{k['threads']}-nb{k['num_stages']}"))
-
-
-def test_k_halves_has_examples():
-    assert len(_k_halves_examples()) >= 2
-
-
-@pytest.mark.parametrize("kwargs", _k_halves_examples())
-def test_k_halves_prefill_source(kwargs, tmp_path):
-    """The generated CUDA of a tokens-in-M prefill with K by halves (sparse_prefill's
-    LOWERING_EXAMPLES, the kernel test_lowering compiled): every K half
-    of every buffer signalled by its own cp.async arrival; the producer's branch (the last
-    role, from its first tile loop) free of barriers that TileLang inserted (one would
-    lock its warps to another role's); warpgroup 0 issues Sᵀ's first product between the
-    waits for the two halves of a buffer; shared memory within 227 KB and no spills."""
-    kernel = _compiled_prefill(kwargs)
-    source = kernel.get_kernel_source()
-    arrivals = re.findall(r"tl::mbarrier_cp_async_arrive_noinc\((\w+)\[0\]\)", source)
-    assert len(arrivals) == len(set(arrivals)) == 2 * kwargs["num_stages"], arrivals
-    producer = source[source.rfind("for (int rnd", 0, source.index("cp_async_gs_conditional")):]
-    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\(|bar\.sync", producer)
-    assert not inserted, f"barriers in the producer's branch: {inserted}"
-    left, right = arrivals[0], arrivals[1]  # buffer 0's halves, in the producer's order
-    scores = re.search(rf"{left}\[0\]\.wait\(\(rnd & 1\)\);(.*?)"
-                       rf"{right}\[0\]\.wait\(\(rnd & 1\)\);", source, re.S)
-    assert scores and "wgmma_ss" in scores.group(1), "no Sᵀ product between the halves' waits"
-    assert _dynamic_shared_bytes(kernel) <= 227 * 1024
-    _check_no_spills(source, tmp_path)
-
-
 # ------------------------------------------------- prefill's 2-CTA cluster gather (128 heads)
 def _cluster_gather_examples():
     return _examples_with("sparse_prefill", "cluster_gather",

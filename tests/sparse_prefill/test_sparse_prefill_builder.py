@@ -11,53 +11,13 @@ pytest.importorskip("tilelang")
 from dsv4_tl.tile_kernels.sparse_prefill import build_sparse_prefill  # noqa: E402
 
 WS = dict(warp_specialized=True, threads=384)
-
-
 TIM = dict(tokens_in_m=True, heads_per_block=32, threads=384, num_stages=2)
-
-
-@pytest.mark.parametrize("kwargs", [
-    dict(k_halves=True),  # the plain schedule: no producer
-    dict(WS, k_halves=True),  # the seesaw's K buffers already go by halves
-])
-def test_k_halves_needs_tokens_in_m(kwargs):
-    with pytest.raises(ValueError, match="k_halves"):
-        build_sparse_prefill(32, False, **kwargs)
-
-
-def test_k_halves_keeps_the_tokens_in_m_checks():
-    """k_halves adds no freedom to the tokens-in-M layout: its own checks still apply."""
-    with pytest.raises(ValueError, match="num_stages"):
-        build_sparse_prefill(32, False, **{**TIM, "num_stages": 4}, k_halves=True)
-
-
-def test_k_halves_off_is_todays_kernel():
-    """The knob's default builds the same TIR as before it existed (one and two math
-    warpgroups, dense and ragged)."""
-    for ragged, threads in ((False, 384), (True, 256)):
-        kw = {**TIM, "threads": threads}
-        assert (build_sparse_prefill(32, ragged, **kw).script()
-                == build_sparse_prefill(32, ragged, **kw, k_halves=False).script())
 
 
 def _barrier_counts(func) -> collections.Counter:
     """Arrive counts of the kernel's mbarriers (the TIR's ``barrier_init`` attribute)."""
     init = re.search(r'"barrier_init": \{([^}]*)\}', func.script()).group(1)
     return collections.Counter(int(n) for n in re.findall(r"\[(\d+)\]", init))
-
-
-@pytest.mark.parametrize("threads,extra", [
-    # two math warpgroups: per buffer a second ready barrier (256 arrivals: 128 cp.async +
-    # 128 plain) and K_l's free barrier (warpgroup 0); K_r's keeps both warpgroups' 256
-    (384, {256: 2, 128: 2}),
-    # one math warpgroup: both free barriers count warpgroup 0's 128 threads
-    (256, {256: 2, 128: 2}),
-])
-def test_k_halves_barriers_per_half(threads, extra):
-    kw = {**TIM, "threads": threads}
-    plain = _barrier_counts(build_sparse_prefill(32, False, **kw))
-    halves = _barrier_counts(build_sparse_prefill(32, False, **kw, k_halves=True))
-    assert halves - plain == collections.Counter(extra) and not plain - halves
 
 
 @pytest.mark.parametrize("num_heads,kwargs", [

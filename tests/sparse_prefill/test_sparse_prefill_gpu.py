@@ -207,59 +207,6 @@ def _check_malformed_indptr(h, width, config, seed):
     check_prefill(outs, sparse_prefill_ref(q, kv, dense, SCALE, 512, sink, lens_t), kv)
 
 
-# --- tokens in M with K by halves (issue 26 lever 3: k_halves) -------------------------------
-def _k_halves_config(h, num_stages, threads, k_halves=True):
-    return {**_prefill_schedule(h, 640), "tokens_in_m": True, "warp_specialized": False,
-            "heads_per_block": 16 if h <= 16 else 32, "num_stages": num_stages,
-            "threads": threads, "k_halves": k_halves}
-
-
-# (the layouts of scripts/prefill_grid_ab.py's K_HALVES_TESTS, which precompiles them: two
-# math warpgroups with 2 and 3 K buffers, one math warpgroup; the ragged form at h32)
-@pytest.mark.parametrize("h,num_stages,threads", [(32, 2, 384), (16, 3, 384), (16, 3, 256)])
-def test_prefill_tokens_in_m_k_halves_matches_reference(h, num_stages, threads, seed):
-    """k_halves forced (per-half ready / free barriers; both phases of every buffer's halves
-    over many rounds, the last one partial) into poisoned outputs: per-row
-    lengths (a full row, lonely rows, one-tile rows, a row of 65), -1 holes, out-of-range
-    entries, garbage past the lengths, sinks -inf / +inf / finite. Dense (and at h32 ragged,
-    the same bits) matches the reference and gives the same bits as the whole-buffer kernel
-    (the math and its order are the same, only the barriers differ)."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the tokens-in-M schedule needs sm_90a")
-    gen = torch.Generator(DEV).manual_seed(seed)
-    s_q, topk = 45, 1152  # 18 tiles of 64 for a full row
-    q, kv, idx, lens, sink = _walk_inputs(s_q, h, topk, gen)
-    flat, indptr = to_csr(idx, lens)
-    config = _k_halves_config(h, num_stages, threads)
-    if h == 32:
-        dense, ragged = _run_both_forms(config, q, kv, idx, lens, flat, indptr, sink)
-        for name, a, b in zip(("out", "max_logits", "lse"), ragged, dense):
-            assert torch.equal(a, b), f"{name}: ragged and dense kernels differ"
-    else:
-        dense = _poisoned(s_q, h)
-        with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill", config):
-            sparse_prefill(q, kv, idx, SCALE, sink, lens, out=dense[0], max_logits=dense[1],
-                           lse=dense[2])
-            torch.cuda.synchronize()
-    check_prefill(dense, sparse_prefill_ref(q, kv, idx, SCALE, 512, sink, lens), kv)
-    whole = _poisoned(s_q, h)
-    with tune.forcing(target_for_device(torch.device(DEV)), "sparse_prefill",
-                      _k_halves_config(h, num_stages, threads, k_halves=False)):
-        sparse_prefill(q, kv, idx, SCALE, sink, lens, out=whole[0], max_logits=whole[1],
-                       lse=whole[2])
-        torch.cuda.synchronize()
-    for name, a, b in zip(("out", "max_logits", "lse"), dense, whole):
-        assert torch.equal(a, b), f"{name}: K by halves and whole K buffers differ"
-
-
-def test_prefill_tokens_in_m_k_halves_malformed_indptr(seed):
-    """k_halves with a malformed indptr (past nnz, decreasing, negative): clamped windows,
-    nothing read out of bounds, rows of empty windows lonely."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the tokens-in-M schedule needs sm_90a")
-    _check_malformed_indptr(32, 192, _k_halves_config(32, 2, 384), seed)
-
-
 # --- the 2-CTA cluster gather at 128 heads (issue 26 lever 2: cluster_gather) ---------------
 def _cluster_config(cluster_gather=True):
     return {**_prefill_schedule(128, 1152), "warp_specialized": True, "tokens_in_m": False,
