@@ -177,9 +177,6 @@ def steps() -> list:
                  "cluster_crossover": True}
     # the splits of a row merged inside a thread-block cluster (non-default knob)
     cluster_merge = {**raw_ring, "num_splits": 8, "raw_ring": 0, "cluster_merge": True}
-    prefill_ws = {"block_tokens": 64, "heads_per_block": 64, "threads": 384, "num_stages": 0,
-                  "warp_specialized": True, "tokens_in_m": False}
-    cluster_gather = {**prefill_ws, "cluster_gather": True}
     # tokens in M with Q and every output through the TMA box (non-default knob tma_io):
     # 20 heads in groups of 16 (the second group's box clips heads 20-31), one math warpgroup,
     # 4 splits (partials staged, stored by TMA); 20 heads in 24, two math warpgroups, unsplit
@@ -233,8 +230,6 @@ def steps() -> list:
          ("sparse_decode", tim_pers)),
         (run_prefill, (), {}, None),
         (run_prefill, (16, ", tokens in M"), {}, None),
-        (run_prefill, (128, ", one K gather per row through a 2-CTA cluster (non-default knob)"),
-         {}, ("sparse_prefill", cluster_gather)),
         (run_gather, (200,), {}, None),
         (run_gather, (4000,), {}, None),
         (run_insert, (), {}, None),

@@ -14,9 +14,6 @@ each half's copies by ``cp.async`` predicated on validity (``gather_half``: an i
 is zero-filled without being read, its address clamped to row 0). ``rows`` / ``ahead`` are
 the thread's local int32 arrays; ``base`` is the offset of this buffer's ``BI / 16``
 entries in them (the seesaw keeps two buffers' entries in one array).
-
-With the 2-CTA cluster gather (``send_half``) each CTA of a cluster gathers one half of every
-tile and sends it into its peer's shared memory.
 """
 
 import tilelang.language as T
@@ -46,14 +43,9 @@ def resolve_rows(valid, rows, ahead, base: int, tile, length, s_kv, p, BI: int):
 
 
 @T.macro
-def copy_half(dst, KV, rows, base: int, half: int, p, as_calls: bool = False):
+def copy_half(dst, KV, rows, base: int, half: int, p):
     """Half ``half`` of the thread's rows (``rows[base:]``, resolved) into ``dst`` (``[BI,
-    256]``) by cp.async, all copies in flight at once. ``as_calls``: as
-    ``fp8_producer.RAW_RING_PRELUDE``'s ``dsv4_cp_async16`` calls, their shared addresses
-    declared read to TileLang's thread-sync pass (the cluster gather orders its copies
-    itself by their group's wait and a named barrier, ``send_half``; TileLang's own cp.async
-    made the pass put 128-thread barriers into the producer's loop, one on the barrier id
-    of a consumer warpgroup's reductions)."""
+    256]``) by cp.async, all copies in flight at once."""
     BI, DH = (int(n) for n in dst.shape)
     for r in T.unroll(BI // 16):
         j = r * 16 + p // 8
@@ -61,12 +53,8 @@ def copy_half(dst, KV, rows, base: int, half: int, p, as_calls: bool = False):
         src = T.max(rows[base + r], 0)
         for u in T.serial(DH // 64):
             c = 64 * u + (p % 8) * 8
-            if as_calls:
-                T.call_extern("handle", "dsv4_cp_async16", T.access_ptr(dst[j, c], "r", 8),
-                              T.access_ptr(KV[src, half * DH + c], "r", 8), ok)
-            else:
-                T.ptx_cp_async(T.access_ptr(dst[j, c], "w", 8),
-                               T.access_ptr(KV[src, half * DH + c], "r", 8), 8, ok)
+            T.ptx_cp_async(T.access_ptr(dst[j, c], "w", 8),
+                           T.access_ptr(KV[src, half * DH + c], "r", 8), 8, ok)
 
 
 @T.macro
@@ -78,22 +66,3 @@ def gather_half(dst, KV, rows, base: int, half: int, p, k_ready):
     T.cp_async_barrier_noinc(k_ready)
     T.barrier_arrive(k_ready)
 
-
-# The 2-CTA cluster gather (``sparse_prefill``'s ``cluster_gather``): the producer warpgroup's
-# named barrier before a half is sent (ids 8 and 9 are the consumers' output stores).
-CLUSTER_PRODUCER_BAR = 10
-
-
-@T.macro
-def send_half(half_buf, k_ready, p, peer):
-    """Cluster gather: this CTA's copies of a K half have landed (the thread's cp.async group
-    awaited). Every producer thread fences its writes for the async proxy (the bulk copy
-    and the wgmma read them), the warpgroup meets on a named barrier, then the half goes
-    into the same buffer of cluster CTA ``peer`` by one bulk ``shared::cluster`` copy,
-    completing on the peer's ``k_ready`` (one remote arrival with its bytes), and thread 0
-    arrives once on this CTA's ``k_ready`` (so both CTAs' ready barriers count the same)."""
-    T.fence_proxy_async()
-    T.sync_threads(CLUSTER_PRODUCER_BAR, 128)
-    T.copy_cluster(half_buf, half_buf, dst_block=peer, remote_barrier=k_ready[0])
-    if p == 0:
-        T.barrier_arrive(k_ready)

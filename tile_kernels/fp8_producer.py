@@ -53,36 +53,6 @@ PRODUCER_THREADS = 128
 RAW_CHUNKS = NUM_TILES + 2
 
 
-# Asynchronous 16 / 8-byte copies global -> shared and a validity store, as calls whose
-# shared addresses are declared read-only to TileLang's thread-sync pass (each lane reads back
-# only its own copies). Left from the retired raw ring (bench/PERF_NOTES.md "Retired levers");
-# prefill's cluster_gather producer still issues them.
-RAW_RING_PRELUDE = r"""
-// dsv4-tl: the FP8 producer's raw ring (tile_kernels/fp8_producer.py).
-// 16 (8) bytes global -> shared, asynchronously; zero-filled without a read when !ok.
-__device__ __forceinline__ void dsv4_cp_async16(const void* dst, const void* src, int ok) {
-  unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-               :: "r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void dsv4_cp_async8(const void* dst, const void* src, int ok) {
-  unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
-               :: "r"(d), "l"(src), "r"(ok ? 8 : 0) : "memory");
-}
-__device__ __forceinline__ void dsv4_cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int n>
-__device__ __forceinline__ void dsv4_cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" :: "n"(n) : "memory");
-}
-__device__ __forceinline__ void dsv4_st_u32(const void* dst, int v) {
-  *reinterpret_cast<volatile int*>(const_cast<void*>(dst)) = v;
-}
-"""
-
-
 def unrolled(n: int) -> tuple:
     """``0 .. n-1`` as a tuple: a loop over it is unrolled when the kernel is traced (a
     ``range`` loop becomes a TIR loop), so register arrays are indexed by constants."""

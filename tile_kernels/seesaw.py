@@ -20,22 +20,11 @@ class SeesawState:
     (fragments, one set per warpgroup), and the shared rows and barriers through which
     they pass row maxima (every tile pair) and softmax sums (once, at the end)."""
 
-    def __init__(self, heads: int, block_tokens: int, ready_arrivals=256,
-                 crossover: bool = False):
-        """``ready_arrivals``: arrivals that fill a
-        K half (prefill: 128 cp.async arrivals + 128 plain ones for the validity flags;
-        decode's FP8 producer: one plain arrival per producer thread after its stores), or
-        per half ``[buffer][half]``.
-
-        ``crossover``: the 2-CTA crossover (``sparse_decode_seesaw``): K half ``h`` of every
-        buffer is filled by the cluster's CTA of rank ``h`` and copied into its peer's, so
-        that CTA may refill it only once the consumers of both CTAs released it. Its free
-        barrier there counts one release per reading consumer warp of either CTA
-        (``seesaw_release``: lane 0 of each warp, after the warp's wgmma are done, arrives
-        on the barrier of CTA ``h``, its own or its peer's); the barriers are cluster
-        barriers (the peer's arrivals and copies land on them)."""
+    def __init__(self, heads: int, block_tokens: int, ready_arrivals: int = 256):
+        """``ready_arrivals``: arrivals that fill a K half (prefill: 128 cp.async arrivals +
+        128 plain ones for the validity flags; decode's FP8 producer: one plain arrival per
+        producer thread after its stores)."""
         HB, BI = heads, block_tokens
-        self.crossover = crossover
         self.acc_s = tuple(T.alloc_fragment([HB, BI], T.float32) for _ in range(2))
         self.p_regs = tuple(T.alloc_fragment([HB, BI], T.bfloat16) for _ in range(2))
         self.m_i, self.m_prev, self.m_peer, self.l_i, self.l_tile, self.alpha = (
@@ -51,22 +40,11 @@ class SeesawState:
         # as its last reader is done. Filled: ``ready_arrivals``. Free: half 0 of buffer 0
         # and half 1 of buffer 1 are read by one consumer only (QKᵀ and its own P·V), the
         # two others by both.
-        ready = (ready_arrivals if isinstance(ready_arrivals, tuple)
-                 else ((ready_arrivals,) * 2,) * 2)
-        if crossover:
-            # readers per half: 128 threads = 4 warps (one consumer), 8 (both); x 2 CTAs
-            self.k_ready = tuple(tuple(T.alloc_cluster_barrier(ready[b][h]) for h in range(2))
-                                 for b in range(2))
-            self.k_free = ((T.alloc_cluster_barrier(8), T.alloc_cluster_barrier(16)),
-                           (T.alloc_cluster_barrier(16), T.alloc_cluster_barrier(8)))
-        else:
-            self.k_ready = tuple(tuple(T.alloc_barrier(arrive_count=ready[b][h])
-                                       for h in range(2))
-                                 for b in range(2))
-            self.k_free = ((T.alloc_barrier(arrive_count=128),
-                            T.alloc_barrier(arrive_count=256)),
-                           (T.alloc_barrier(arrive_count=256),
-                            T.alloc_barrier(arrive_count=128)))
+        self.k_ready = tuple(tuple(T.alloc_barrier(arrive_count=ready_arrivals)
+                                   for _ in range(2))
+                             for _ in range(2))
+        self.k_free = ((T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=256)),
+                       (T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=128)))
 
 
 # FlashMLA's sm90 sparse prefill schedule ("seesaw"), in the macros below. Per tile pair,
@@ -213,14 +191,8 @@ def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2):
 @T.macro
 def seesaw_release(ss, buf: int, half: int):
     """This consumer thread is done with K half ``(buf, half)`` (its wgmma reading it are
-    complete): a plain arrival on the half's free barrier, or with the crossover one arrival
-    per warp on the free barrier of the CTA that refills the half (rank ``half``; the warp
-    is converged after the ``.aligned`` wgmma wait)."""
-    if ss.crossover:
-        if T.get_thread_binding() % 32 == 0:
-            T.mbarrier_arrive(ss.k_free[buf][half], half)
-    else:
-        T.barrier_arrive(ss.k_free[buf][half])
+    complete): a plain arrival on the half's free barrier."""
+    T.barrier_arrive(ss.k_free[buf][half])
 
 
 @T.macro

@@ -45,9 +45,8 @@ from .sparse_decode import decode_prim_func, store_row_splits
 SEESAW_DECODE_REGS = {(32, 2): check_ws_regs((184, 184, 136)),
                       (32, 4): check_ws_regs((184, 184, 136)),
                       (64, 2): check_ws_regs((200, 200, 104))}
-# The two 64-head groups of 128 heads in one cluster (rank = head group): the grid's shape of
-# prefill's cluster_gather (sparse_prefill.py), which took it from the retired decode crossover.
-CROSSOVER_CLUSTER = (1, 2, 1)
+
+
 def _build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                         shape_vars: tuple, slots: int = 2):
     """The prim_func (``sparse_decode.decode_prim_func`` around this schedule's body);

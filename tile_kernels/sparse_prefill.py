@@ -35,24 +35,13 @@ from .attention_tile import (
     ws_set_regs,
     ws_store_rows,
 )
-from .bf16_producer import (CLUSTER_PRODUCER_BAR, copy_half, gather_half, read_ahead,
-                            resolve_rows, send_half)
+from .bf16_producer import gather_half, read_ahead, resolve_rows
 from .layout import HEAD_DIM
 from .seesaw import SeesawState, seesaw_consumer_0, seesaw_consumer_1
-from .fp8_producer import RAW_RING_PRELUDE
-from .sparse_decode_seesaw import CROSSOVER_CLUSTER
 
 # Registers of the warp-specialised roles (rules in attention_tile.WS_LAUNCH_REGS): both
 # consumers hold a score tile and half of the output, so they share the registers evenly.
 PREFILL_WS_REGS = check_ws_regs((216, 216, 72))
-# cluster_gather: the row's two head groups (grid dim 1) in one cluster, rank = head group,
-# the decode crossover's shape
-CLUSTER_GATHER_DIMS = CROSSOVER_CLUSTER
-# cluster_gather: arrivals on the ready barrier of K half [buffer][half] in either CTA: the
-# half itself once (the filling CTA's thread 0 after its copies landed, or in the peer the
-# bulk copy's remote arrival) and, on the buffer's first half, every producer thread of the
-# CTA once for its validity flags (each CTA writes its own)
-CLUSTER_READY = tuple(tuple(1 + (128 if half == buf else 0) for half in (0, 1)) for buf in (0, 1))
 
 
 def build_sparse_prefill(
@@ -66,7 +55,6 @@ def build_sparse_prefill(
     warp_specialized: bool = False,
     tile_math: str = "tensor_core",
     tokens_in_m: bool = False,
-    cluster_gather: bool = False,
 ):
     """Return the prim_func of sparse prefill.
 
@@ -88,10 +76,6 @@ def build_sparse_prefill(
             warpgroup, 384: two (the second takes half of P·V); a producer warpgroup
             gathers into ``num_stages`` (2 or 3; 3 only beside 16 heads) K buffers. Same math and
             index rules; sm_90a only (see ``_build_tokens_in_m``).
-        cluster_gather: with ``warp_specialized`` at 128 heads on the fixed grid, the row's
-            two head-group CTAs form a 2-CTA cluster and each gathers one K half of every
-            tile and sends it into its peer's shared memory, so the row's K rows are read
-            from L2 once instead of twice (``_build_warp_specialized``).
 
     Kernel arguments (all contiguous): ``q [s_q, h, 512] bf16``, ``kv [s_kv, 512] bf16``,
     ``indices``, ``lengths`` (dense: ``topk_length [s_q] int32``; ragged: ``indptr [s_q+1]
@@ -130,11 +114,6 @@ def build_sparse_prefill(
             return indices[row, col]
 
     check_tile_math(tile_math)
-    if cluster_gather and not (warp_specialized and not tokens_in_m and num_heads == 128):
-        raise ValueError("cluster_gather: needs the warp-specialised schedule (warp_specialized "
-                         "True) at num_heads 128 (the row's two 64-head groups form the "
-                         f"cluster), got warp_specialized {warp_specialized}, tokens_in_m "
-                         f"{tokens_in_m}, num_heads {num_heads}")
     if tokens_in_m:
         _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages)
         return _build_tokens_in_m(num_heads, BI, HB, num_stages, threads, row_length,
@@ -146,7 +125,7 @@ def build_sparse_prefill(
             raise ValueError("warp_specialized: needs heads_per_block 64 and threads 384, got "
                              f"{HB} and {threads}")
         return _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape,
-                                       len_shape, s_q, s_kv, cluster_gather)
+                                       len_shape, s_q, s_kv)
 
     @T.prim_func
     def sparse_prefill(
@@ -236,8 +215,8 @@ def row_epilogue(m_i, l_i, inv, write_stats: bool, Sink, MaxLogits, Lse, row, h0
             1.0)
 
 
-def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q, s_kv,
-                            cluster_gather=False):
+def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q,
+                            s_kv):
     """The warp-specialised Hopper schedule of the same kernel (attention_tile's
     WarpSpecializedState, the consumers of seesaw.py). The producer warpgroup resolves the tile's
     indices (clamped reads, validity flags) and gathers the rows with per-thread cp.async
@@ -245,16 +224,6 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
     read. Its loads overlap the consumers' math because the roles live in different warps.
     Tiles past the row's last one are produced all-invalid, so the consumers always process
     buffers in pairs.
-
-    ``cluster_gather`` (128 heads, fixed grid): the row's two head-group CTAs form a cluster
-    (``cluster_dims`` (1, 2, 1): rank = head group). The producer of rank ``h`` gathers K half
-    ``h`` of both buffers (every row of the tile; buffer ``h``'s first, with its validity
-    flags) and, once its copies landed, sends each half (and flags) into the same buffers of
-    its peer (``bf16_producer.send_half``), so each K row is read from L2 once per row
-    instead of once per head group. The consumers are the seesaw's, their barriers the
-    decode crossover's (``SeesawState(crossover=True)``: a half is refilled once the
-    consumers of both CTAs released it; ``sparse_decode_seesaw.crossover_ready_arrivals``).
-    Both CTAs of a cluster have the same row, so the same tile pairs.
     """
     D = HEAD_DIM
     DH = D // 2
@@ -300,43 +269,6 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                     if pair + 1 < pairs:
                         read_ahead(ahead, buf * R, index_of, (pair + 1) * 2 + buf, length, p, BI)
 
-    @T.macro
-    def cluster_producer(st, ss, p, pairs, length, KV, Indices, Lengths, row, ahead, rows,
-                         rank: int):
-        """``cluster_gather``'s producer of cluster rank ``rank``: per pair, K half ``rank``
-        of buffer ``rank`` then of the other buffer, each as soon as the consumers of both
-        CTAs released it, and sent to the peer as soon as its copies landed. (Both halves'
-        copies in flight before the first is sent would make the first half's send wait for
-        the second's release: a wait on the consumers' last release of the pair before, so
-        every pair would start with a gather's latency.) Both CTAs resolve every row (the
-        same query row) and write their own validity flags of both buffers, each thread
-        releasing its stores by a plain arrival on the buffer's first-half ready barrier
-        (``CLUSTER_READY``); a buffer's flags are rewritten only after the free wait of this
-        CTA's half of it, which the buffer's scoring consumer releases after reading them.
-        The index entries are read a pair ahead, as the seesaw's."""
-        index_of = lambda col: index_at(Indices, Lengths, row, col)  # noqa: E731
-        if pairs > 0:
-            for buf in (0, 1):
-                read_ahead(ahead, buf * R, index_of, buf, length, p, BI)
-        for pair in T.serial(pairs):
-            for buf in (rank, 1 - rank):
-                # (the buffers named in place: bound to a local name in a macro, a buffer is
-                # renamed in the generated code)
-                T.barrier_wait(ss.k_free[buf][rank], (pair & 1) ^ 1)
-                resolve_rows(st.valid[buf], rows, ahead, buf * R, pair * 2 + buf, length, s_kv,
-                             p, BI)
-                T.barrier_arrive(ss.k_ready[buf][buf])  # (the flags' release)
-                copy_half((st.K_l, st.K_r)[rank][buf], KV, rows, buf * R, rank, p, True)
-                T.call_extern("handle", "dsv4_cp_async_commit")
-                if pair + 1 < pairs:
-                    read_ahead(ahead, buf * R, index_of, (pair + 1) * 2 + buf, length, p, BI)
-                T.call_extern("handle", "dsv4_cp_async_wait<0>")
-                send_half((st.K_l, st.K_r)[rank][buf], ss.k_ready[buf][rank], p, 1 - rank)
-
-    # (the cluster producer's copies are RAW_RING_PRELUDE's calls)
-    launch = ({"cluster_dims": CLUSTER_GATHER_DIMS, "prelude": RAW_RING_PRELUDE}
-              if cluster_gather else {})
-
     @T.prim_func
     def sparse_prefill(
         Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
@@ -349,12 +281,9 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
         Lse: T.Tensor([s_q, num_heads], T.float32),
         sm_scale: T.float32,
     ):
-        with T.Kernel(s_q, head_groups, threads=WS_THREADS, **launch) as (row, hg):
+        with T.Kernel(s_q, head_groups, threads=WS_THREADS) as (row, hg):
             st = WarpSpecializedState(HB, BI, D, split=False)
-            if cluster_gather:
-                ss = SeesawState(HB, BI, ready_arrivals=CLUSTER_READY, crossover=True)
-            else:
-                ss = SeesawState(HB, BI)
+            ss = SeesawState(HB, BI)
             tx = T.get_thread_binding()
             h0 = hg * HB
             scale_log2 = sm_scale * LOG2E
@@ -382,19 +311,8 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                 ws_set_regs(PREFILL_WS_REGS[2])
                 ahead = T.alloc_local([2 * R], T.int32)
                 rows = T.alloc_local([2 * R], T.int32)
-                if not cluster_gather:
-                    seesaw_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths, row,
-                                    ahead, rows)
-                elif T.block_rank_in_cluster() == 0:
-                    cluster_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths,
-                                     row, ahead, rows, 0)
-                else:
-                    cluster_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths,
-                                     row, ahead, rows, 1)
-            if cluster_gather:
-                # Neither CTA leaves while its peer may still arrive on its barriers or copy
-                # into its buffers (the peer's last releases and copies precede this).
-                T.cluster_sync()
+                seesaw_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths, row,
+                                ahead, rows)
 
     return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
@@ -681,11 +599,4 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_prefill",
      "kwargs": {"num_heads": 24, "ragged": True, "tokens_in_m": True, "heads_per_block": 32,
                 "threads": 384, "num_stages": 2}},
-    # the 2-CTA cluster gather at 128 heads (issue 26 lever 2), both index forms
-    {"builder": "build_sparse_prefill",
-     "kwargs": {"num_heads": 128, "ragged": False, "warp_specialized": True, "threads": 384,
-                "cluster_gather": True}},
-    {"builder": "build_sparse_prefill",
-     "kwargs": {"num_heads": 128, "ragged": True, "warp_specialized": True, "threads": 384,
-                "cluster_gather": True}},
 ]

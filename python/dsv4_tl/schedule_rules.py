@@ -122,10 +122,6 @@ def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
             return f"threads: {threads} > {arch.max_threads} per block"
     if op in ("sparse_decode", "sparse_prefill"):
         hb, bi = c["heads_per_block"], c["block_tokens"]
-        if op == "sparse_prefill" and c.get("cluster_gather") and (
-                not c.get("warp_specialized") or c.get("tokens_in_m")):
-            # (and num_heads 128: a static of the call, checked by the builder)
-            return "cluster_gather: needs the warp-specialised schedule"
         # tile_kernels/schedule_rules.producer_lean_refusal (the builder's own rule)
         if op == "sparse_decode":
             refusal = producer_lean_refusal(

@@ -146,11 +146,6 @@ def _compiled_decode(kwargs: dict):
     return _compile("sparse_decode", {"builder": "build_sparse_decode", "kwargs": kwargs})[1]
 
 
-def _compiled_prefill(kwargs: dict):
-    """The compiled ``build_sparse_prefill(**kwargs)`` (:func:`_compile`)."""
-    return _compile("sparse_prefill", {"builder": "build_sparse_prefill", "kwargs": kwargs})[1]
-
-
 @pytest.mark.parametrize("name,example", _examples())
 def test_lowering(name, example):
     func, kernel = _compile(name, example)
@@ -407,43 +402,6 @@ def _dynamic_shared_bytes(kernel) -> int:
              if 100_000 <= int(x) < 1_000_000]
     assert sizes, "no dynamic shared memory size in the host code"
     return max(sizes)
-
-
-# ------------------------------------------------- prefill's 2-CTA cluster gather (128 heads)
-def _cluster_gather_examples():
-    return _examples_with("sparse_prefill", "cluster_gather",
-                          lambda k: f"cluster_gather-ragged{int(k['ragged'])}")
-
-
-def test_cluster_gather_has_examples():
-    assert len(_cluster_gather_examples()) >= 2
-
-
-@pytest.mark.parametrize("kwargs", _cluster_gather_examples())
-def test_cluster_gather_prefill_source(kwargs, tmp_path):
-    """The generated CUDA of the cluster gather (sparse_prefill's LOWERING_EXAMPLES): the
-    barriers initialised before a cluster-wide sync (the peer arrives on them), each rank's
-    producer (the branches on the CTA's cluster rank) free of barriers that TileLang
-    inserted, sending each of its two K halves (32 KB) by one bulk shared::cluster copy from
-    one thread after its own named barrier (id 10); the consumers' releases remote, from one
-    lane per warp; a cluster sync before the exit; shared memory and no spills."""
-    kernel = _compiled_prefill(kwargs)
-    source = kernel.get_kernel_source()
-    init = source.index("tl::fence_barrier_init();")
-    assert source.index("tl::cluster_sync();") > init
-    producers = source[source.index("tl::block_rank_in_cluster() == 0"):
-                       source.rindex("tl::cluster_sync();")]
-    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\((?!10, 128)", producers)
-    assert not inserted, f"barriers in the producers' branches: {inserted}"
-    copies = re.findall(r"tma_store_cluster\([^;]*\(uint\)(\d+)\)", producers)
-    assert copies == ["32768"] * 4, copies  # two halves per rank
-    assert producers.count("dsv4_cp_async_wait<0>();") == 4
-    assert "cp_async_gs_conditional" not in producers  # every copy a declared-read call
-    consumers = source[:source.index("tl::block_rank_in_cluster() == 0")]
-    # one remote release per (consumer, K half it reads): 3 + 3
-    assert len(re.findall(r"\.arrive\([01]u\);", consumers)) == 6
-    assert _dynamic_shared_bytes(kernel) <= 227 * 1024
-    _check_no_spills(source, tmp_path)
 
 
 def _launch_shared_bytes(kernel) -> int:
