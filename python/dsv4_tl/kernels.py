@@ -51,6 +51,12 @@ from .invalidation import kernels_changed, on_kernels_changed  # noqa: F401
 FP8_FORMATS = ("e4m3fn", "e4m3fnuz")  # = dsv4_tl.validation.FP8_FORMATS (a test keeps them equal)
 
 
+# The most heads ``dsv4-tl build --heads`` and ``dsv4-tl bench --shape`` take (DSv4 has 128
+# query heads): a typo such as ``--heads 10**20`` is one clear error naming the argument,
+# not an overflow deep in the kernel builders.
+MAX_HEADS = 1024
+
+
 def pow2_ceil(n: int) -> int:
     """The smallest power of two >= ``n`` (1 for n <= 1): bucket features that grow with the
     input are rounded so, which bounds the memo of resolved kernels."""
