@@ -9,7 +9,8 @@ cache does not serve one input set repeatedly. Peers (``--peers``, default all; 
 ``bench_peers``): FlashMLA (vLLM's build, ``torch.ops._flashmla_C``, or the ``flash_mla``
 package) and vLLM's DSv4 Triton kernels, found in an installed vLLM, an installed FlashMLA
 package, then the peer bundle at ``--peers-dir`` (``bench_discovery``; ``--peers list``
-shows what was found where); a peer that is missing or fails to load or run is a row of the
+shows what was found where, found and loaded in a child process with a time limit:
+loading runs the peers' code, which timing runs in this process); a peer that is missing or fails to load or run is a row of the
 table with its one-line reason, never silently dropped. Peers that produce no LSE are
 checked on their outputs only (the check column says so). ``--shape`` times user-given
 decode / prefill shapes (``SHAPE_HELP``) instead of the suites.
@@ -31,13 +32,13 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .bench_peers import (
+    PEER_LIST_TIMEOUT_S,
     PEER_NAMES,
     csr_from_dense,
-    discover_peers,
-    format_peer_list,
     load_peers,
     one_line,
     parse_peer_names,
+    peer_list_isolated,
     peer_suites,
 )
 from .cache_format import TOKEN_BYTES
@@ -940,17 +941,20 @@ def main(argv=None) -> int:
     parser.add_argument("--peers", default="all",
                         help="comma list of peers to time beside dsv4_tl, 'all' (default), "
                              "'none', or 'list' (print where each peer is found, then exit); "
-                             "known: " + ",".join(PEER_NAMES))
+                             "known: " + ",".join(PEER_NAMES) + ". Timing imports and runs "
+                             "the installed peers' code (a flash_mla package, vLLM's Triton "
+                             "files, FlashMLA's extension) in this process; 'list' loads them "
+                             "in a child process, ended after "
+                             f"{PEER_LIST_TIMEOUT_S:g} s")
     parser.add_argument("--quick", action="store_true", help="a subset of the decode shapes")
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--plot", help="write a PNG chart here (needs matplotlib)")
     args = parser.parse_args(argv)
     if args.peers.strip() == "list":
-        from .bench_discovery import search_places
-
-        places = search_places(args.peers_dir)
-        print(format_peer_list(discover_peers(PEER_NAMES, args.peers_dir, places=places), places))
-        return 0
+        ok, text = peer_list_isolated(args.peers_dir)
+        print(text if ok else f"dsv4-tl bench: --peers list: {text}",
+              file=sys.stdout if ok else sys.stderr)
+        return 0 if ok else 1
     try:
         peer_names = parse_peer_names(args.peers)
         shapes = [parse_shape(text) for text in args.shape or []]
