@@ -625,6 +625,28 @@ def test_resolution_memos_are_bounded_by_the_buckets(rec):
                                                            h=64, scope="c4a", ctas=2)
 
 
+def test_stream_scratch_keeps_the_views_of_a_bounded_number_of_shape_sets(monkeypatch):
+    """Issue 34 item 7: the views of a buffer were memoised per set of shapes, and the shapes
+    follow the batch size: one entry per batch size a server ever ran. At most
+    ``MAX_VIEW_SETS`` are kept, the least recently used dropped."""
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 3, raising=False)
+    monkeypatch.setattr(_dispatch, "capturing", lambda device: False)
+    scratch = _dispatch.StreamScratch()
+    dev = torch.device("cpu")
+    scratch.views(dev, ((300, 8),))  # the buffer at its final size: no regrowth below
+    (buffer, memo), = scratch.pools.values()
+    kept = scratch.views(dev, ((1, 8),))
+    for b in range(2, 300):
+        scratch.views(dev, ((b, 8),))
+        if b % 4 == 0:
+            assert scratch.views(dev, ((1, 8),)) is kept  # used again: stays
+    (again, memo), = scratch.pools.values()
+    assert again is buffer and len(memo) <= 16, len(memo)
+    assert len(memo) == scratch.MAX_VIEW_SETS and ((1, 8),) in memo and ((2, 8),) not in memo
+    fresh = scratch.views(dev, ((2, 8),))  # a dropped set is made again, of the same buffer
+    assert fresh[0].shape == (2, 8) and fresh[0].data_ptr() == buffer.data_ptr()
+
+
 def test_stream_scratch_of_a_thread_is_dropped_when_it_ends(monkeypatch):
     """Issue 25 item 5: pools keyed (device, stream, thread) were never dropped (16 worker
     threads left 32 MiB allocated after they joined); a thread's buffers go with it."""
