@@ -133,6 +133,23 @@ def test_decode_features_and_static_parameters():
     assert KERNELS["insert_k_cache"].features("sycl", tokens=1) == {"tokens": 1}
 
 
+def test_feature_names_are_what_features_yield_and_what_buckets_match_on():
+    """``KernelSpec.feature_names`` (what ``raw_kernel`` accepts) is exactly what each op's
+    ``features`` yields, and every bucket of every target's schedule file matches on those
+    only (issue 34 item 7: misspelled features were silently ignored)."""
+    from dsv4_tl.schedules import load_schedule_file
+
+    calls = {"sparse_decode": dict(h=64, b=8, scope="c4a"),
+             "sparse_prefill": dict(h=64, topk=300), "dequant_gather": dict(rows=10),
+             "insert_k_cache": dict(tokens=3)}
+    for op, spec in KERNELS.items():
+        yielded = spec.features("cuda_sm90a", **calls.get(op, {}))
+        assert sorted(yielded) == sorted(spec.feature_names), op
+        for target_dir in ("cuda_sm90a", "cuda_sm100a", "hip_gfx942", "hip_gfx950", "sycl"):
+            for bucket in load_schedule_file(target_dir, op).get("buckets", []):
+                assert set(bucket["match"]) <= set(spec.feature_names), (target_dir, op, bucket)
+
+
 def test_decode_width_routes_long_c128a_only():
     """The bucket feature ``width`` (the extra scope's index width): C128A at 64 / 128 heads with
     widths >= 4096 takes the persistent grid (bench/PERF_NOTES.md item 53); narrower widths, C4A,

@@ -29,7 +29,7 @@ from typing import Callable, Tuple
 
 import torch
 
-from ..kernels import KernelSpec, Variant, kernels_changed, on_kernels_changed
+from ..kernels import KERNELS, KernelSpec, Variant, kernels_changed, on_kernels_changed
 from ..validation import check_kernel_device, check_tensor
 from ..loader import loader_for
 from ..schedules import bucket_index, schedule_of_bucket
@@ -159,7 +159,17 @@ def _loaded(op: str, target: Target, static: tuple, schedule: tuple) -> Callable
 def kernel_for(op: str, device: torch.device, static: dict, **features: int) -> Callable:
     """The loaded kernel of ``op`` for ``device``: schedule of the shape bucket that
     ``features`` fall in (from ``schedules/<target>/<op>.json``), compiled or loaded once.
-    Resolutions are memoised per bucket. Arguments in the order of ``KERNELS[op].params``."""
+    Resolutions are memoised per bucket. Arguments in the order of ``KERNELS[op].params``.
+    A feature the op's buckets never look at (a misspelling would silently pick the default
+    schedule) is a ValueError naming it and the op's features
+    (:attr:`~dsv4_tl.kernels.KernelSpec.feature_names`)."""
+    spec = KERNELS.get(op)
+    if spec is None:
+        raise ValueError(f"op: unknown kernel {op!r}; known: {', '.join(sorted(KERNELS))}")
+    unknown = sorted(set(features) - set(spec.feature_names))
+    if unknown:
+        raise ValueError(f"features: {op} has no bucket feature {', '.join(unknown)}; its "
+                         f"features: {', '.join(spec.feature_names) or 'none'}")
     return _resolve(op, _target(device), tuple(sorted(static.items())),
                     tuple(sorted(features.items())))[0]
 
