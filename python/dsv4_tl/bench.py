@@ -42,6 +42,7 @@ from .bench_peers import (
     peer_suites,
 )
 from .cache_format import TOKEN_BYTES
+from .kernels import MAX_HEADS
 from .testing import check_attention, random_k, random_paged_cache, scatter_slots
 
 SCALE = 512 ** -0.5
@@ -228,6 +229,8 @@ lens=rand draws each request's compressed length from 0..W (the window stays ful
 prefill: s_q query rows of 4 requests (a multiple of 4) over an s_kv-row BF16 workspace,
 K indices per row (the last 128 are the row's SWA window); lens=rand draws each row's
 length from 1..K; form=ragged times dsv4_tl's CSR entry point on the same rows.
+h is at most 1024; every input tensor a shape makes holds under 2**31 elements (the kernels
+index in int32), which bounds b, swa, W, s_q, K and N.
 Example: --shape decode:h=64,b=64,extra=c4a:512"""
 
 # field -> default (None: required), per kind
@@ -238,6 +241,13 @@ SHAPE_FIELDS = {
                 "form": "dense"},
 }
 MAX_DECODE_S_Q = 64  # decode_inputs starts a request's window within one 64-token block
+# The most elements a tensor of a --shape's inputs may hold: the kernels index in int32.
+MAX_TENSOR_ELEMENTS = 2**31 - 1
+
+
+def _oversized(sizes: Sequence[tuple]) -> Optional[tuple]:
+    """The first ``(fields, what, elements)`` of ``sizes`` over :data:`MAX_TENSOR_ELEMENTS`."""
+    return next((s for s in sizes if s[2] > MAX_TENSOR_ELEMENTS), None)
 
 
 def parse_shape(text: str):
@@ -269,6 +279,15 @@ def parse_shape(text: str):
     def bad(key: str, why: str) -> ValueError:
         return ValueError(f"--shape {text!r}: field {key!r}: {why}")
 
+    def check_sizes(sizes: Sequence[tuple]) -> None:
+        """``sizes``: ``(fields, tensor, elements)`` of the inputs the shape makes."""
+        over = _oversized(sizes)
+        if over is not None:
+            fields, what, n = over
+            label = "fields" if "," in fields else "field"
+            raise ValueError(f"--shape {text!r}: {label} {fields}: {what} would hold {n} "
+                             f"elements, over {MAX_TENSOR_ELEMENTS} (the kernels index in int32)")
+
     def count(key: str, lo: int = 1, hi: Optional[int] = None) -> int:
         try:
             n = int(values[key])
@@ -285,12 +304,17 @@ def parse_shape(text: str):
 
     varying = choice("lens", ("full", "rand")) == "rand"
     if kind == "prefill":
-        h, s_q, topk, s_kv = count("h"), count("s_q"), count("topk", WINDOW), count("s_kv")
+        h, s_q = count("h", 1, MAX_HEADS), count("s_q")
+        topk, s_kv = count("topk", WINDOW), count("s_kv")
         if s_q % 4:
             raise bad("s_q", f"{s_q} is not a multiple of 4 (the rows of 4 requests)")
         if s_kv < s_q + 4 * topk:
             raise bad("s_kv", f"{s_kv} is too small: 4 requests of s_q/4 rows with {topk} "
                               f"indices each need s_kv >= s_q + 4*topk = {s_q + 4 * topk}")
+        check_sizes([("h, s_q", "the query [s_q, h, 512]", s_q * h * 512),
+                     ("s_kv", "the workspace [s_kv, 512]", s_kv * 512),
+                     ("s_q, topk", "the indices [s_q, topk]", s_q * topk),
+                     ("s_q, s_kv", "the top-k draw [s_q, s_kv / 4]", s_q * (s_kv // 4))])
         return PrefillShape(h, s_q, topk, s_kv, varying=varying,
                             ragged=choice("form", ("dense", "ragged")) == "ragged")
     scope, _, width = values["extra"].partition(":")
@@ -310,8 +334,29 @@ def parse_shape(text: str):
     if varying and extra_kind == "swa":
         raise bad("lens", "rand needs a compressed scope (extra=c4a:W or c128a:W); the SWA "
                           "window is always full")
-    return DecodeShape(count("h"), count("b"), extra_kind, s_q=count("s_q", 1, MAX_DECODE_S_Q),
-                       extra_width=extra_width, varying=varying, window=count("swa"))
+    shape = DecodeShape(count("h", 1, MAX_HEADS), count("b"), extra_kind,
+                        s_q=count("s_q", 1, MAX_DECODE_S_Q), extra_width=extra_width,
+                        varying=varying, window=count("swa"))
+    b, rows = shape.b, shape.b * shape.s_q
+    swa_rows = b * 2 * -(-(shape.window + 64) // 64) * 64  # decode_inputs' SWA cache
+    sizes = [("h, b, s_q", "the query [b, s_q, h, 512]", rows * shape.h * 512),
+             ("b, swa", "the SWA cache (its rows of 512)", swa_rows * 512),
+             ("b, s_q, swa", "the SWA indices [b, s_q, swa]", rows * shape.window)]
+    if extra_kind != "swa":
+        bs, entries = _extra_cache_geometry(shape)
+        sizes += [("b, extra", "the compressed cache (its rows of 512)",
+                   b * (entries // bs) * bs * 512),
+                  ("b, s_q, extra", "the compressed indices [b, s_q, W]", rows * extra_width),
+                  ("b, s_q, extra", "the position draw [b * s_q, entries]", rows * entries)]
+    check_sizes(sizes)
+    return shape
+
+
+def _extra_cache_geometry(shape: DecodeShape) -> tuple:
+    """``(block size, compressed entries per request)`` of ``decode_inputs``' compressed
+    cache: a 32K-token context for C4A, 128K for C128A, or more entries when the width asks."""
+    bs, entries = (64, 32768 // 4) if shape.kind == "c4a" else (2, 131072 // 128)
+    return bs, max(entries, shape.extra_topk)
 
 
 def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -> list:
@@ -327,8 +372,7 @@ def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -
     swa_table = torch.randperm(swa.shape[0], generator=gen, device=device).view(-1, swa_blocks)
     extra = None
     if shape.kind != "swa":
-        bs, entries = (64, 32768 // 4) if shape.kind == "c4a" else (2, 131072 // 128)
-        entries = max(entries, shape.extra_topk)
+        bs, entries = _extra_cache_geometry(shape)
         per_req = entries // bs
         extra = random_paged_cache(b * per_req, bs, gen, device)
         extra_table = torch.randperm(extra.shape[0], generator=gen, device=device).view(b, per_req)
