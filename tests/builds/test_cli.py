@@ -70,6 +70,23 @@ def test_unwritable_out_is_one_line(tmp_path, capsys):
     _one_line_error(status, err, "out:")
 
 
+@pytest.mark.parametrize("how", ["env", "out"])
+def test_a_kernel_dir_with_a_newline_is_one_line_and_builds_nothing(tmp_path, capsys,
+                                                                     monkeypatch, how):
+    """Issue 34 item 7: a newline in ``$DSV4_TL_KERNEL_DIR`` (or ``--out``) made multi-line
+    messages and commands; such a path is refused by name, in one line."""
+    odd = str(tmp_path / "a\nb")
+    if how == "env":
+        monkeypatch.setenv("DSV4_TL_KERNEL_DIR", odd)
+    where = ["--out", odd] if how == "out" else []
+    name = "DSV4_TL_KERNEL_DIR" if how == "env" else "out"
+    for argv in (["build", "--op", "global_topk"] + where, ["info"] + where):
+        status, _, err = _run(argv, capsys)
+        _one_line_error(status, err, "expected a folder path without control characters")
+        assert f"{name if argv[0] == 'build' or how == 'env' else '--out'}: expected" in err
+    assert not any(tmp_path.iterdir()), "nothing may be created for it"
+
+
 def test_out_under_a_file_is_one_line(tmp_path, capsys):
     """As root, permissions do not stop a write; a path through a file always fails."""
     blocker = tmp_path / "file"
