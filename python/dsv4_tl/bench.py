@@ -10,8 +10,9 @@ cache does not serve one input set repeatedly. Peers (``--peers``, default all; 
 package) and vLLM's DSv4 Triton kernels, found in an installed vLLM, an installed FlashMLA
 package, then the peer bundle at ``--peers-dir`` (``bench_discovery``; ``--peers list``
 shows what was found where, found and loaded in a child process with a time limit:
-loading runs the peers' code, which timing runs in this process); a peer that is missing or fails to load or run is a row of the
-table with its one-line reason, never silently dropped. Peers that produce no LSE are
+loading runs the peers' code, which timing runs in this process); a peer that is missing or
+fails to load or run is a row of the table with its one-line reason, never silently
+dropped. Peers that produce no LSE are
 checked on their outputs only (the check column says so). ``--shape`` times user-given
 decode / prefill shapes (``SHAPE_HELP``) instead of the suites.
 

@@ -8,7 +8,6 @@ import, not this module: it imports them).
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Optional
 
 from .cli_args import OneLineParser, head_count, one_line_errors, positive_int

@@ -40,8 +40,9 @@ with a warning naming the file and line; so is, with one warning naming it, a wh
 that is not a regular file (a FIFO would block the reader, ``/dev/zero`` fill its memory),
 holds over :data:`MAX_LOG_BYTES`, or, outside the installed package's logs, is owned by
 another user than this one or root or writable by its group or others (the kernel
-directory's rule, :mod:`dsv4_tl.trust`: a log picks the kernels that are built and run). The log root is ``$DSV4_TL_TUNING_LOGS`` when set,
-else the installed ``dsv4_tl.tuning_logs`` package (the repository's ``tuning_logs/``).
+directory's rule, :mod:`dsv4_tl.trust`: a log picks the kernels that are built and run).
+The log root is ``$DSV4_TL_TUNING_LOGS`` when set, else the installed
+``dsv4_tl.tuning_logs`` package (the repository's ``tuning_logs/``).
 
 No dependency beyond the standard library: the schema is checked by :func:`validate_entry`.
 """
