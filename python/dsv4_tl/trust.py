@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Optional
 
 __all__ = ["MAX_JSON_BYTES", "PRIVATE_DIR_MODE", "PRIVATE_FILE_MODE", "TrustedFile",
-           "UntrustedPathError", "check_trusted", "open_trusted", "private_dirs",
-           "read_regular", "read_trusted", "show_path", "untrusted_reason"]
+           "UntrustedPathError", "ancestor_reasons", "check_trusted", "open_trusted",
+           "private_dirs", "read_regular", "read_trusted", "show_path", "untrusted_reason"]
 
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
@@ -47,11 +47,13 @@ PRIVATE_FILE_MODE = 0o600
 # every variant of several head counts is well under 1 MiB): more is not one of ours.
 MAX_JSON_BYTES = 64 << 20
 
-_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_PATH (Linux): a level is opened to be searched and fstat-ed, whatever its read bits
+_O_PATH = getattr(os, "O_PATH", os.O_RDONLY)
+_DIR_FLAGS = _O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO put in a file's place returns at once (fstat then refuses it)
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # the last level of a check (a file or a directory; a link is opened as itself and refused)
-_ANY_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_ANY_FLAGS = _O_PATH | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _ABOVE, _ROOT, _BELOW = "above", "root", "below"
 
 
@@ -220,11 +222,6 @@ class TrustedFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-    def detach(self) -> int:
-        """The descriptor, no longer closed by this object (a loaded library keeps it)."""
-        fd, self.fd = self.fd, -1
-        return fd
 
     def __enter__(self) -> "TrustedFile":
         return self
