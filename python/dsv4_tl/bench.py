@@ -9,8 +9,10 @@ cache does not serve one input set repeatedly. Peers (``--peers``, default all; 
 ``bench_peers``): FlashMLA (vLLM's build, ``torch.ops._flashmla_C``, or the ``flash_mla``
 package) and vLLM's DSv4 Triton kernels, found in an installed vLLM, an installed FlashMLA
 package, then the peer bundle at ``--peers-dir`` (``bench_discovery``; ``--peers list``
-shows what was found where); a peer that is missing or fails to load or run is a row of the
-table with its one-line reason, never silently dropped. Peers that produce no LSE are
+shows what was found where, found and loaded in a child process with a time limit:
+loading runs the peers' code, which timing runs in this process); a peer that is missing or
+fails to load or run is a row of the table with its one-line reason, never silently
+dropped. Peers that produce no LSE are
 checked on their outputs only (the check column says so). ``--shape`` times user-given
 decode / prefill shapes (``SHAPE_HELP``) instead of the suites.
 
@@ -31,16 +33,17 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .bench_peers import (
+    PEER_LIST_TIMEOUT_S,
     PEER_NAMES,
     csr_from_dense,
-    discover_peers,
-    format_peer_list,
     load_peers,
     one_line,
     parse_peer_names,
+    peer_list_isolated,
     peer_suites,
 )
 from .cache_format import TOKEN_BYTES
+from .kernels import MAX_HEADS
 from .testing import check_attention, random_k, random_paged_cache, scatter_slots
 
 SCALE = 512 ** -0.5
@@ -227,6 +230,8 @@ lens=rand draws each request's compressed length from 0..W (the window stays ful
 prefill: s_q query rows of 4 requests (a multiple of 4) over an s_kv-row BF16 workspace,
 K indices per row (the last 128 are the row's SWA window); lens=rand draws each row's
 length from 1..K; form=ragged times dsv4_tl's CSR entry point on the same rows.
+h is at most 1024; every input tensor a shape makes holds under 2**31 elements (the kernels
+index in int32), which bounds b, swa, W, s_q, K and N.
 Example: --shape decode:h=64,b=64,extra=c4a:512"""
 
 # field -> default (None: required), per kind
@@ -237,6 +242,13 @@ SHAPE_FIELDS = {
                 "form": "dense"},
 }
 MAX_DECODE_S_Q = 64  # decode_inputs starts a request's window within one 64-token block
+# The most elements a tensor of a --shape's inputs may hold: the kernels index in int32.
+MAX_TENSOR_ELEMENTS = 2**31 - 1
+
+
+def _oversized(sizes: Sequence[tuple]) -> Optional[tuple]:
+    """The first ``(fields, what, elements)`` of ``sizes`` over :data:`MAX_TENSOR_ELEMENTS`."""
+    return next((s for s in sizes if s[2] > MAX_TENSOR_ELEMENTS), None)
 
 
 def parse_shape(text: str):
@@ -268,6 +280,15 @@ def parse_shape(text: str):
     def bad(key: str, why: str) -> ValueError:
         return ValueError(f"--shape {text!r}: field {key!r}: {why}")
 
+    def check_sizes(sizes: Sequence[tuple]) -> None:
+        """``sizes``: ``(fields, tensor, elements)`` of the inputs the shape makes."""
+        over = _oversized(sizes)
+        if over is not None:
+            fields, what, n = over
+            label = "fields" if "," in fields else "field"
+            raise ValueError(f"--shape {text!r}: {label} {fields}: {what} would hold {n} "
+                             f"elements, over {MAX_TENSOR_ELEMENTS} (the kernels index in int32)")
+
     def count(key: str, lo: int = 1, hi: Optional[int] = None) -> int:
         try:
             n = int(values[key])
@@ -284,12 +305,17 @@ def parse_shape(text: str):
 
     varying = choice("lens", ("full", "rand")) == "rand"
     if kind == "prefill":
-        h, s_q, topk, s_kv = count("h"), count("s_q"), count("topk", WINDOW), count("s_kv")
+        h, s_q = count("h", 1, MAX_HEADS), count("s_q")
+        topk, s_kv = count("topk", WINDOW), count("s_kv")
         if s_q % 4:
             raise bad("s_q", f"{s_q} is not a multiple of 4 (the rows of 4 requests)")
         if s_kv < s_q + 4 * topk:
             raise bad("s_kv", f"{s_kv} is too small: 4 requests of s_q/4 rows with {topk} "
                               f"indices each need s_kv >= s_q + 4*topk = {s_q + 4 * topk}")
+        check_sizes([("h, s_q", "the query [s_q, h, 512]", s_q * h * 512),
+                     ("s_kv", "the workspace [s_kv, 512]", s_kv * 512),
+                     ("s_q, topk", "the indices [s_q, topk]", s_q * topk),
+                     ("s_q, s_kv", "the top-k draw [s_q, s_kv / 4]", s_q * (s_kv // 4))])
         return PrefillShape(h, s_q, topk, s_kv, varying=varying,
                             ragged=choice("form", ("dense", "ragged")) == "ragged")
     scope, _, width = values["extra"].partition(":")
@@ -309,8 +335,29 @@ def parse_shape(text: str):
     if varying and extra_kind == "swa":
         raise bad("lens", "rand needs a compressed scope (extra=c4a:W or c128a:W); the SWA "
                           "window is always full")
-    return DecodeShape(count("h"), count("b"), extra_kind, s_q=count("s_q", 1, MAX_DECODE_S_Q),
-                       extra_width=extra_width, varying=varying, window=count("swa"))
+    shape = DecodeShape(count("h", 1, MAX_HEADS), count("b"), extra_kind,
+                        s_q=count("s_q", 1, MAX_DECODE_S_Q), extra_width=extra_width,
+                        varying=varying, window=count("swa"))
+    b, rows = shape.b, shape.b * shape.s_q
+    swa_rows = b * 2 * -(-(shape.window + 64) // 64) * 64  # decode_inputs' SWA cache
+    sizes = [("h, b, s_q", "the query [b, s_q, h, 512]", rows * shape.h * 512),
+             ("b, swa", "the SWA cache (its rows of 512)", swa_rows * 512),
+             ("b, s_q, swa", "the SWA indices [b, s_q, swa]", rows * shape.window)]
+    if extra_kind != "swa":
+        bs, entries = _extra_cache_geometry(shape)
+        sizes += [("b, extra", "the compressed cache (its rows of 512)",
+                   b * (entries // bs) * bs * 512),
+                  ("b, s_q, extra", "the compressed indices [b, s_q, W]", rows * extra_width),
+                  ("b, s_q, extra", "the position draw [b * s_q, entries]", rows * entries)]
+    check_sizes(sizes)
+    return shape
+
+
+def _extra_cache_geometry(shape: DecodeShape) -> tuple:
+    """``(block size, compressed entries per request)`` of ``decode_inputs``' compressed
+    cache: a 32K-token context for C4A, 128K for C128A, or more entries when the width asks."""
+    bs, entries = (64, 32768 // 4) if shape.kind == "c4a" else (2, 131072 // 128)
+    return bs, max(entries, shape.extra_topk)
 
 
 def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -> list:
@@ -326,8 +373,7 @@ def decode_inputs(shape: DecodeShape, gen: torch.Generator, sets: int, device) -
     swa_table = torch.randperm(swa.shape[0], generator=gen, device=device).view(-1, swa_blocks)
     extra = None
     if shape.kind != "swa":
-        bs, entries = (64, 32768 // 4) if shape.kind == "c4a" else (2, 131072 // 128)
-        entries = max(entries, shape.extra_topk)
+        bs, entries = _extra_cache_geometry(shape)
         per_req = entries // bs
         extra = random_paged_cache(b * per_req, bs, gen, device)
         extra_table = torch.randperm(extra.shape[0], generator=gen, device=device).view(b, per_req)
@@ -940,17 +986,20 @@ def main(argv=None) -> int:
     parser.add_argument("--peers", default="all",
                         help="comma list of peers to time beside dsv4_tl, 'all' (default), "
                              "'none', or 'list' (print where each peer is found, then exit); "
-                             "known: " + ",".join(PEER_NAMES))
+                             "known: " + ",".join(PEER_NAMES) + ". Timing imports and runs "
+                             "the installed peers' code (a flash_mla package, vLLM's Triton "
+                             "files, FlashMLA's extension) in this process; 'list' loads them "
+                             "in a child process, ended after "
+                             f"{PEER_LIST_TIMEOUT_S:g} s")
     parser.add_argument("--quick", action="store_true", help="a subset of the decode shapes")
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--plot", help="write a PNG chart here (needs matplotlib)")
     args = parser.parse_args(argv)
     if args.peers.strip() == "list":
-        from .bench_discovery import search_places
-
-        places = search_places(args.peers_dir)
-        print(format_peer_list(discover_peers(PEER_NAMES, args.peers_dir, places=places), places))
-        return 0
+        ok, text = peer_list_isolated(args.peers_dir)
+        print(text if ok else f"dsv4-tl bench: --peers list: {text}",
+              file=sys.stdout if ok else sys.stderr)
+        return 0 if ok else 1
     try:
         peer_names = parse_peer_names(args.peers)
         shapes = [parse_shape(text) for text in args.shape or []]

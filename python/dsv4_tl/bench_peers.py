@@ -603,13 +603,16 @@ class PeerStatus:
 
 def discover_peers(names: Sequence[str], peers_dir: Optional[str],
                    transform: Optional[SourceTransform] = None,
-                   places: Optional[list] = None) -> List[PeerStatus]:
+                   places: Optional[list] = None,
+                   catch: tuple = (Exception, SystemExit)) -> List[PeerStatus]:
     """Find and load the named peers: per peer, the places of ``bench_discovery`` in order
     (installed vllm, installed flash_mla, the bundle at ``peers_dir``), the first that has
-    its files and loads them. Nothing raises: a peer that is nowhere or fails to load
-    everywhere gets ``error``. ``transform`` rewrites the Triton files before they run (see
-    VllmTritonSources); ``places``: ``bench_discovery.search_places(peers_dir)`` when
-    already made."""
+    its files and loads them. Loading runs the peers' code in this process (an installed
+    flash_mla package's ``__init__``, vLLM's Triton files, FlashMLA's extension); what it
+    raises of ``catch`` (by default also a ``sys.exit`` in a peer's code) is a load failure:
+    nothing raises, a peer that is nowhere or fails to load everywhere gets ``error``.
+    ``transform`` rewrites the Triton files before they run (see VllmTritonSources);
+    ``places``: ``bench_discovery.search_places(peers_dir)`` when already made."""
     if places is None:
         places = bench_discovery.search_places(peers_dir) if names else []
     triton_sources: Dict[int, VllmTritonSources] = {}  # one per vLLM tree
@@ -629,7 +632,7 @@ def discover_peers(names: Sequence[str], peers_dir: Optional[str],
                     sources = triton_sources.setdefault(
                         id(source.tree), VllmTritonSources(source.tree.module_file, transform))
                     peer = cls(source, sources)
-            except Exception as exc:  # reported by the caller, never dropped
+            except catch as exc:  # reported by the caller, never dropped
                 status.tried.append(f"{origin}: load failed: {one_line(exc)}")
                 continue
             status.peer, status.source = peer, source
@@ -668,6 +671,57 @@ def format_peer_list(statuses: Sequence[PeerStatus], places: list) -> str:
         lines += [f"{'':16s} {'':7s} {'':9s} {'':9s} {f}" for f in src.files[1:]]
         lines += [f"{'':16s} passed over {t}" for t in s.tried]
     return "\n".join(lines)
+
+
+# How long ``dsv4-tl bench --peers list`` waits for discovery in its child process (starting
+# Python and torch, then loading every peer found: seconds, unless a peer's code hangs).
+PEER_LIST_TIMEOUT_S = 120.0
+_CHILD = ("import json, sys; args = json.loads(sys.argv[1]); sys.path[:] = args['path']; "
+          "from dsv4_tl.bench_peers import _peer_list_child; "
+          "sys.exit(_peer_list_child(args['peers_dir']))")
+
+
+def _peer_list_child(peers_dir: Optional[str]) -> int:
+    """The child of :func:`peer_list_isolated`: the list on stdout; whatever a peer's code
+    raises while loading (``SystemExit``, ``KeyboardInterrupt`` too) is that peer's row."""
+    places = bench_discovery.search_places(peers_dir)
+    statuses = discover_peers(PEER_NAMES, peers_dir, places=places, catch=BaseException)
+    print(format_peer_list(statuses, places), flush=True)
+    return 0
+
+
+def peer_list_isolated(peers_dir: Optional[str],
+                       timeout: Optional[float] = None) -> Tuple[bool, str]:
+    """``dsv4-tl bench --peers list``: :func:`format_peer_list` of a discovery run in a child
+    process (same interpreter, same ``sys.path``) that is ended after ``timeout`` seconds
+    (default :data:`PEER_LIST_TIMEOUT_S`): finding the peers loads them, which runs their
+    code, and a peer that calls ``sys.exit``, exits the process or hangs on import must not
+    end or hang the bench. Returns ``(True, the list)`` or ``(False, one line: why there is
+    none)``."""
+    import json
+    import os
+    import signal
+    import subprocess
+
+    timeout = PEER_LIST_TIMEOUT_S if timeout is None else timeout
+    payload = json.dumps({"path": sys.path, "peers_dir": peers_dir})
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, payload], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own group: ended with what it starts
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, (f"peer discovery did not finish within {timeout:g} s (a peer's code "
+                       "hangs while loading?): nothing listed")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode == 0 and out.startswith("searched, in order:"):
+        return True, out.rstrip("\n")
+    last = (err.strip().splitlines() or ["no output"])[-1]
+    return False, (f"peer discovery ended with exit status {proc.returncode} (a peer's code "
+                   f"exited the process?): {' '.join(last.split())[:300]}")
 
 
 def peer_suites(name: str) -> Tuple[str, ...]:

@@ -26,17 +26,16 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from .file_lock import locked
-from .kernels import KERNELS, Variant
-from .loader import (KernelCompileError, artifact_path, build_command, compile_variant,
-                     default_kernel_dir)
+from .kernels import KERNELS, MAX_HEADS, Variant
+from .loader import (DEFAULT_HEADS, KernelCompileError, artifact_path, build_command,
+                     compile_variant, default_kernel_dir, kernel_dir_path)
 from .manifest import MANIFEST_NAME, CorruptManifestError, read_manifest, write_manifest
 from .provenance import record_for, source_hash, stale_reason, toolchain_versions
 from .targets import Target, backend_of, parse_target
 from .trust import check_trusted, private_dirs
 
-__all__ = ["DEFAULT_HEADS", "build", "build_variants", "source_hash", "toolchain_versions"]
-
-DEFAULT_HEADS = (64, 128)
+__all__ = ["DEFAULT_HEADS", "MAX_HEADS", "build", "build_variants", "source_hash",
+           "toolchain_versions"]
 
 
 def build_variants(target: "str | Target", heads: Iterable[int] = DEFAULT_HEADS,
@@ -81,8 +80,8 @@ def _progress(total: int, desc: str):
 def _check_heads(heads: Iterable[int]) -> list:
     heads = list(heads)
     for h in heads:
-        if isinstance(h, bool) or not isinstance(h, int) or h < 1:
-            raise ValueError(f"heads: expected positive head counts, got {h!r}")
+        if isinstance(h, bool) or not isinstance(h, int) or not 1 <= h <= MAX_HEADS:
+            raise ValueError(f"heads: expected head counts 1..{MAX_HEADS}, got {h!r}")
     return heads
 
 
@@ -129,7 +128,7 @@ def build(target: "str | Target", out: "str | Path | None" = None,
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ValueError(f"jobs: expected a positive number of parallel compiles, got {jobs!r}")
     variants = build_variants(target, heads, ops)
-    out = Path(out) if out is not None else default_kernel_dir()
+    out = kernel_dir_path(out, "out") if out is not None else default_kernel_dir()
     tdir = _target_dir(out, target)
     with locked(tdir / ".build.lock"):
         return _build_locked(target, out, tdir, variants, jobs, progress, ops)

@@ -8,10 +8,9 @@ import, not this module: it imports them).
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Optional
 
-from .cli_args import OneLineParser, one_line_errors, positive_int
+from .cli_args import OneLineParser, head_count, one_line_errors, positive_int
 from .targets import DEFAULT_TARGET, SUPPORTED_TARGETS
 
 
@@ -34,11 +33,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from .loader import build_command, default_kernel_dir
+    from .loader import build_command, default_kernel_dir, kernel_dir_path
     from .manifest import MANIFEST_NAME, CorruptManifestError, read_manifest
     from .targets import parse_target
 
-    root = Path(args.out) if args.out else default_kernel_dir()
+    root = kernel_dir_path(args.out, "--out") if args.out else default_kernel_dir()
     print(f"kernel dir: {root}")
     found, status = False, 0
     for name in SUPPORTED_TARGETS:
@@ -93,8 +92,9 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--target", action="append", choices=SUPPORTED_TARGETS,
                    help=f"repeatable; default {DEFAULT_TARGET}")
     p.add_argument("--out", help="artifact root (default $DSV4_TL_KERNEL_DIR or ~/.cache/dsv4_tl/kernels)")
-    p.add_argument("--heads", type=positive_int, action="append",
-                   help="extra head counts to build besides 64 and 128 (repeatable)")
+    p.add_argument("--heads", type=head_count, action="append",
+                   help="extra head counts to build besides 64 and 128 (repeatable; at most "
+                        "1024)")
     p.add_argument("--op", action="append", choices=sorted(KERNELS),
                    help="build only this kernel (repeatable)")
     p.add_argument("--jobs", type=positive_int, help="parallel compiles (default: all cores)")

@@ -19,21 +19,29 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _bounded(text: str, convert: Callable, minimum, what: str):
-    """argparse type helper: ``convert(text)``, finite and >= ``minimum``, else an error
-    saying ``expected <what>``."""
+def _bounded(text: str, convert: Callable, minimum, what: str, maximum=float("inf")):
+    """argparse type helper: ``convert(text)``, finite and in ``minimum..maximum``, else an
+    error saying ``expected <what>`` (a value too long to print is shortened)."""
+    shown = text if len(text) <= 40 else f"{text[:20]}...{text[-10:]} ({len(text)} characters)"
     try:
         value = convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if not minimum <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {shown!r}") from None
+    if not minimum <= value < float("inf") or value > maximum:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {shown}")
     return value
 
 
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     return _bounded(text, int, 1, "a positive integer")
+
+
+def head_count(text: str) -> int:
+    """argparse type: a head count, 1..``kernels.MAX_HEADS``."""
+    from .kernels import MAX_HEADS
+
+    return _bounded(text, int, 1, f"a head count 1..{MAX_HEADS}", MAX_HEADS)
 
 
 def non_negative_int(text: str) -> int:

@@ -51,6 +51,12 @@ from .invalidation import kernels_changed, on_kernels_changed  # noqa: F401
 FP8_FORMATS = ("e4m3fn", "e4m3fnuz")  # = dsv4_tl.validation.FP8_FORMATS (a test keeps them equal)
 
 
+# The most heads ``dsv4-tl build --heads`` and ``dsv4-tl bench --shape`` take (DSv4 has 128
+# query heads): a typo such as ``--heads 10**20`` is one clear error naming the argument,
+# not an overflow deep in the kernel builders.
+MAX_HEADS = 1024
+
+
 def pow2_ceil(n: int) -> int:
     """The smallest power of two >= ``n`` (1 for n <= 1): bucket features that grow with the
     input are rounded so, which bounds the memo of resolved kernels."""
@@ -78,6 +84,9 @@ class KernelSpec:
     # (target_dir, heads, fp8_formats) -> the static parameter sets built ahead of time
     aot_statics: Callable[[str, Tuple[int, ...], Tuple[str, ...]], List[dict]]
     features: Callable[..., dict] = _no_features  # (target_dir, **call) -> bucket features
+    # the names ``features`` yields: all a schedule bucket may match on (raw_kernel takes
+    # no other; a test holds the schedule files and ``features`` to them)
+    feature_names: Tuple[str, ...] = ()
     feature_values: Callable[[dict], dict] = _any_feature  # static -> {feature: values}
     front_ends: Tuple[str, ...] = ()  # names in dsv4_tl (custom ops) and dsv4_tl.ops
     references: Tuple[str, ...] = ()  # names in dsv4_tl.reference
@@ -209,6 +218,7 @@ SPARSE_DECODE = KernelSpec(
     static=_decode_static,
     aot_statics=_decode_aot_statics,
     features=_decode_features,
+    feature_names=("ctas", "h", "scope", "width"),
     feature_values=_decode_feature_values,
     front_ends=("sparse_decode",),
     references=("sparse_decode_ref",),
@@ -297,6 +307,7 @@ SPARSE_PREFILL = KernelSpec(
     static=_prefill_static,
     aot_statics=_prefill_aot_statics,
     features=_prefill_features,
+    feature_names=("h", "topk"),
     feature_values=_prefill_feature_values,
     front_ends=("sparse_prefill", "sparse_prefill_ragged"),
     references=("sparse_prefill_ref", "sparse_prefill_ragged_ref"),
@@ -339,6 +350,7 @@ DEQUANT_GATHER = KernelSpec(
     static=_fp8_static,
     aot_statics=_fp8_aot_statics,
     features=_gather_features,
+    feature_names=("rows",),
     front_ends=("dequantize_and_gather_k_cache",),
     references=("dequantize_and_gather_k_cache_ref",),
     static_kinds=dict(fp8_format=FP8_FORMATS),
@@ -367,6 +379,7 @@ INSERT_K_CACHE = KernelSpec(
     static=_fp8_static,
     aot_statics=_fp8_aot_statics,
     features=_insert_features,
+    feature_names=("tokens",),
     front_ends=("insert_k_cache",),
     references=(),  # the torch writer dsv4_tl.cache_format.insert_k defines it
     static_kinds=dict(fp8_format=FP8_FORMATS),

@@ -20,9 +20,12 @@ process: target, kernel source hash, TileLang and tvm-ffi versions, and the file
   raises an error naming the ``dsv4-tl build`` command that fixes it.
 * **Trust**: the kernel directory, its subdirectories and every manifest, record and
   artifact read must be owned by this user (or root) and not writable by group or others,
-  and no symbolic link may lead out of it (:mod:`dsv4_tl.trust`); anything else is one
-  :class:`~dsv4_tl.trust.UntrustedPathError` naming the path and the fix, JIT on or off.
-  What the loader and the builder create there is private (0700 / 0600).
+  none of them a symbolic link, and each level above the kernel directory owned by this
+  user or root and not writable by group or others unless sticky (:mod:`dsv4_tl.trust`);
+  anything else is one :class:`~dsv4_tl.trust.UntrustedPathError` naming the path and the
+  fix, JIT on or off. Each file is opened once (:func:`~dsv4_tl.trust.open_trusted`), and
+  checked, hashed and loaded through that descriptor, so no file swapped in after the check
+  is loaded. What the loader and the builder create there is private (0700 / 0600).
 
 Loading needs only the TileLang wheel's runtime libraries, not a compiler. Loading is lazy
 (first call of each variant) and thread-safe, with one lock per variant (a JIT compile never
@@ -32,6 +35,7 @@ delays loading another kernel); a failed compile is remembered and re-raised, no
 import contextlib
 import json
 import os
+import shlex
 import threading
 import warnings
 from pathlib import Path
@@ -42,17 +46,20 @@ from .kernels import Variant, kernels_changed
 from .manifest import MANIFEST_NAME, read_manifest
 from .provenance import fingerprint, record_for, sha256_file, stale_reason
 from .targets import Target, backend_of, parse_target
-from .trust import UntrustedPathError, check_trusted, untrusted_reason
+from .trust import (TrustedFile, UntrustedPathError, ancestor_reasons, check_trusted,
+                    open_trusted, read_trusted, show_path, untrusted_reason)
 
 __all__ = [
-    "ENV_JIT", "ENV_KERNEL_DIR", "MANIFEST_NAME", "KernelBuildMismatchError",
+    "DEFAULT_HEADS", "ENV_JIT", "ENV_KERNEL_DIR", "MANIFEST_NAME", "KernelBuildMismatchError",
     "KernelCompileError", "KernelLoader", "KernelNotBuiltError", "UntrustedPathError",
     "artifact_path", "audit_kernel_dir",
     "build_command", "can_compile", "clear_loaders", "compile_jit", "compile_variant", "default_kernel_dir",
-    "jit_allowed_by_env", "jit_artifact_path", "loader_for", "sha256_file", "using_loader",
+    "jit_allowed_by_env", "jit_artifact_path", "kernel_dir_path", "loader_for", "sha256_file",
+    "using_loader",
 ]
 
 ENV_KERNEL_DIR = "DSV4_TL_KERNEL_DIR"
+DEFAULT_HEADS = (64, 128)  # the head counts dsv4-tl build always builds (vLLM pads to them)
 ENV_JIT = "DSV4_TL_JIT"
 _JIT_OFF = ("0", "false", "off", "no")
 _JIT_ON = ("", "1", "true", "on", "yes")
@@ -82,10 +89,23 @@ def jit_allowed_by_env() -> bool:
                      f"got {os.environ[ENV_JIT]!r}")
 
 
+def kernel_dir_path(value: "str | Path", what: str) -> Path:
+    """``value`` as a kernel directory; ValueError naming ``what`` (the argument or variable
+    it came from) when it holds a character that does not print on one line (a newline, a
+    tab): every message and suggested command names the directory."""
+    text = str(value)
+    if not text.isprintable():
+        raise ValueError(f"{what}: expected a folder path without control characters, got "
+                         f"{text!r}")
+    return Path(text)
+
+
 def default_kernel_dir() -> Path:
     """The artifact root: ``$DSV4_TL_KERNEL_DIR`` or ``~/.cache/dsv4_tl/kernels``."""
     env = os.environ.get(ENV_KERNEL_DIR)
-    return Path(env) if env else Path.home() / ".cache" / "dsv4_tl" / "kernels"
+    if env:
+        return kernel_dir_path(env, ENV_KERNEL_DIR)
+    return Path.home() / ".cache" / "dsv4_tl" / "kernels"
 
 
 def artifact_suffix(target: Target) -> str:
@@ -118,18 +138,25 @@ def _jit_record_path(artifact: Path, target: Target) -> Path:
     return artifact.with_name(f"{stem}.record.json")
 
 
-def _read_record(path: Path) -> Optional[dict]:
-    """A JIT record, or None when absent or unreadable (then the artifact is unverified)."""
+def _read_record(kernel_dir: Path, path: Path) -> Optional[dict]:
+    """A JIT record read through :func:`~dsv4_tl.trust.read_trusted`, or None when absent or
+    unreadable (then the artifact is unverified); raises
+    :class:`~dsv4_tl.trust.UntrustedPathError` for one another user could have written."""
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = read_trusted(kernel_dir, path)
+        record = json.loads(data) if data is not None else None
+    except UntrustedPathError:
+        raise
+    except (OSError, ValueError):  # a folder in its place, not JSON, too large
         return None
     return record if isinstance(record, dict) else None
 
 
 def build_command(target: Target, kernel_dir: Path, heads: Optional[int] = None) -> str:
-    cmd = f"dsv4-tl build --target {target.name} --out {kernel_dir}"
-    if heads is not None and heads not in (64, 128):
+    """The ``dsv4-tl build`` command that builds ``target`` (and ``heads``) into
+    ``kernel_dir`` (quoted for a shell)."""
+    cmd = f"dsv4-tl build --target {target.name} --out {shlex.quote(str(kernel_dir))}"
+    if heads is not None and heads not in DEFAULT_HEADS:
         cmd += f" --heads {heads}"
     return cmd
 
@@ -150,15 +177,28 @@ def compile_variant(variant: Variant, target: Target, path: Path) -> Path:
         ) from exc
 
 
-def _verified(variant: Variant, target: Target, path: Path, kernel_dir: Path) -> bool:
-    """Whether the JIT artifact ``path`` has a record vouching for it in this process; raises
-    :class:`UntrustedPathError` when either, or a directory above them in ``kernel_dir``,
-    could have been written by another user."""
-    record_path = _jit_record_path(path, target)
-    check_trusted(kernel_dir, record_path)
-    check_trusted(kernel_dir, path)
-    record = _read_record(record_path)
-    return record is not None and stale_reason(record, variant, target, path) is None
+def _open_verified(record: Optional[dict], variant: Variant, target: Target, path: Path,
+                   kernel_dir: Path) -> "tuple[Optional[TrustedFile], Optional[str]]":
+    """``(the artifact opened, None)`` when the artifact ``path`` is what ``record`` vouches
+    for in this process, else ``(None, why not)``: opened once
+    (:func:`~dsv4_tl.trust.open_trusted`), hashed through that descriptor, and loaded
+    through it too, so no other file can take its place between the check and the load."""
+    artifact = open_trusted(kernel_dir, path)
+    reason = stale_reason(record, variant, target, path, artifact) if record is not None else ""
+    if reason is None:
+        return artifact, None
+    if artifact is not None:
+        artifact.close()
+    return None, reason
+
+
+def _open_jit(variant: Variant, target: Target, kernel_dir: Path) -> Optional[TrustedFile]:
+    """The JIT artifact of ``variant`` opened and verified against the record beside it, or
+    None; raises :class:`UntrustedPathError` when either, or a level above them, could have
+    been written by another user."""
+    path = jit_artifact_path(kernel_dir, target, variant)
+    record = _read_record(kernel_dir, _jit_record_path(path, target))
+    return _open_verified(record, variant, target, path, kernel_dir)[0]
 
 
 def compile_jit(variant: Variant, target: Target, kernel_dir: Path) -> Path:
@@ -168,7 +208,10 @@ def compile_jit(variant: Variant, target: Target, kernel_dir: Path) -> Path:
     path = jit_artifact_path(kernel_dir, target, variant)
     check_trusted(kernel_dir, path.parent)
     with locked(path.with_name(f"{path.name}.lock")):
-        if not _verified(variant, target, path, kernel_dir):
+        verified = _open_jit(variant, target, kernel_dir)
+        if verified is not None:
+            verified.close()
+        else:
             compile_variant(variant, target, path)
             record = record_for(variant, target, path)
             write_atomic(_jit_record_path(path, target), (json.dumps(record, indent=1) + "\n").encode())
@@ -190,7 +233,8 @@ class KernelLoader:
     def __init__(self, target: "str | Target", kernel_dir: "str | Path | None" = None,
                  jit: Optional[bool] = None):
         self.target = parse_target(target)
-        self.kernel_dir = Path(kernel_dir) if kernel_dir is not None else default_kernel_dir()
+        self.kernel_dir = (kernel_dir_path(kernel_dir, "kernel_dir") if kernel_dir is not None
+                           else default_kernel_dir())
         self.jit = jit_allowed_by_env() if jit is None else jit
         self._lock = threading.Lock()  # guards the dictionaries below, never held to load
         self._variant_locks: dict = {}
@@ -204,14 +248,32 @@ class KernelLoader:
         heads = dict(variant.static).get("num_heads") if variant is not None else None
         return build_command(self.target, self.kernel_dir, heads)
 
+    def _remedy(self, variant: Variant) -> str:
+        """What fixes a missing ``variant``: ``run: <the dsv4-tl build command>``, or, when no
+        ``dsv4-tl build`` builds its static parameters for this target (an FNUZ cache on
+        CUDA: builds hold the target's own FP8 format only), that plainly, and what works."""
+        static = dict(variant.static)
+        heads = static.get("num_heads")
+        formats = tuple(backend_of(self.target).fp8_formats(self.target.arch))
+        built = variant.spec.aot_statics(self.target.dirname,
+                                         (heads,) if heads is not None else DEFAULT_HEADS, formats)
+        if static in built:
+            return f"run: {self._fix(variant)}"
+        if static.get("fp8_format", formats[0]) not in formats:
+            why = (f"builds for {self.target.name} hold {' and '.join(formats)} caches only, "
+                   f"this call's cache is {static['fp8_format']}")
+        else:
+            why = f"builds for {self.target.name} hold no variant of {sorted(static.items())}"
+        return (f"no dsv4-tl build command builds it ({why}); it is compiled just in time "
+                f"only: turn {ENV_JIT} on where TileLang and the target's compiler are present")
+
     def manifest(self) -> dict:
         """``{variant key: manifest entry}`` of the ahead-of-time build ({} if none); raises
         :class:`~dsv4_tl.manifest.CorruptManifestError` for a damaged manifest."""
         with self._lock:
             if self._manifest is None:
                 path = self.kernel_dir / self.target.dirname / MANIFEST_NAME
-                check_trusted(self.kernel_dir, path)
-                data = read_manifest(path, self._fix())
+                data = read_manifest(path, self._fix(), root=self.kernel_dir)
                 if data["target"] not in (None, self.target.name):
                     raise KernelBuildMismatchError(
                         f"{path} was built for {data['target']}, not {self.target.name}; "
@@ -249,35 +311,45 @@ class KernelLoader:
         if fresh:
             warnings.warn(message, RuntimeWarning, stacklevel=4)
 
-    def _path(self, variant: Variant) -> Path:
-        """The verified artifact of ``variant``: the build's, else a JIT one (compiled here
-        when allowed); raises naming the command that fixes a missing or stale build."""
+    def _open(self, variant: Variant) -> TrustedFile:
+        """The verified artifact of ``variant``, opened: the build's, else a JIT one
+        (compiled here when allowed); raises naming the command that fixes a missing or
+        stale build."""
         entry = self.manifest().get(variant.key)
         stale = None
         if entry is not None:
             path = artifact_path(self.kernel_dir, self.target, variant)
-            check_trusted(self.kernel_dir, path)
-            stale = stale_reason(entry, variant, self.target, path)
-            if stale is None:
-                return path
-        jit_path = jit_artifact_path(self.kernel_dir, self.target, variant)
-        if _verified(variant, self.target, jit_path, self.kernel_dir):
-            return jit_path
+            artifact, stale = _open_verified(entry, variant, self.target, path, self.kernel_dir)
+            if artifact is not None:
+                return artifact
+        artifact = _open_jit(variant, self.target, self.kernel_dir)
+        if artifact is not None:
+            return artifact
         fix = self._fix(variant)
         if stale is not None and not (self.jit and can_compile(self.target)):
             raise KernelBuildMismatchError(f"{variant.key}: {stale}; run: {fix}")
-        where = f"kernel {variant.key} for {self.target.name} is not in the build at {self.kernel_dir}"
+        where = (f"kernel {variant.key} for {self.target.name} is not in the build at "
+                 f"{show_path(self.kernel_dir)}")
         if not self.jit:
-            raise KernelNotBuiltError(f"{where} and JIT compilation is off ({ENV_JIT}); run: {fix}")
+            raise KernelNotBuiltError(f"{where} and JIT compilation is off ({ENV_JIT}); "
+                                      f"{self._remedy(variant)}")
         if not can_compile(self.target):
-            raise KernelNotBuiltError(f"{where} and TileLang cannot compile it here; run: {fix}")
+            raise KernelNotBuiltError(f"{where} and TileLang cannot compile it here; "
+                                      f"{self._remedy(variant)}")
         if stale is not None:
             self._warn_once(variant, f"dsv4_tl: built kernel {variant.key} is stale ({stale}): "
                                      f"compiling it just in time; to rebuild run: {fix}")
-        return compile_jit(variant, self.target, self.kernel_dir)
+        path = compile_jit(variant, self.target, self.kernel_dir)
+        artifact = _open_jit(variant, self.target, self.kernel_dir)
+        if artifact is None:
+            raise KernelCompileError(f"compiled {variant.key} for {self.target.name} into "
+                                     f"{show_path(path)}, but it does not match its record "
+                                     "(replaced by another process meanwhile?)")
+        return artifact
 
     def _load(self, variant: Variant) -> Callable:
-        return backend_of(self.target).load_artifact(self._path(variant), variant.spec.entry)
+        with self._open(variant) as artifact:
+            return backend_of(self.target).load_artifact(artifact, variant.spec.entry)
 
 
 def audit_kernel_dir(kernel_dir: "str | Path", target: "str | Target") -> list:
@@ -298,7 +370,10 @@ def audit_kernel_dir(kernel_dir: "str | Path", target: "str | Target") -> list:
     records = [(e, None) for e in entries.values()]  # a built entry: its path from its variant
     suffix = artifact_suffix(target)
     for path in sorted((tdir / "jit").glob(f"*{suffix}")):
-        record = _read_record(_jit_record_path(path, target))
+        try:
+            record = _read_record(kernel_dir, _jit_record_path(path, target))
+        except OSError:  # untrusted (listed above) or not openable: unverified
+            record = None
         if record is None:
             problems.append(f"jit/{path.name}: no readable record")
         else:
@@ -319,12 +394,14 @@ def audit_kernel_dir(kernel_dir: "str | Path", target: "str | Target") -> list:
 
 
 def _untrusted(kernel_dir: Path, tdir: Path) -> list:
-    """:func:`~dsv4_tl.trust.untrusted_reason` of the kernel directory, ``tdir`` and
-    everything under it (symbolic links are checked, not followed)."""
+    """:func:`~dsv4_tl.trust.untrusted_reason` of the levels above the kernel directory, the
+    kernel directory, ``tdir`` and everything under it (symbolic links are reported, not
+    followed)."""
     paths = [kernel_dir, tdir]
     for top, dirs, files in os.walk(tdir):
         paths += [Path(top) / name for name in sorted(dirs) + sorted(files)]
-    return [r for r in (untrusted_reason(p, kernel_dir) for p in paths) if r is not None]
+    return ancestor_reasons(kernel_dir) + [
+        r for r in (untrusted_reason(p, kernel_dir) for p in paths) if r is not None]
 
 
 _loaders: dict = {}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Dict
 
 from .file_lock import write_atomic
+from .trust import MAX_JSON_BYTES, read_regular, read_trusted, show_path
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = 1
@@ -41,21 +42,34 @@ def _entries(data: object) -> Dict[str, dict]:
     return entries
 
 
-def read_manifest(path: Path, fix: str) -> dict:
+def read_manifest(path: Path, fix: str, root: "Path | None" = None) -> dict:
     """The parsed manifest at ``path`` with ``kernels`` as ``{key: entry}``; a missing file is
-    an empty manifest (``target`` None). ``fix`` (a command) ends the error message."""
+    an empty manifest (``target`` None). ``fix`` (a command) ends the error message.
+    ``root``: the kernel directory it is in, whose levels are then checked as the loader
+    checks them and the manifest read through the descriptor checked
+    (:func:`dsv4_tl.trust.read_trusted`; an untrusted level raises
+    :class:`~dsv4_tl.trust.UntrustedPathError`); without it the manifest is read as a
+    regular file. Either way a FIFO, a device or a file over
+    :data:`~dsv4_tl.trust.MAX_JSON_BYTES` in its place is an error, never a hang."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except FileNotFoundError:
+        data = (read_trusted(root, path) if root is not None
+                else read_regular(path, MAX_JSON_BYTES))
+        text = data.decode() if data is not None else None
+    except (ValueError, UnicodeDecodeError) as exc:  # too large, not a regular file, not UTF-8
+        raise CorruptManifestError(f"{show_path(path)} is unreadable ({exc}); run: {fix}") from None
+    except OSError as exc:
+        if root is not None:  # one line naming the level already (dsv4_tl.trust)
+            raise
+        raise CorruptManifestError(f"{show_path(path)} is unreadable ({exc.strerror or exc}); "
+                                   f"run: {fix}") from None
+    if text is None:
         return {"target": None, "toolchain": {}, "kernels": {}}
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CorruptManifestError(f"{path} is unreadable ({exc}); run: {fix}") from None
     try:
         data = json.loads(text)
         entries = _entries(data)
     except ValueError as exc:  # JSONDecodeError is a ValueError
-        raise CorruptManifestError(f"{path} is corrupt ({exc}); run: {fix} "
+        raise CorruptManifestError(f"{show_path(path)} is corrupt ({exc}); run: {fix} "
                                    "(it rebuilds over it)") from None
     toolchain = data.get("toolchain") if isinstance(data.get("toolchain"), dict) else {}
     return {"target": data["target"], "toolchain": toolchain, "kernels": entries}

@@ -103,9 +103,13 @@ def record_for(variant: Variant, target: Target, path: Path) -> dict:
             "sha256": sha256_file(path)}
 
 
-def stale_reason(record: dict, variant: Variant, target: Target, path: Path) -> Optional[str]:
+def stale_reason(record: dict, variant: Variant, target: Target, path: Path,
+                 opened=None) -> Optional[str]:
     """Why the artifact at ``path`` described by ``record`` must not be loaded for ``variant``
-    on ``target`` in this process, or None when it is verified (cheapest checks first)."""
+    on ``target`` in this process, or None when it is verified (cheapest checks first).
+    ``opened``: the artifact as the loader opened it (a :class:`~dsv4_tl.trust.TrustedFile`),
+    hashed through its descriptor, the one the loader then loads; None: the file at
+    ``path`` is hashed."""
     if record.get("key") != variant.key:
         return f"its record names {record.get('key')!r}, not {variant.key}"
     if record.get("target") != target.name:
@@ -118,8 +122,9 @@ def stale_reason(record: dict, variant: Variant, target: Target, path: Path) -> 
             return f"built with {label} {toolchain.get(name)}, this process has {here[name]}"
     if record.get("source_hash") != source_hash(variant):
         return "built from other kernel sources (tile_kernels/ changed since)"
-    if not path.is_file():
+    if opened is None and not path.is_file():
         return f"the record lists {path.name} but the file is missing"
-    if sha256_file(path) != record.get("sha256"):
+    digest = opened.sha256() if opened is not None else sha256_file(path)
+    if digest != record.get("sha256"):
         return f"{path} does not match the sha256 in its record (modified or partial)"
     return None

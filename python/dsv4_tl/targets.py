@@ -62,8 +62,10 @@ class TargetBackend(Protocol):
     def compile_artifact(self, func: Any, key: str, arch: str, path: Path) -> Path:
         """Compile the prim_func ``func`` of variant ``key`` and write its artifact ``path``."""
 
-    def load_artifact(self, path: Path, entry: str) -> Callable:
-        """The callable kernel ``entry`` of the artifact ``path``."""
+    def load_artifact(self, artifact: Any, entry: str) -> Callable:
+        """The callable kernel ``entry`` of ``artifact``, a :class:`dsv4_tl.trust.TrustedFile`
+        the loader opened and verified: read or loaded through its descriptor only (never by
+        its path again, which another process could have swapped since)."""
 
 
 def backend_of(target: "str | Target") -> TargetBackend:

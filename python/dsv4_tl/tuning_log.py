@@ -36,17 +36,26 @@ entries whose best config breaks the schedule's own validity rule (:func:`invali
 the rules ``dsv4-tl tune`` prunes candidates by): they would fail every build of the bucket,
 or build a kernel under another key than the one the front ends ask for. A ``date`` without a
 time zone or in the future makes a line malformed (it would win every later comparison). Malformed lines are skipped
-with a warning naming the file and line. The log root is ``$DSV4_TL_TUNING_LOGS`` when set,
-else the installed ``dsv4_tl.tuning_logs`` package (the repository's ``tuning_logs/``).
+with a warning naming the file and line; so is, with one warning naming it, a whole file
+that is not a regular file (a FIFO would block the reader, ``/dev/zero`` fill its memory),
+holds over :data:`MAX_LOG_BYTES`, or, outside the installed package's logs, is owned by
+another user than this one or root or writable by its group or others (the kernel
+directory's rule, :mod:`dsv4_tl.trust`: a log picks the kernels that are built and run).
+The log root is ``$DSV4_TL_TUNING_LOGS`` when set, else the installed
+``dsv4_tl.tuning_logs`` package (the repository's ``tuning_logs/``).
 
 No dependency beyond the standard library: the schema is checked by :func:`validate_entry`.
 """
 
 import datetime
+import io
 import json
 import os
+import shlex
+import stat
+import threading
 import warnings
-from functools import lru_cache
+from collections import OrderedDict
 from pathlib import Path
 from typing import Iterable, List, Optional, Tuple
 
@@ -255,14 +264,65 @@ def parse_lines(lines: Iterable["str | bytes"], origin: str = "<log>") -> Tuple[
     return entries, problems
 
 
-@lru_cache(maxsize=64)
-def _read_cached(path: str, mtime_ns: int, size: int) -> Tuple[tuple, tuple]:
+# The largest log read (the biggest shipped one is under 1 MiB): a larger file is skipped
+# with a warning, never read into memory whole.
+MAX_LOG_BYTES = 64 << 20
+
+_parsed: "OrderedDict[tuple, Tuple[tuple, tuple]]" = OrderedDict()  # file identity -> parse
+_parsed_lock = threading.Lock()
+_PARSED_KEPT = 64
+
+
+def _installed_logs() -> Path:
+    import dsv4_tl.tuning_logs as pkg
+
+    return Path(pkg.__file__).parent
+
+
+def _unusable(path: Path, st: os.stat_result) -> Optional[str]:
+    """Why the opened log ``path`` (status ``st``) is not read, or None: not a regular file
+    (a FIFO would block every op's first call, ``/dev/zero`` would fill memory), over
+    :data:`MAX_LOG_BYTES`, or, outside the installed package's own logs (written with the
+    code this process runs), a file that another user than this one or root owns or that
+    its group or others can write (it picks the kernels this process builds and runs)."""
+    if not stat.S_ISREG(st.st_mode):
+        return f"not a regular file (mode {stat.filemode(st.st_mode)})"
+    if st.st_size > MAX_LOG_BYTES:
+        return f"{st.st_size} bytes, over the {MAX_LOG_BYTES} a tuning log may hold"
     try:
-        with open(path, "rb") as f:  # lines decoded one by one: one bad byte spoils one line
-            entries, problems = parse_lines(f, path)
-    except OSError as exc:  # a folder in its place, no permission
-        return (), (f"{path}: unreadable ({exc.strerror or exc})",)
-    return tuple(entries), tuple(problems)
+        shipped = Path(os.path.realpath(path)).is_relative_to(os.path.realpath(_installed_logs()))
+    except ImportError:
+        shipped = False
+    if shipped:
+        return None
+    if st.st_uid not in (os.getuid(), 0):
+        return (f"owned by uid {st.st_uid}, not by this user (uid {os.getuid()}) or root; "
+                f"fix: point {ENV_LOG_DIR} at logs of your own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o}); fix: "
+                f"chmod go-w {shlex.quote(str(path))}")
+    return None
+
+
+def _read_opened(path: Path, fd: int, st: os.stat_result) -> Tuple[tuple, tuple]:
+    """``(entries, problems)`` of the log open at ``fd``, parsed once per file identity."""
+    key = (str(path), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+    with _parsed_lock:
+        if key in _parsed:
+            _parsed.move_to_end(key)
+            return _parsed[key]
+    with os.fdopen(os.dup(fd), "rb") as f:  # at most the cap (the file may grow meanwhile)
+        data = f.read(MAX_LOG_BYTES + 1)
+    if len(data) > MAX_LOG_BYTES:
+        parsed = ((), (f"{path}: unreadable (over {MAX_LOG_BYTES} bytes)",))
+    else:  # lines decoded one by one: one bad byte spoils one line
+        entries, problems = parse_lines(io.BytesIO(data), str(path))
+        parsed = (tuple(entries), tuple(problems))
+    with _parsed_lock:
+        _parsed[key] = parsed
+        while len(_parsed) > _PARSED_KEPT:
+            _parsed.popitem(last=False)
+    return parsed
 
 
 _warned: set = set()
@@ -276,13 +336,28 @@ def _warn_once(key, message: str) -> None:
 
 def read_log(path: "str | Path", warn: bool = True) -> list:
     """The valid entries of one log file (``[]`` if it does not exist); malformed lines are
-    skipped with a warning (once per line per process). Entries are shared: do not modify."""
+    skipped with a warning (once per line per process), and so is a whole file that is not
+    read (:func:`_unusable`: a FIFO, a device, a folder, too large, or another user's),
+    with one warning line naming it. Entries are shared: do not modify."""
     path = Path(path)
-    try:
-        st = path.stat()
+    try:  # non-blocking: a FIFO in the log's place returns at once (then is refused)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    entries, problems = _read_cached(str(path), st.st_mtime_ns, st.st_size)
+    except OSError as exc:  # no permission
+        entries, problems = (), (f"{path}: unreadable ({exc.strerror or exc})",)
+    else:
+        try:
+            st = os.fstat(fd)
+            reason = _unusable(path, st)
+            if reason is not None:
+                if warn:
+                    _warn_once(("file", str(path), reason),
+                               f"tuning log: skipping {path}: {reason}")
+                return []
+            entries, problems = _read_opened(path, fd, st)
+        finally:
+            os.close(fd)
     if warn:
         for problem in problems:
             _warn_once(("bad", problem), f"tuning log: skipping a malformed line: {problem}")
@@ -296,7 +371,9 @@ def append_entry(path: "str | Path", entry: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n"
-    with open(path, "a", encoding="utf-8") as f:  # one write: lines never interleave
+    # created 0644 whatever the umask: a log others can write is not read (read_log)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    with open(fd, "a", encoding="utf-8") as f:  # one write: lines never interleave
         f.write(line)
         f.flush()
         os.fsync(f.fileno())
@@ -489,5 +566,6 @@ def entries_for(path: "str | Path", device: Optional[str] = None,
 
 def clear_caches() -> None:
     """Forget parsed files and the once-per-process warnings (tests)."""
-    _read_cached.cache_clear()
+    with _parsed_lock:
+        _parsed.clear()
     _warned.clear()

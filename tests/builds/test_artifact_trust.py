@@ -342,23 +342,26 @@ def test_a_kernel_path_owned_by_another_user_is_refused(built, kdir, which, monk
         KernelLoader(TARGET, kdir, jit=False).get(variant)
 
 
-def test_a_symlink_leaving_the_kernel_dir_is_refused(kdir, tmp_path):
+@pytest.mark.parametrize("inside", [False, True], ids=["leaving", "inside"])
+def test_a_symlinked_artifact_or_record_is_refused(kdir, tmp_path, inside):
+    """Nothing in a kernel directory is opened through a link (issue 34 item 7: what a link
+    points to could be swapped between the check and the load), whether it leaves the
+    directory or not; the kernel directory itself may be reached through a link."""
     import os
 
     artifact, record = _jit_files(kdir)
-    outside = tmp_path / "elsewhere"
-    outside.mkdir(mode=0o700)
+    there = kdir if inside else tmp_path / "elsewhere"
+    there.mkdir(mode=0o700, exist_ok=True)
     for path in (artifact, record):
-        shutil.move(path, outside / path.name)
-        os.symlink(outside / path.name, path)
-    with pytest.raises(L.UntrustedPathError, match="symbolic link to .*outside the kernel"):
-        KernelLoader(TARGET, kdir, jit=False).get(_jit_variant())
-    # a link that stays inside the directory is fine
-    for path in (artifact, record):
+        shutil.move(path, there / path.name)
+        os.symlink(there / path.name, path)
+        with pytest.raises(L.UntrustedPathError, match=f"{path} is a symbolic link"):
+            KernelLoader(TARGET, kdir, jit=False).get(_jit_variant())
         path.unlink()
-        shutil.move(outside / path.name, kdir / path.name)
-        os.symlink(kdir / path.name, path)
-    assert callable(KernelLoader(TARGET, kdir, jit=False).get(_jit_variant()))
+        shutil.move(there / path.name, path)
+    link = tmp_path / "link_to_kernels"
+    os.symlink(kdir, link)
+    assert callable(KernelLoader(TARGET, link, jit=False).get(_jit_variant()))
 
 
 def test_jit_output_is_private_whatever_the_umask(tmp_path):
@@ -409,3 +412,247 @@ def test_audit_reports_untrusted_paths_and_a_manifest_entry_without_static(built
     problems = L.audit_kernel_dir(kdir, TARGET)
     assert any(p.startswith("untrusted: ") and str(artifact) in p for p in problems)
     assert any("malformed record" in p and "static" in p for p in problems)
+
+
+# ------------------------------------------------------------------ issue 34 item 7: races
+def _mapped_inodes() -> set:
+    """Inodes of the files mapped into this process (``/proc/self/maps``)."""
+    inodes = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 6 and fields[4] != "0":
+                inodes.add(int(fields[4]))
+    return inodes
+
+
+@pytest.mark.parametrize("which", ["built", "jit"])
+def test_a_library_swapped_in_after_the_check_is_never_loaded(built, kdir, monkeypatch, which):
+    """Issue 34 item 7: the loader checked and hashed the artifact by path and then opened the
+    path again, so another user able to rename entries got their library loaded (22 times in
+    2,000 loads). Here the swap happens right after the hash matched: what is loaded is the
+    file that was hashed (opened once, loaded through its descriptor), not the newcomer."""
+    import os
+
+    if which == "built":
+        variant = _built_variants(built[1])[0]
+        path = kdir / TARGET.dirname / built[1]["kernels"][0]["artifact"]
+        planted_from = jit_artifact_path(kdir, TARGET, _jit_variant())
+    else:
+        variant = _jit_variant()
+        path = jit_artifact_path(kdir, TARGET, variant)
+        planted_from = kdir / TARGET.dirname / built[1]["kernels"][0]["artifact"]
+    planted = path.with_name("planted.tmp")
+    shutil.copyfile(planted_from, planted)  # another valid library, a fresh inode
+    checked, planted_inode = os.stat(path).st_ino, os.stat(planted).st_ino
+    real = L.stale_reason
+
+    def then_swap(record, v, target, p, *rest, **kw):
+        reason = real(record, v, target, p, *rest, **kw)
+        if reason is None and p == path and planted.exists():
+            os.replace(planted, path)  # the attacker's rename, right after the check
+        return reason
+
+    monkeypatch.setattr(L, "stale_reason", then_swap)
+    assert callable(KernelLoader(TARGET, kdir, jit=False).get(variant))
+    assert not planted.exists(), "the swap did not happen: the test checks nothing"
+    mapped = _mapped_inodes()
+    assert planted_inode not in mapped, "the library swapped in after the check was loaded"
+    assert checked in mapped
+
+
+def _chown_or_skip(path, uid):
+    import os
+
+    if os.getuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    os.chown(path, uid, -1)
+
+
+@pytest.mark.parametrize("parent", ["group_writable", "other_writable", "sticky", "foreign",
+                                    "root_owned"])
+def test_the_levels_above_the_kernel_dir_are_checked_as_ssh_does(kdir, tmp_path, parent):
+    """Issue 34 item 7: whoever can rename entries in a parent of the kernel directory can
+    swap the whole directory; each level above it must be owned by this user or root and not
+    writable by group or others unless sticky (``/tmp``)."""
+    import os
+
+    top = tmp_path / "top"
+    top.mkdir(mode=0o700)
+    moved = top / "kernels"
+    shutil.move(kdir, moved)
+    mode = {"group_writable": 0o770, "other_writable": 0o707, "sticky": 0o1777}.get(parent, 0o755)
+    os.chmod(top, mode)
+    if parent == "foreign":
+        _chown_or_skip(top, 12345)
+    if parent == "root_owned":
+        _chown_or_skip(top, 0)
+    if parent in ("sticky", "root_owned"):
+        assert callable(KernelLoader(TARGET, moved, jit=False).get(_jit_variant()))
+        assert L.audit_kernel_dir(moved, TARGET) == []
+        return
+    expect = "owned by uid 12345" if parent == "foreign" else "writable by .* and not sticky"
+    for jit in (False, True):
+        with pytest.raises(L.UntrustedPathError, match=f"{top}, above the kernel directory "
+                           f"{moved}, is {expect}") as exc:
+            KernelLoader(TARGET, moved, jit=jit).get(_jit_variant())
+        assert "\n" not in str(exc.value)
+    with pytest.raises(L.UntrustedPathError, match="above the kernel directory"):
+        build(TARGET, moved, heads=(64,), ops=OPS, jobs=1, progress=False)
+    assert any("above the kernel directory" in p for p in L.audit_kernel_dir(moved, TARGET))
+
+
+@pytest.mark.parametrize("which", ["record", "artifact", "manifest"])
+def test_a_fifo_in_a_kernel_file_s_place_is_one_error_not_a_hang(built, kdir, which):
+    """Issue 34 item 7: a FIFO where a record or the manifest should be blocked the loader's
+    read forever; only regular files are read (opened non-blocking, then fstat)."""
+    import os
+    import threading
+
+    artifact, record = _jit_files(kdir)
+    path = {"record": record, "artifact": artifact,
+            "manifest": kdir / TARGET.dirname / MANIFEST_NAME}[which]
+    path.unlink()
+    os.mkfifo(path, 0o600)
+    outcome = []
+
+    def load():
+        try:
+            KernelLoader(TARGET, kdir, jit=False).get(_jit_variant())
+            outcome.append("loaded")
+        except Exception as exc:  # noqa: BLE001  (the test inspects it)
+            outcome.append(exc)
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(20)
+    if worker.is_alive():  # unblock the reader before failing
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(5)
+        pytest.fail(f"the loader hung on a FIFO in place of the {which}")
+    assert isinstance(outcome[0], L.UntrustedPathError), outcome
+    assert f"{path} is not a regular file" in str(outcome[0]) and "\n" not in str(outcome[0])
+
+
+def test_a_kernel_dir_that_is_a_file_or_has_a_newline_is_one_line_naming_it(tmp_path,
+                                                                             monkeypatch):
+    """Issue 34 item 7: ``DSV4_TL_KERNEL_DIR`` naming a file gave a raw ``[Errno 20]``, one
+    with a newline a two-line message (and a suggested command that runs something else)."""
+    a_file = tmp_path / "not_a_dir"
+    a_file.write_text("")
+    for jit in (False, True):
+        with pytest.raises(NotADirectoryError) as exc:
+            KernelLoader(TARGET, a_file, jit=jit).get(_jit_variant())
+        assert str(exc.value) == (f"{a_file} is not a directory (expected a kernel directory "
+                                  "or a folder in one)")
+    monkeypatch.setenv(L.ENV_KERNEL_DIR, str(tmp_path / "a\nb"))
+    with pytest.raises(ValueError, match="DSV4_TL_KERNEL_DIR: expected a folder path without "
+                       "control characters") as exc:
+        KernelLoader(TARGET, jit=False)
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ValueError, match="out: expected a folder path") as exc:
+        build(TARGET, tmp_path / "c\nd", heads=(64,), ops=OPS, jobs=1, progress=False)
+    assert "\n" not in str(exc.value)
+
+
+def test_an_unreadable_kernel_dir_is_one_line_naming_it(tmp_path):
+    """Issue 34 item 7: a kernel directory this user may not search gave a raw OS error;
+    now one line naming the level that could not be opened. Run in a child process that
+    cannot bypass permission bits (as root: without CAP_DAC_OVERRIDE, through setpriv)."""
+    import os
+    import subprocess
+    import sys
+
+    prefix = []
+    if os.getuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root bypasses permission bits and setpriv is not here to drop that")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    kernels = tmp_path / "kernels"
+    (kernels / TARGET.dirname).mkdir(parents=True, mode=0o700)
+    os.chmod(kernels, 0o000)
+    code = ("import sys; from dsv4_tl.loader import KernelLoader\n"
+            "from dsv4_tl.kernels import Variant\n"
+            f"v = Variant.make('global_topk', dict(ragged=False), {JIT_SCHEDULE!r})\n"
+            "for jit in (False, True):\n"
+            "    try:\n"
+            f"        KernelLoader({TARGET.name!r}, sys.argv[1], jit=jit).get(v)\n"
+            "    except Exception as exc:\n"
+            "        print(type(exc).__name__, exc, sep='|')\n")
+    try:
+        run = subprocess.run(prefix + [sys.executable, "-c", code, str(kernels)], text=True,
+                             capture_output=True, timeout=120)
+    finally:
+        os.chmod(kernels, 0o700)
+    assert run.returncode == 0, run.stderr[-2000:]
+    expected = f"PermissionError|{kernels / TARGET.dirname}: cannot open (Permission denied)"
+    assert run.stdout.splitlines() == [expected, expected], run.stdout
+
+
+def test_suggested_commands_quote_the_kernel_dir(tmp_path):
+    """Issue 34 item 7: the ``dsv4-tl build`` command in an error is pasted into a shell:
+    a kernel directory with a space or a ``;`` is quoted."""
+    import shlex
+
+    kdir = tmp_path / "my kernels; rm -rf x"
+    with pytest.raises(KernelNotBuiltError) as exc:
+        KernelLoader(TARGET, kdir, jit=False).get(_jit_variant())
+    assert str(exc.value).endswith(f"run: dsv4-tl build --target {TARGET.name} --out "
+                                   f"{shlex.quote(str(kdir))}")
+
+
+def test_an_fnuz_cache_on_cuda_with_jit_off_names_no_build_that_cannot_build_it(tmp_path):
+    """Issue 34 item 7: CUDA builds hold e4m3fn variants only, yet an FNUZ call with JIT off
+    was told to run a ``dsv4-tl build`` that never builds FNUZ; now the message says there
+    is none and what works (JIT), and an e4m3fn call still gets the command."""
+    from dsv4_tl.kernels import KERNELS
+
+    spec = KERNELS["insert_k_cache"]
+    fnuz = spec.variant(TARGET.dirname, tokens=64, fp8_format="e4m3fnuz")
+    with pytest.raises(KernelNotBuiltError) as exc:
+        KernelLoader(TARGET, tmp_path, jit=False).get(fnuz)
+    message = str(exc.value)
+    assert "dsv4-tl build --target" not in message
+    assert ("no dsv4-tl build command builds it (builds for cuda:sm_90a hold e4m3fn caches "
+            "only, this call's cache is e4m3fnuz); it is compiled just in time only: turn "
+            "DSV4_TL_JIT on") in message
+    ocp = spec.variant(TARGET.dirname, tokens=64, fp8_format="e4m3fn")
+    with pytest.raises(KernelNotBuiltError, match=f"run: dsv4-tl build --target {TARGET.name}"):
+        KernelLoader(TARGET, tmp_path, jit=False).get(ocp)
+
+
+def test_sycl_artifacts_are_read_through_the_checked_descriptors(tmp_path, monkeypatch):
+    """Issue 34 item 7, SYCL: the launch description was read again by path after the loader
+    hashed it (another one naming another SPIR-V with its hash could take its place), and
+    its SPIR-V read through links; both are read through descriptors checked like the
+    loader's."""
+    import hashlib
+    import os
+
+    from dsv4_tl.sycl import artifacts, runtime
+    from dsv4_tl.trust import UntrustedPathError, open_trusted
+
+    made = []
+    monkeypatch.setattr(runtime, "SyclKernel", lambda meta, spirv: made.append(spirv) or "kernel")
+    kdir = tmp_path / "kernels"
+    tdir = kdir / "sycl"
+    tdir.mkdir(parents=True, mode=0o700)
+
+    def write(stem: str, spirv: bytes) -> None:
+        (tdir / f"{stem}.spv").write_bytes(spirv)
+        meta = {"format": 1, "spirv": f"{stem}.spv",
+                "spirv_sha256": hashlib.sha256(spirv).hexdigest()}
+        (tdir / f"{stem}{artifacts.ARTIFACT_SUFFIX}").write_text(json.dumps(meta))
+
+    write("k", b"ours")
+    write("evil", b"theirs")
+    opened = open_trusted(kdir, tdir / f"k{artifacts.ARTIFACT_SUFFIX}")
+    os.replace(tdir / f"evil{artifacts.ARTIFACT_SUFFIX}", tdir / f"k{artifacts.ARTIFACT_SUFFIX}")
+    with opened:
+        assert artifacts.load_artifact(opened) == "kernel" and made == [b"ours"]
+    write("k", b"ours")
+    os.replace(tdir / "k.spv", tdir / "moved.spv")
+    os.symlink(tdir / "moved.spv", tdir / "k.spv")
+    with open_trusted(kdir, tdir / f"k{artifacts.ARTIFACT_SUFFIX}") as opened:
+        with pytest.raises(UntrustedPathError, match="k.spv is a symbolic link"):
+            artifacts.load_artifact(opened)

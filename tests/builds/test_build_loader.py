@@ -184,6 +184,36 @@ def test_sm100a_builds_from_scratch(tmp_path):
         assert sha256_file(tmp_path / "cuda_sm100a" / entry["artifact"]) == entry["sha256"]
 
 
+@pytest.mark.parametrize("op,features,unknown,known", [
+    ("sparse_decode", dict(h=64, ctas=1, scope="swa", b=1), "b", "ctas, h, scope, width"),
+    ("sparse_prefill", dict(h=64, top_k=640), "top_k", "h, topk"),
+    ("global_topk", dict(tokens=8), "tokens", "none"),
+], ids=["decode_b", "prefill_top_k", "no_features"])
+def test_raw_kernel_rejects_features_its_buckets_never_look_at(tmp_path, monkeypatch, op,
+                                                               features, unknown, known):
+    """Issue 34 item 7: a misspelled bucket feature (``top_k`` for ``topk``; ``b``, which is
+    not one: decode's buckets look at ``ctas``) silently selected the default schedule; it
+    is one ValueError naming it and the op's features, before anything is loaded."""
+    import torch
+
+    from dsv4_tl import loader
+    from dsv4_tl.targets import ENV_SYCL_DEVICE
+
+    monkeypatch.setenv(loader.ENV_KERNEL_DIR, str(tmp_path / "kernels"))
+    monkeypatch.setenv(loader.ENV_JIT, "0")  # nothing is built: a call that got further fails
+    monkeypatch.setenv(ENV_SYCL_DEVICE, "opencl:cpu")  # CPU tensors: the SYCL target
+    loader.clear_loaders()
+    static = KERNELS[op].static(h=64, scope="swa")
+    try:
+        with pytest.raises(ValueError) as exc:
+            dsv4_tl.raw_kernel(op, torch.device("cpu"), static, **features)
+    finally:
+        loader.clear_loaders()
+    assert str(exc.value) == f"features: {op} has no bucket feature {unknown}; its features: {known}"
+    with pytest.raises(ValueError, match="op: unknown kernel 'sparse_decod'"):
+        dsv4_tl.raw_kernel("sparse_decod", torch.device("cpu"), {}, h=64)
+
+
 @pytest.mark.parametrize("static,error", [
     ({"num_heads": 64, "has_extra": False, "fp8_format": "/../../x"}, "fp8_format: expected one of"),
     ({"num_heads": 64, "has_extra": False, "fp8_format": "e4m3fn/../../x"}, "fp8_format"),
@@ -207,7 +237,7 @@ def test_raw_kernel_static_values_are_checked_against_the_spec(tmp_path, monkeyp
     loader.clear_loaders()
     try:
         with pytest.raises((ValueError, TypeError), match=error):
-            dsv4_tl.raw_kernel("sparse_decode", torch.device("cpu"), static, h=64, b=1,
+            dsv4_tl.raw_kernel("sparse_decode", torch.device("cpu"), static, h=64, ctas=1,
                                scope="swa")
         with pytest.raises((ValueError, TypeError), match=error):
             Variant.make("sparse_decode", static, {})

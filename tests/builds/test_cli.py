@@ -32,9 +32,15 @@ def _one_line_error(status, err, *needles):
     (["build", "--op", "sparse_decod"], ["--op", "sparse_decod", "sparse_decode"]),
     (["build", "--jobs", "-1"], ["--jobs", "positive"]),
     (["build", "--jobs", "0"], ["--jobs", "positive"]),
-    (["build", "--heads", "0"], ["--heads", "positive"]),
-    (["build", "--heads", "-3"], ["--heads", "positive"]),
+    (["build", "--heads", "0"], ["--heads", "a head count 1..1024"]),
+    (["build", "--heads", "-3"], ["--heads", "a head count 1..1024"]),
     (["build", "--heads", "x"], ["--heads"]),
+    # issue 34 item 7: --heads 10**20 was a three-line OverflowError
+    # (--op global_topk: a build that takes these would compile one small kernel only)
+    (["build", "--op", "global_topk", "--heads", "1025"], ["--heads", "1..1024, got 1025"]),
+    (["build", "--op", "global_topk", "--heads", str(10**20)],
+     ["--heads", f"a head count 1..1024, got {10**20}"]),
+    (["build", "--op", "global_topk", "--heads", "9" * 5000], ["--heads", "(5000 characters)"]),
     (["build", "--target", "cuda:sm_80"], ["--target"]),
     (["frobnicate"], ["frobnicate"]),
     (["build", "--bogus"], ["--bogus"]),
@@ -64,6 +70,23 @@ def test_unwritable_out_is_one_line(tmp_path, capsys):
     finally:
         locked.chmod(stat.S_IRWXU)
     _one_line_error(status, err, "out:")
+
+
+@pytest.mark.parametrize("how", ["env", "out"])
+def test_a_kernel_dir_with_a_newline_is_one_line_and_builds_nothing(tmp_path, capsys,
+                                                                     monkeypatch, how):
+    """Issue 34 item 7: a newline in ``$DSV4_TL_KERNEL_DIR`` (or ``--out``) made multi-line
+    messages and commands; such a path is refused by name, in one line."""
+    odd = str(tmp_path / "a\nb")
+    if how == "env":
+        monkeypatch.setenv("DSV4_TL_KERNEL_DIR", odd)
+    where = ["--out", odd] if how == "out" else []
+    name = "DSV4_TL_KERNEL_DIR" if how == "env" else "out"
+    for argv in (["build", "--op", "global_topk"] + where, ["info"] + where):
+        status, _, err = _run(argv, capsys)
+        _one_line_error(status, err, "expected a folder path without control characters")
+        assert f"{name if argv[0] == 'build' or how == 'env' else '--out'}: expected" in err
+    assert not any(tmp_path.iterdir()), "nothing may be created for it"
 
 
 def test_out_under_a_file_is_one_line(tmp_path, capsys):

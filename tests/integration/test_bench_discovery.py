@@ -202,8 +202,16 @@ def test_broken_vllm_spec_and_module_named_vllm(tmp_path, clean_path):
         bench_discovery.installed_vllm()
 
 
+def stand_in_triton(site):
+    """``site/triton``: importable stand-ins for a child process (``--peers list`` finds the
+    peers in one, which does not see ``clean_path``'s modules)."""
+    write(site / "triton" / "__init__.py", "from . import language\n")
+    write(site / "triton" / "language.py", "")
+
+
 def test_peers_list_cli(tmp_path, clean_path, capsys):
     installed_vllm(tmp_path / "site", modules=(ROCM_MODULE,))
+    stand_in_triton(tmp_path / "site")
     clean_path(tmp_path / "site")
     assert bench.main(["--peers", "list", "--peers-dir", str(tmp_path / "absent")]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -213,6 +221,50 @@ def test_peers_list_cli(tmp_path, clean_path, capsys):
     assert rocm.split()[1:4] == ["loaded", "vllm", "9.9.1"] and rocm.endswith("rocm_aiter_mla_sparse.py")
     xpu = next(line for line in out if line.startswith("tri_xpu "))
     assert xpu.split()[1] == "missing" and "xpu_mla_sparse not found" in xpu
+
+
+def test_a_peer_that_exits_is_a_row_of_the_peer_list_not_the_end_of_the_bench(
+        tmp_path, clean_path, capsys):
+    """Issue 34 item 7: a flash_mla package whose import called ``sys.exit(5)`` ended
+    ``dsv4-tl bench --peers list`` with status 5 and no output; discovery runs in a child
+    process that lists it as a failed load (SystemExit and KeyboardInterrupt alike)."""
+    installed_flash_mla(tmp_path / "site", "import sys\nsys.exit(5)\n")
+    stand_in_triton(tmp_path / "site")
+    clean_path(tmp_path / "site")
+    assert bench.main(["--peers", "list", "--peers-dir", str(tmp_path / "absent")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    flashmla = next(line for line in out if line.startswith("flashmla "))
+    assert flashmla.split()[1] == "failed" and "flash_mla: load failed: SystemExit: 5" in flashmla
+    # timing loads in this process: the exit is a load failure there too
+    (status,) = discover_peers(["flashmla"], None)
+    assert status.peer is None and "flash_mla: load failed: SystemExit: 5" in status.error
+
+
+def test_a_peer_whose_import_hangs_ends_the_peer_list_with_one_line(tmp_path, clean_path,
+                                                                   capsys, monkeypatch):
+    """Issue 34 item 7: a peer whose import hangs hung ``--peers list``; the child process
+    is ended after ``PEER_LIST_TIMEOUT_S`` with one line on stderr and exit status 1."""
+    started = tmp_path / "import_started"
+    installed_flash_mla(tmp_path / "site", f"import pathlib, time\n"
+                                           f"pathlib.Path({str(started)!r}).touch()\n"
+                                           "time.sleep(600)\n")
+    stand_in_triton(tmp_path / "site")
+    clean_path(tmp_path / "site")
+    monkeypatch.setattr(bench_peers, "PEER_LIST_TIMEOUT_S", 20.0)
+    assert bench.main(["--peers", "list"]) == 1
+    captured = capsys.readouterr()
+    assert started.exists(), "the child never reached the peer's import: the test shows nothing"
+    assert captured.out == "" and captured.err == (
+        "dsv4-tl bench: --peers list: peer discovery did not finish within 20 s (a peer's code "
+        "hangs while loading?): nothing listed\n")
+
+
+def test_bench_help_says_that_peers_code_is_run(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "Timing imports and runs the installed peers' code" in help_text
+    assert "'list' loads them in a child process, ended after 120 s" in help_text
 
 
 # ----------------------------------------------------------------------------- flash_mla package

@@ -45,6 +45,16 @@ def test_parse_shape(text, shape):
     ("prefill:h=64,s_q=8,topk=100,s_kv=32768", "field 'topk': 100 is below 128"),
     ("prefill:h=64,s_q=8,topk=640,s_kv=2567", "field 's_kv': 2567 is too small"),
     ("prefill:h=64,s_q=8,topk=640,s_kv=4096,form=csr", "field 'form': expected dense or ragged"),
+    # issue 34 item 7: sizes are bounded (h by 1024, every input tensor by int32 indexing)
+    ("decode:h=1025,b=1", "field 'h': 1025 is outside 1..1024"),
+    ("decode:h=100000000000000000000,b=1", "field 'h': 100000000000000000000 is outside 1..1024"),
+    ("decode:h=64,b=100000", "fields h, b, s_q: the query [b, s_q, h, 512] would hold "
+                             "3276800000 elements, over 2147483647 (the kernels index in int32)"),
+    ("decode:h=8,b=1,swa=10000000000", "fields b, swa: the SWA cache"),
+    ("decode:h=8,b=64,extra=c128a:100000000", "fields b, extra: the compressed cache"),
+    ("prefill:h=2048,s_q=8,topk=640,s_kv=32768", "field 'h': 2048 is outside 1..1024"),
+    ("prefill:h=64,s_q=8,topk=640,s_kv=100000000000", "field s_kv: the workspace [s_kv, 512]"),
+    ("prefill:h=1,s_q=8192,topk=128,s_kv=4000000", "fields s_q, s_kv: the top-k draw"),
 ])
 def test_parse_shape_errors_name_the_field(text, message):
     with pytest.raises(ValueError) as exc:

@@ -133,6 +133,23 @@ def test_decode_features_and_static_parameters():
     assert KERNELS["insert_k_cache"].features("sycl", tokens=1) == {"tokens": 1}
 
 
+def test_feature_names_are_what_features_yield_and_what_buckets_match_on():
+    """``KernelSpec.feature_names`` (what ``raw_kernel`` accepts) is exactly what each op's
+    ``features`` yields, and every bucket of every target's schedule file matches on those
+    only (issue 34 item 7: misspelled features were silently ignored)."""
+    from dsv4_tl.schedules import load_schedule_file
+
+    calls = {"sparse_decode": dict(h=64, b=8, scope="c4a"),
+             "sparse_prefill": dict(h=64, topk=300), "dequant_gather": dict(rows=10),
+             "insert_k_cache": dict(tokens=3)}
+    for op, spec in KERNELS.items():
+        yielded = spec.features("cuda_sm90a", **calls.get(op, {}))
+        assert sorted(yielded) == sorted(spec.feature_names), op
+        for target_dir in ("cuda_sm90a", "cuda_sm100a", "hip_gfx942", "hip_gfx950", "sycl"):
+            for bucket in load_schedule_file(target_dir, op).get("buckets", []):
+                assert set(bucket["match"]) <= set(spec.feature_names), (target_dir, op, bucket)
+
+
 def test_decode_width_routes_long_c128a_only():
     """The bucket feature ``width`` (the extra scope's index width): C128A at 64 / 128 heads with
     widths >= 4096 takes the persistent grid (bench/PERF_NOTES.md item 53); narrower widths, C4A,
@@ -623,6 +640,28 @@ def test_resolution_memos_are_bounded_by_the_buckets(rec):
                           for b in (1, 2))
     assert k1 is k2 and s1 == s2 == schedules.schedule_for(target.dirname, "sparse_decode",
                                                            h=64, scope="c4a", ctas=2)
+
+
+def test_stream_scratch_keeps_the_views_of_a_bounded_number_of_shape_sets(monkeypatch):
+    """Issue 34 item 7: the views of a buffer were memoised per set of shapes, and the shapes
+    follow the batch size: one entry per batch size a server ever ran. At most
+    ``MAX_VIEW_SETS`` are kept, the least recently used dropped."""
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 3, raising=False)
+    monkeypatch.setattr(_dispatch, "capturing", lambda device: False)
+    scratch = _dispatch.StreamScratch()
+    dev = torch.device("cpu")
+    scratch.views(dev, ((300, 8),))  # the buffer at its final size: no regrowth below
+    (buffer, memo), = scratch.pools.values()
+    kept = scratch.views(dev, ((1, 8),))
+    for b in range(2, 300):
+        scratch.views(dev, ((b, 8),))
+        if b % 4 == 0:
+            assert scratch.views(dev, ((1, 8),)) is kept  # used again: stays
+    (again, memo), = scratch.pools.values()
+    assert again is buffer and len(memo) <= 16, len(memo)
+    assert len(memo) == scratch.MAX_VIEW_SETS and ((1, 8),) in memo and ((2, 8),) not in memo
+    fresh = scratch.views(dev, ((2, 8),))  # a dropped set is made again, of the same buffer
+    assert fresh[0].shape == (2, 8) and fresh[0].data_ptr() == buffer.data_ptr()
 
 
 def test_stream_scratch_of_a_thread_is_dropped_when_it_ends(monkeypatch):

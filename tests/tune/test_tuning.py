@@ -64,6 +64,7 @@ def _write(root, op, *entries):
     with open(path, "a") as f:
         for e in entries:
             f.write(json.dumps(e) + "\n")
+    path.chmod(0o644)  # whatever the umask: a log its group can write is not read
     return path
 
 
@@ -618,6 +619,91 @@ def test_tuning_logs_naming_a_file_is_one_clear_error(logs, monkeypatch):
     with pytest.raises(ValueError, match=f"^{tuning_log.ENV_LOG_DIR}: expected a folder .*"
                                          "not a folder"):
         schedules.schedule_for(SM90A, "global_topk")
+
+
+def _read_in_a_thread(read, path, timeout=20.0):
+    """``read()`` in a thread; fails the test (after unblocking a FIFO's reader) if it hangs."""
+    import os
+    import threading
+
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(read()), daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(5)
+        pytest.fail(f"reading the tuning log {path} hung")
+    return outcome[0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "too_large", "foreign", "group_writable"])
+def test_a_log_that_is_not_a_plain_file_of_yours_is_skipped_with_one_warning(logs, kind,
+                                                                            monkeypatch):
+    """Issue 34 item 7: a FIFO in a log's place hung every op's first call and ``dsv4-tl
+    build``; only regular files of at most MAX_LOG_BYTES are read, and, as in a kernel
+    directory, only ones owned by this user or root that group and others cannot write
+    (a log picks the kernels this process builds). Otherwise the file is skipped with one
+    warning line naming it, as a malformed line is."""
+    import os
+
+    good = _entry("global_topk", "all", {"tokens_per_block": 8})
+    path = tuning_log.log_path(logs, SM90A, "global_topk")
+    path.parent.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        _write(logs, "global_topk", good)
+        assert [e["bucket"] for e in tuning_log.read_log(path)] == ["all"]
+        schedules.clear_caches()
+    if kind == "too_large":
+        monkeypatch.setattr(tuning_log, "MAX_LOG_BYTES", path.stat().st_size - 1)
+    elif kind == "foreign":
+        if os.getuid() == 0:
+            os.chown(path, 12345, -1)
+        else:
+            real = os.getuid()
+            monkeypatch.setattr(tuning_log.os, "getuid", lambda: real + 1)
+    elif kind == "group_writable":
+        os.chmod(path, 0o664)
+    reason = {"fifo": "not a regular file", "folder": "not a regular file",
+              "too_large": "over the", "foreign": "owned by uid",
+              "group_writable": "writable by its group or others"}[kind]
+    with pytest.warns(UserWarning) as record:
+        assert _read_in_a_thread(lambda: tuning_log.read_log(path), path) == []
+        config = _read_in_a_thread(lambda: schedules.schedule_for(SM90A, "global_topk"), path)
+    assert config["tokens_per_block"] == _spec("global_topk")["default"]["tokens_per_block"]
+    skipped = [str(w.message) for w in record if f"skipping {path}" in str(w.message)]
+    assert len(skipped) == 1 and reason in skipped[0] and "\n" not in skipped[0], skipped
+
+
+def test_a_log_linked_to_dev_zero_is_skipped_not_read_into_memory(tmp_path):
+    """Issue 34 item 7: a log linked to /dev/zero was read as one endless line until a
+    MemoryError. Run in a child process with a memory limit (the old reader would take the
+    machine's memory otherwise)."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "logs"
+    (root / SM90A).mkdir(parents=True)
+    os.symlink("/dev/zero", root / SM90A / "global_topk.jsonl")
+    code = ("import resource, warnings\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+            "from dsv4_tl import tuning_log\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    print(tuning_log.read_log(tuning_log.log_path(tuning_log.log_root(), "
+            f"{SM90A!r}, 'global_topk')))\n"
+            "print(*(str(x.message) for x in w), sep='\\n')\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, tuning_log.ENV_LOG_DIR: str(root)})
+    assert run.returncode == 0, run.stderr[-1000:]
+    lines = run.stdout.splitlines()
+    assert lines[0] == "[]" and len(lines) == 2
+    assert "tuning log: skipping" in lines[1] and "not a regular file" in lines[1]
 
 
 @pytest.mark.parametrize("op,bucket,knobs,reason", [

@@ -53,6 +53,7 @@ def compile_artifact(func: Any, key: str, arch: str, path: Path) -> Path:
     return compile_library(func, tilelang_target(arch), path)
 
 
-def load_artifact(path: Path, entry: str) -> Callable:
-    """The kernel function ``entry`` of the library ``path``."""
-    return load_library(path, entry)
+def load_artifact(artifact: Any, entry: str) -> Callable:
+    """The kernel function ``entry`` of the library ``artifact`` (a verified
+    :class:`~dsv4_tl.trust.TrustedFile`, loaded through its descriptor)."""
+    return load_library(artifact, entry)

@@ -24,11 +24,12 @@ import math
 import operator
 import threading
 import weakref
+from collections import OrderedDict
 from typing import Callable, Tuple
 
 import torch
 
-from ..kernels import KernelSpec, Variant, kernels_changed, on_kernels_changed
+from ..kernels import KERNELS, KernelSpec, Variant, kernels_changed, on_kernels_changed
 from ..validation import check_kernel_device, check_tensor
 from ..loader import loader_for
 from ..schedules import bucket_index, schedule_of_bucket
@@ -158,7 +159,17 @@ def _loaded(op: str, target: Target, static: tuple, schedule: tuple) -> Callable
 def kernel_for(op: str, device: torch.device, static: dict, **features: int) -> Callable:
     """The loaded kernel of ``op`` for ``device``: schedule of the shape bucket that
     ``features`` fall in (from ``schedules/<target>/<op>.json``), compiled or loaded once.
-    Resolutions are memoised per bucket. Arguments in the order of ``KERNELS[op].params``."""
+    Resolutions are memoised per bucket. Arguments in the order of ``KERNELS[op].params``.
+    A feature the op's buckets never look at (a misspelling would silently pick the default
+    schedule) is a ValueError naming it and the op's features
+    (:attr:`~dsv4_tl.kernels.KernelSpec.feature_names`)."""
+    spec = KERNELS.get(op)
+    if spec is None:
+        raise ValueError(f"op: unknown kernel {op!r}; known: {', '.join(sorted(KERNELS))}")
+    unknown = sorted(set(features) - set(spec.feature_names))
+    if unknown:
+        raise ValueError(f"features: {op} has no bucket feature {', '.join(unknown)}; its "
+                         f"features: {', '.join(spec.feature_names) or 'none'}")
     return _resolve(op, _target(device), tuple(sorted(static.items())),
                     tuple(sorted(features.items())))[0]
 
@@ -348,7 +359,8 @@ def _placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torc
 # ------------------------------------------------------------------------------ buffers
 class _ThreadPools:
     """One thread's scratch: ``buffers``, (device, raw stream) -> (float32 buffer,
-    {shapes: views}), and the thread's id."""
+    {shapes: views}: the :attr:`StreamScratch.MAX_VIEW_SETS` most recently used), and the
+    thread's id."""
 
     __slots__ = ("ident", "buffers", "__weakref__")
 
@@ -368,9 +380,13 @@ class StreamScratch:
     ``MAX_POOLED_BYTES`` is allocated per call (at the batch sizes where partials are that
     large the allocation is small next to the kernels' time, and the pool would keep that
     memory reserved). Not while a CUDA graph is captured or a FakeTensorMode is active: then
-    each call gets its own (a graph keeps its buffers). :meth:`clear` drops every buffer."""
+    each call gets its own (a graph keeps its buffers). :meth:`clear` drops every buffer.
+    The views made of a buffer are kept per set of shapes, the ``MAX_VIEW_SETS`` most
+    recently used (the shapes follow the batch size: one entry per batch size an engine ever
+    ran would grow without bound); a set dropped is made again in a few µs when it returns."""
 
     MAX_POOLED_BYTES = 64 << 20
+    MAX_VIEW_SETS = 16
 
     def __init__(self):
         self._local = threading.local()
@@ -401,6 +417,7 @@ class StreamScratch:
         if pool is not None:
             made = pool[1].get(shapes)
             if made is not None:
+                pool[1].move_to_end(shapes)
                 return made
         sizes = [math.prod(shape) for shape in shapes]
         starts = [sum(-(-n // 4) * 4 for n in sizes[:i]) for i in range(len(sizes))]
@@ -409,10 +426,12 @@ class StreamScratch:
             return self.fresh(device, shapes)
         if pool is None or pool[0].numel() < need:
             pool = (torch.empty(1 << (need - 1).bit_length(), dtype=torch.float32,
-                                device=device), {})
+                                device=device), OrderedDict())
             pools[key] = pool
         made = pool[1][shapes] = tuple(pool[0][at:at + n].view(shape)
                                        for at, n, shape in zip(starts, sizes, shapes))
+        if len(pool[1]) > self.MAX_VIEW_SETS:
+            pool[1].popitem(last=False)  # the least recently used
         return made
 
     @staticmethod

@@ -15,6 +15,7 @@ from ..file_lock import write_atomic
 from ..trust import private_dirs
 
 ARTIFACT_SUFFIX = ".sycl.json"
+MAX_SPIRV_BYTES = 1 << 30  # a kernel's module is a few hundred KiB
 
 
 def kernel_symbol(key: str) -> str:
@@ -46,15 +47,23 @@ def write_artifact(func, key: str, path: Path) -> Path:
     return path
 
 
-def load_artifact(path: Path):
-    """The :class:`~dsv4_tl.sycl.runtime.SyclKernel` of an artifact; raises RuntimeError when
-    its SPIR-V does not match the hash the artifact records."""
+def load_artifact(artifact):
+    """The :class:`~dsv4_tl.sycl.runtime.SyclKernel` of ``artifact``, the launch description
+    as the loader opened and verified it (a :class:`~dsv4_tl.trust.TrustedFile`): read
+    through that descriptor, and its SPIR-V sibling opened and checked the same way
+    (:func:`dsv4_tl.trust.open_trusted`) and read through its own descriptor, so the bytes
+    hashed are the bytes run. Raises RuntimeError when the SPIR-V is missing or does not
+    match the hash the description records."""
     from .runtime import SyclKernel
 
-    path = Path(path)
-    meta = json.loads(path.read_text())
-    spirv = path.with_name(meta["spirv"]).read_bytes()
+    meta = json.loads(artifact.read())
+    spv_path = artifact.path.with_name(meta["spirv"])
+    spv = artifact.sibling(spv_path.name)
+    if spv is None:
+        raise RuntimeError(f"{spv_path} is missing (named by {artifact.path.name})")
+    with spv:
+        spirv = spv.read(MAX_SPIRV_BYTES)
     if hashlib.sha256(spirv).hexdigest() != meta["spirv_sha256"]:
-        raise RuntimeError(f"{path.with_name(meta['spirv'])} does not match the sha256 recorded "
-                           f"in {path.name} (modified or partial)")
+        raise RuntimeError(f"{spv_path} does not match the sha256 recorded "
+                           f"in {artifact.path.name} (modified or partial)")
     return SyclKernel(meta, spirv)

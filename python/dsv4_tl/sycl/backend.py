@@ -41,9 +41,10 @@ def compile_artifact(func: Any, key: str, arch: str, path: Path) -> Path:
     return write_artifact(func, key, path)
 
 
-def load_artifact(path: Path, entry: str) -> Callable:
-    """The :class:`~dsv4_tl.sycl.runtime.SyclKernel` of the artifact ``path`` (its launch
-    description names the kernel; ``entry`` is the prim_func's name, unused here)."""
+def load_artifact(artifact: Any, entry: str) -> Callable:
+    """The :class:`~dsv4_tl.sycl.runtime.SyclKernel` of ``artifact`` (a verified
+    :class:`~dsv4_tl.trust.TrustedFile`; its launch description names the kernel; ``entry`` is
+    the prim_func's name, unused here)."""
     from .artifacts import load_artifact as load
 
-    return load(path)
+    return load(artifact)
