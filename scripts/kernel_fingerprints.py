@@ -1,27 +1,38 @@
-"""Fingerprint every shipped kernel variant: the sha256 of the device source TileLang generates.
+"""Fingerprint every shipped kernel variant, and lower each one.
 
 A refactor of ``tile_kernels/`` that claims to change no kernel proves it here: take the
 fingerprints before, move code, take them after, compare. Every shipped variant of every
-target is lowered (the build matrix of ``dsv4-tl build`` at heads 8-128 by default:
-:func:`dsv4_tl.build.build_variants`), so a lowering failure at any head count fails the run.
+target is built (the build matrix of ``dsv4-tl build`` at heads 8-128 by default:
+:func:`dsv4_tl.build.build_variants`) and, unless ``--no-lower``, lowered by TileLang for its
+target, so a lowering failure at any head count fails the run.
 
     python scripts/kernel_fingerprints.py --write                 # all targets -> tests/builds/fingerprints/
     python scripts/kernel_fingerprints.py --check                 # compare with them; exit 1 on a difference
-    python scripts/kernel_fingerprints.py --target cuda:sm_90a --ops sparse_decode --check
+    python scripts/kernel_fingerprints.py --target cuda:sm_90a --ops sparse_decode --check --no-lower
 
-What is hashed: CUDA / HIP, the device source of ``tilelang.lower`` (TileLang's codegen with
-the prim_func's own pass configs, no nvcc / hipcc); SYCL, the SYCL C++ source
-``dsv4_tl.sycl`` prints (no SPIR-V compile). Each entry is keyed by the variant key (op,
-static parameters, schedule digest). ``--check`` compares per target, op and static
-parameters the *set* of source hashes, so a schedule whose key changes without changing the
-generated code (a knob retired at its off value, ``retired_knobs``) still matches, while a
-changed, lost or new kernel is listed.
+What is hashed: the TIR the builder hands TileLang (``prim_func.script()``, with its pass
+configs), the whole kernel definition. Not TileLang's generated source: TileLang 0.1.15's
+lowering is not deterministic. The same prim_func lowered twice, in fresh processes or after
+other kernels in one process, places equal-size shared buffers in another order (``v_3`` /
+``v_4`` swapped in the wgmma descriptors; ``workspace_1`` / ``workspace_3`` on gfx950), so a
+hash of the CUDA / HIP source differs from run to run for unchanged code (0 of 10 sm_90a
+decode variants matched between two runs here, 2026-11-28). Equal TIR means the same kernel
+up to that nondeterminism. Each entry is keyed by the variant key (op, static parameters,
+schedule digest). ``--check`` compares per target, op and static parameters the *set* of TIR
+hashes, so a schedule whose key changes without changing the kernel (a knob retired at its
+off value, ``retired_knobs``) still matches, while a changed, lost or new kernel is listed.
+
+Lowering (CUDA / HIP: ``tilelang.lower`` with the prim_func's own pass configs, no nvcc or
+hipcc; SYCL: ``dsv4_tl.sycl``'s own lowering, no SPIR-V compile) runs each variant in a fresh
+process forked from a server that has imported TileLang and compiled nothing, as a build's
+first compile would.
 """
 
 import argparse
 import concurrent.futures
 import hashlib
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -34,24 +45,22 @@ DEFAULT_TARGETS = ("cuda:sm_90a", "cuda:sm_100a", "hip:gfx942", "hip:gfx950", "s
 DEFAULT_HEADS = (8, 16, 32, 64, 128)
 
 
-def device_source(variant_args: tuple, target_name: str) -> str:
-    """The device source of one variant for ``target_name`` (in a worker process)."""
-    import logging
+def tir_text(func) -> str:
+    """The prim_func's TIR as TVMScript, with its pass configs (part of the kernel)."""
+    return func.script()
 
-    warnings.simplefilter("ignore")
-    logging.getLogger("tilelang").setLevel(logging.ERROR)
-    from dsv4_tl.kernels import Variant
-    from dsv4_tl.targets import backend_of, parse_target
 
-    op, static, schedule = variant_args
-    variant = Variant.make(op, static, schedule)
-    target = parse_target(target_name)
-    func = variant.build()
+def lower(func, variant_key: str, target) -> None:
+    """Lower ``func`` for ``target`` (a parsed target) as a build would, without the
+    compiler; raises what TileLang raises."""
+    from dsv4_tl.targets import backend_of
+
     if target.kind == "sycl":
         from dsv4_tl.sycl.artifacts import kernel_symbol
         from dsv4_tl.sycl.lower import lower_to_sycl
 
-        return lower_to_sycl(func, kernel_symbol(variant.key)).kernel.source
+        lower_to_sycl(func, kernel_symbol(variant_key))
+        return
     import tilelang
     import tvm
 
@@ -59,30 +68,50 @@ def device_source(variant_args: tuple, target_name: str) -> str:
     configs = dict(attrs["tilelang_pass_configs"]) if attrs and "tilelang_pass_configs" in attrs else {}
     tl_target = tvm.target.Target(backend_of(target).tilelang_target(target.arch))
     with tvm.transform.PassContext(opt_level=3, config=configs), tl_target:
-        return tilelang.lower(func, target=tl_target).kernel_source
+        tilelang.lower(func, target=tl_target)
 
 
 def _job(args: tuple) -> tuple:
-    key, variant_args, target_name = args
+    """``(key, tir_sha256 or None, error or None, seconds)`` of one variant (in a worker)."""
+    import logging
+
+    warnings.simplefilter("ignore")
+    logging.getLogger("tilelang").setLevel(logging.ERROR)
+    from dsv4_tl.kernels import Variant
+    from dsv4_tl.targets import parse_target
+
+    key, (op, static, schedule), target_name, do_lower = args
     start = time.time()
     try:
-        source = device_source(variant_args, target_name)
+        variant = Variant.make(op, static, schedule)
+        func = variant.build()
+        digest = hashlib.sha256(tir_text(func).encode()).hexdigest()
+        if do_lower:
+            lower(func, variant.key, parse_target(target_name))
     except Exception as exc:  # reported per variant; the run fails at the end
-        return key, None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}", time.time() - start
-    return key, hashlib.sha256(source.encode()).hexdigest(), None, time.time() - start
+        text = str(exc).strip()
+        return key, None, f"{type(exc).__name__}: {text.splitlines()[-1] if text else ''}", \
+            time.time() - start
+    return key, digest, None, time.time() - start
 
 
-def fingerprints(target_name: str, heads, ops, jobs: int) -> tuple:
+def fingerprints(target_name: str, heads, ops, jobs: int, do_lower: bool = True) -> tuple:
     """``({key: entry}, [failure lines])`` for every shipped variant of ``target_name``."""
     from dsv4_tl.build import build_variants
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # schedule-file fallbacks are reported by dsv4-tl build
         variants = build_variants(target_name, heads, ops)
-    todo = [(v.key, (v.op, dict(v.static), dict(v.schedule)), target_name) for v in variants]
+    todo = [(v.key, (v.op, dict(v.static), dict(v.schedule)), target_name, do_lower)
+            for v in variants]
     entries, failures = {}, []
     by_key = {v.key: v for v in variants}
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+    # one fresh process per variant (module docstring), forked from a server that has imported
+    # TileLang and the package once
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tilelang", "dsv4_tl.build", "dsv4_tl.kernels"])
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context,
+                                                max_tasks_per_child=1) as pool:
         for n, (key, digest, error, seconds) in enumerate(pool.map(_job, todo), 1):
             print(f"  [{n}/{len(todo)}] {target_name} {key} {seconds:.1f}s "
                   f"{digest[:12] if digest else 'FAILED: ' + error}", file=sys.stderr, flush=True)
@@ -91,7 +120,7 @@ def fingerprints(target_name: str, heads, ops, jobs: int) -> tuple:
                 continue
             v = by_key[key]
             entries[key] = {"op": v.op, "static": dict(v.static), "schedule": dict(v.schedule),
-                            "source_sha256": digest}
+                            "tir_sha256": digest}
     return entries, failures
 
 
@@ -100,12 +129,12 @@ def _groups(entries: dict) -> dict:
     groups = {}
     for e in entries.values():
         k = (e["op"], json.dumps(e["static"], sort_keys=True))
-        groups.setdefault(k, set()).add(e["source_sha256"])
+        groups.setdefault(k, set()).add(e["tir_sha256"])
     return {k: sorted(v) for k, v in groups.items()}
 
 
 def compare(before: dict, after: dict, ops=None) -> list:
-    """Lines naming each (op, static) whose set of generated sources differs."""
+    """Lines naming each (op, static) whose set of kernel TIR hashes differs."""
     b, a = _groups(before), _groups(after)
     if ops is not None:
         b = {k: v for k, v in b.items() if k[0] in ops}
@@ -116,7 +145,7 @@ def compare(before: dict, after: dict, ops=None) -> list:
             new = sorted(set(a.get(k, ())) - set(b.get(k, ())))
             names = sorted(key for key, e in after.items()
                            if (e["op"], json.dumps(e["static"], sort_keys=True)) == k
-                           and e["source_sha256"] in new)
+                           and e["tir_sha256"] in new)
             lines.append(f"{k[0]} {k[1]}: lost {[h[:12] for h in lost]}, new {[h[:12] for h in new]}"
                          + (f" ({', '.join(names)})" if names else ""))
     return lines
@@ -129,6 +158,8 @@ def main(argv=None) -> int:
     p.add_argument("--ops", action="append", help="repeatable; default: every op")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where <target>.json live")
+    p.add_argument("--no-lower", action="store_true",
+                   help="hash the TIR only (seconds), without lowering each variant")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="write <dir>/<target>.json")
     mode.add_argument("--check", action="store_true", help="compare with <dir>/<target>.json")
@@ -146,8 +177,10 @@ def main(argv=None) -> int:
     for target_name in args.target or DEFAULT_TARGETS:
         target = parse_target(target_name)
         start = time.time()
-        entries, failures = fingerprints(target.name, heads, args.ops, args.jobs)
-        print(f"{target.name}: {len(entries)} variants lowered, {len(failures)} failed, "
+        entries, failures = fingerprints(target.name, heads, args.ops, args.jobs,
+                                         not args.no_lower)
+        print(f"{target.name}: {len(entries)} variants {'built' if args.no_lower else 'lowered'}, "
+              f"{len(failures)} failed, "
               f"{time.time() - start:.0f} s", flush=True)
         for line in failures:
             print(f"  LOWERING FAILED {line}", flush=True)

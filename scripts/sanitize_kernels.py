@@ -168,23 +168,6 @@ def steps() -> list:
     persistent = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 1,
                   "warp_specialized": True, "persistent": True, "item_cost": 3,
                   "tiles_per_split_min": 2, "invariant_tiles_per_split": 3}
-    raw_ring = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 2,
-                "warp_specialized": True, "persistent": False, "item_cost": 3,
-                "tiles_per_split_min": 4, "invariant_tiles_per_split": 16, "tokens_in_m": False,
-                "num_stages": 2, "ctas_per_sm": 1, "consumers": "split", "producer_slots": 2,
-                "raw_ring": 4}
-    crossover = {**raw_ring, "block_tokens": 64, "consumers": "seesaw", "raw_ring": 0,
-                 "cluster_crossover": True}
-    # the splits of a row merged inside a thread-block cluster (non-default knob)
-    cluster_merge = {**raw_ring, "num_splits": 8, "raw_ring": 0, "cluster_merge": True}
-    # tokens in M with Q and every output through the TMA box (non-default knob tma_io):
-    # 20 heads in groups of 16 (the second group's box clips heads 20-31), one math warpgroup,
-    # 4 splits (partials staged, stored by TMA); 20 heads in 24, two math warpgroups, unsplit
-    tma_io = {**raw_ring, "block_tokens": 64, "heads_per_block": 16, "threads": 256,
-              "num_splits": 4, "warp_specialized": False, "tokens_in_m": True,
-              "num_stages": 1, "ctas_per_sm": 2, "raw_ring": 0, "tma_io": True}
-    tma_io_unsplit = {**tma_io, "heads_per_block": 24, "threads": 384, "num_splits": 1,
-                      "num_stages": 2, "ctas_per_sm": 1}
     # the persistent grid as shipped for long C128A rows (bench/PERF_NOTES.md item 53: the tile
     # balance, lean producer, one Q stage) and for tokens in M at 34-66 CTAs (item 51)
     pers_tiles = {**persistent, "balance": "tiles", "producer_lean": True, "q_stages": 1,
@@ -193,7 +176,7 @@ def steps() -> list:
                 "warp_specialized": False, "persistent": True, "item_cost": 2,
                 "tiles_per_split_min": 1, "invariant_tiles_per_split": 4, "tokens_in_m": True,
                 "num_stages": 2, "ctas_per_sm": 1, "producer_lean": True}
-    dec, pers = ("sparse_decode", None), ("sparse_decode", persistent)
+    pers = ("sparse_decode", persistent)
     return [
         (run_decode, (64, 8, "8 splits + combine"), {}, None),
         (run_decode, (128, 8, "split-KV, two head groups"), {}, None),
@@ -204,16 +187,6 @@ def steps() -> list:
         (run_decode, (20, 3, "padded heads"), {}, None),
         (run_decode, (128, 72, "one split per row, warp-specialised producer"), {}, None),
         (run_decode, (128, 32, "seesaw consumers, four producer slots, 2 splits"), {}, None),
-        (run_decode, (64, 8, "the FP8 producer's raw ring (non-default knob), 2 splits"), {},
-         (dec[0], raw_ring)),
-        (run_decode, (128, 8, "the 2-CTA crossover (non-default knob), 2 splits"), {},
-         (dec[0], crossover)),
-        (run_decode, (128, 8, "the splits merged in a cluster (non-default knob), 8 splits, "
-                      "two head groups"), {}, (dec[0], cluster_merge)),
-        (run_decode, (20, 3, "tokens in M, Q / partials through the TMA box (non-default "
-                      "knob tma_io), two head groups of 16, 4 splits"), {}, (dec[0], tma_io)),
-        (run_decode, (20, 3, "tokens in M, Q / out through the TMA box (non-default knob "
-                      "tma_io), padded heads, unsplit"), {}, (dec[0], tma_io_unsplit)),
         # the persistent grid (tile_kernels/work.py): CTAs walking several items, split rows
         # merged by the combine, rows of one split stored directly, both modes
         (run_decode, (128, 8, "persistent grid, split rows"), {}, pers),
