@@ -1,0 +1,61 @@
+"""Every shipped kernel variant's TIR equals the recorded one (``tests/builds/fingerprints/``).
+
+The build matrix of ``dsv4-tl build`` at heads 8-128 on each target: the prim_func each variant
+builds, as TVMScript, hashed (``scripts/kernel_fingerprints.py``, which also lowers them). A
+refactor of ``tile_kernels/`` must leave every hash unchanged; a deliberate kernel change
+re-records the file (``python scripts/kernel_fingerprints.py --write --no-lower``) in the same
+commit, with its measurement in ``bench/PERF_NOTES.md``.
+"""
+
+import hashlib
+import importlib.util
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tilelang")
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDED = Path(__file__).resolve().parent / "fingerprints"
+TARGETS = ("cuda:sm_90a", "cuda:sm_100a", "hip:gfx942", "hip:gfx950", "sycl")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("kernel_fingerprints",
+                                                  ROOT / "scripts" / "kernel_fingerprints.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_shipped_kernels_match_their_fingerprints(target):
+    from dsv4_tl.build import build_variants
+    from dsv4_tl.targets import parse_target
+
+    fp = _script()
+    recorded = json.loads((RECORDED / f"{parse_target(target).dirname}.json").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # schedule-file fallbacks (dsv4-tl build reports them)
+        variants = build_variants(target, tuple(recorded["heads"]))
+    now = {}
+    for v in variants:
+        now[v.key] = {"op": v.op, "static": dict(v.static), "schedule": dict(v.schedule),
+                      "tir_sha256": hashlib.sha256(fp.tir_text(v.build()).encode()).hexdigest()}
+    diffs = fp.compare(recorded["kernels"], now)
+    assert not diffs, "kernels changed (re-record with scripts/kernel_fingerprints.py --write " \
+        "if deliberate):\n" + "\n".join(diffs)
+
+
+def test_a_changed_kernel_is_reported():
+    """The comparison the test relies on names a changed, a lost and a new kernel."""
+    fp = _script()
+    base = {"a": {"op": "x", "static": {"h": 1}, "schedule": {}, "tir_sha256": "1" * 64},
+            "b": {"op": "x", "static": {"h": 2}, "schedule": {}, "tir_sha256": "2" * 64}}
+    same = {"a2": {**base["a"], "schedule": {"k": 0}}, "b": base["b"]}
+    assert fp.compare(base, same) == []  # a key change alone (a retired knob) is no change
+    changed = {"a": {**base["a"], "tir_sha256": "3" * 64}, "c": {**base["b"], "static": {"h": 3}}}
+    lines = fp.compare(base, changed)
+    assert len(lines) == 3 and any('"h": 2' in line and "new []" in line for line in lines)
