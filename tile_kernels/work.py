@@ -230,8 +230,18 @@ def cta_work_range(bounds, scratch, unit_tiles, units, head_groups: int, tiles_p
     lane = tx % 32
     warp = tx // 32
     chunk = T.ceildiv(units, threads)
-    lo = T.min(tx * chunk, units)
-    hi = T.min(lo + chunk, units)
+    # This thread's units [lo, hi), held in variables rather than written into the loop
+    # bounds: TVM's analyzer binds a loop variable's range outside the loop's own constraint
+    # scope, so TileLang's thread-sync pass keeps a top-level loop's range in its z3 prover
+    # for the rest of the kernel. As ``min(tx * ceildiv(units, threads), units)`` that range
+    # is a nonlinear constraint on threadIdx.x, which each later count of a partial
+    # barrier's threads (one z3 check per thread, 10^4 rlimit each) must satisfy; near the
+    # limit a check gave up and the count came out short ("a divergent region with 1
+    # participating threads": sparse decode h32, tokens in M, persistent), depending on the
+    # shared-memory layout TileLang picked, which varies from run to run. A variable's load
+    # is an unconstrained integer to z3: the kept range is linear and free of threadIdx.x.
+    lo = T.alloc_var(T.int32, init=T.min(tx * chunk, units))
+    hi = T.alloc_var(T.int32, init=T.min(lo + chunk, units))
     tps = T.alloc_var(T.int32)
     own_t = T.alloc_var(T.int32, init=0)
     if tiles_per_split > 0:
@@ -374,8 +384,10 @@ def cta_tile_range(bounds, scratch, row_tiles, rows, head_groups: int, tiles_per
     lane = tx % 32
     warp = tx // 32
     chunk = T.ceildiv(rows, threads)
-    lo = T.min(tx * chunk, rows)
-    hi = T.min(lo + chunk, rows)
+    # This thread's rows [lo, hi), held in variables (as in ``cta_work_range``: no loop
+    # bound nonlinear in threadIdx.x for TileLang's thread-sync pass)
+    lo = T.alloc_var(T.int32, init=T.min(tx * chunk, rows))
+    hi = T.alloc_var(T.int32, init=T.min(lo + chunk, rows))
     q = T.alloc_var(T.int32)
     q = T.max(-tiles_per_split, 1)
     # Pass 1: this thread's rows' cost (scanned), largest and smallest row cost.

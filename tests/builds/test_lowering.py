@@ -518,3 +518,75 @@ def test_tim_persistent_kept_by_pruning_and_padded_heads_keep_fixed_grid():
               "threads": 384, "block_tokens": 64, "num_stages": 2}
     assert (build_sparse_decode(**padded, persistent=True).script()
             == build_sparse_decode(**padded).script())
+
+
+# --------------------------------------------- the plans' loops and TileLang's thread sync
+def _shipped_persistent_decodes():
+    """Every shipped sm_90a decode variant on the persistent grid (heads 8-128), by key."""
+    import warnings
+
+    from dsv4_tl.build import build_variants
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # schedule-file fallbacks
+        variants = build_variants("cuda:sm_90a", (8, 16, 32, 64, 128), ["sparse_decode"])
+    return [pytest.param(v, id=v.key) for v in variants if dict(v.schedule).get("persistent")]
+
+
+def _thread_dependent_top_loops(func) -> list:
+    """The loops of ``func``'s kernel outside every loop and branch whose range depends on
+    the thread index (directly or through bound variables)."""
+    from tvm import ir, tirx
+
+    launch = ir.Op.get("tl.launch_thread_idx")
+    tainted, found = set(), []
+
+    def uses_thread(expr) -> bool:
+        hits = []
+        tirx.stmt_functor.post_order_visit(
+            expr, lambda n: hits.append(n) if isinstance(n, tirx.Var) and n in tainted else None)
+        return bool(hits)
+
+    def walk(stmt, scoped: bool):
+        if isinstance(stmt, tirx.Bind):
+            value = stmt.value
+            if (isinstance(value, tirx.Call) and value.op.same_as(launch)) or uses_thread(value):
+                tainted.add(stmt.var)
+        elif isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.THREAD_BINDING:
+            walk(stmt.body, scoped)  # the grid, not a loop
+        elif isinstance(stmt, tirx.For):
+            if not scoped and (uses_thread(stmt.min) or uses_thread(stmt.extent)):
+                found.append(stmt.loop_var.name)
+            walk(stmt.body, True)
+        elif isinstance(stmt, tirx.IfThenElse):
+            walk(stmt.then_case, True)
+            if stmt.else_case is not None:
+                walk(stmt.else_case, True)
+        elif isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                walk(s, scoped)
+        elif isinstance(stmt, tirx.SBlockRealize):
+            walk(stmt.block, scoped)
+        elif isinstance(getattr(stmt, "body", None), tirx.Stmt):
+            walk(stmt.body, scoped)
+
+    walk(func.body, False)
+    return found
+
+
+def test_shipped_persistent_decodes_exist():
+    assert {dict(p.values[0].schedule).get("balance") for p in _shipped_persistent_decodes()} \
+        == {"items", "tiles"}
+
+
+@pytest.mark.parametrize("variant", _shipped_persistent_decodes())
+def test_plan_loops_keep_the_thread_index_out_of_their_range(variant):
+    """No loop outside every loop and branch of a persistent decode has a range that depends
+    on the thread index (the plans' per-thread unit / row loops bound by variables,
+    work.cta_work_range). TVM's analyzer keeps such a loop's range in TileLang's thread-sync
+    z3 prover for the rest of the kernel; ``min(tx * ceildiv(units, threads), units)`` made
+    each count of a warpgroup's threads for its partial barriers run near z3's resource
+    limit, and a count cut short failed the h32 tokens-in-M kernel (``[ThreadSync] ... a
+    divergent region with 1 participating threads``) in some of its runs: which one
+    depended on the shared-memory layout TileLang picked, which varies from run to run."""
+    assert not _thread_dependent_top_loops(variant.build())
