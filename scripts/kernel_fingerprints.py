@@ -45,9 +45,15 @@ DEFAULT_TARGETS = ("cuda:sm_90a", "cuda:sm_100a", "hip:gfx942", "hip:gfx950", "s
 DEFAULT_HEADS = (8, 16, 32, 64, 128)
 
 
-def tir_text(func) -> str:
-    """The prim_func's TIR as TVMScript, with its pass configs (part of the kernel)."""
-    return func.script()
+def tir_sha256(func) -> str:
+    """sha256 of the prim_func's TIR as TVMScript, with its pass configs (part of the kernel)."""
+    return hashlib.sha256(func.script().encode()).hexdigest()
+
+
+def variant_entry(variant, digest: str) -> dict:
+    """The recorded entry of ``variant`` (a ``dsv4_tl.kernels.Variant``) with TIR hash ``digest``."""
+    return {"op": variant.op, "static": dict(variant.static), "schedule": dict(variant.schedule),
+            "tir_sha256": digest}
 
 
 def lower(func, variant_key: str, target) -> None:
@@ -85,7 +91,7 @@ def _job(args: tuple) -> tuple:
     try:
         variant = Variant.make(op, static, schedule)
         func = variant.build()
-        digest = hashlib.sha256(tir_text(func).encode()).hexdigest()
+        digest = tir_sha256(func)
         if do_lower:
             lower(func, variant.key, parse_target(target_name))
     except Exception as exc:  # reported per variant; the run fails at the end
@@ -106,26 +112,24 @@ def fingerprints(target_name: str, heads, ops, jobs: int, do_lower: bool = True)
             for v in variants]
     entries, failures = {}, []
     by_key = {v.key: v for v in variants}
-    # one fresh process per variant (module docstring), forked from a server that has imported
-    # TileLang and the package once
+    # lowering: one fresh process per variant (module docstring), forked from a server that has
+    # imported TileLang and the package once; the TIR alone is the same in any process
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["tilelang", "dsv4_tl.build", "dsv4_tl.kernels"])
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context,
-                                                max_tasks_per_child=1) as pool:
+                                                max_tasks_per_child=1 if do_lower else None) as pool:
         for n, (key, digest, error, seconds) in enumerate(pool.map(_job, todo), 1):
             print(f"  [{n}/{len(todo)}] {target_name} {key} {seconds:.1f}s "
                   f"{digest[:12] if digest else 'FAILED: ' + error}", file=sys.stderr, flush=True)
             if error:
                 failures.append(f"{target_name} {key}: {error}")
                 continue
-            v = by_key[key]
-            entries[key] = {"op": v.op, "static": dict(v.static), "schedule": dict(v.schedule),
-                            "tir_sha256": digest}
+            entries[key] = variant_entry(by_key[key], digest)
     return entries, failures
 
 
 def _groups(entries: dict) -> dict:
-    """(op, static) -> sorted source hashes."""
+    """(op, static) -> sorted TIR hashes."""
     groups = {}
     for e in entries.values():
         k = (e["op"], json.dumps(e["static"], sort_keys=True))

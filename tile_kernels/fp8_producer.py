@@ -48,7 +48,6 @@ assert (NUM_TILES, QUANT_TILE, NOPE_DIM, TOKEN_DATA_BYTES, TOKEN_SCALE_BYTES) ==
 # scale).
 TOKENS_PER_ROUND = 32
 RAW_WORDS = 4 * NUM_TILES + 8 + 2
-PRODUCER_THREADS = 128
 # A round's 16-byte chunks per lane: 7 NoPE quarters, 2 RoPE pieces.
 RAW_CHUNKS = NUM_TILES + 2
 

@@ -7,7 +7,6 @@ re-records the file (``python scripts/kernel_fingerprints.py --write --no-lower`
 commit, with its measurement in ``bench/PERF_NOTES.md``.
 """
 
-import hashlib
 import importlib.util
 import json
 import warnings
@@ -40,10 +39,7 @@ def test_shipped_kernels_match_their_fingerprints(target):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # schedule-file fallbacks (dsv4-tl build reports them)
         variants = build_variants(target, tuple(recorded["heads"]))
-    now = {}
-    for v in variants:
-        now[v.key] = {"op": v.op, "static": dict(v.static), "schedule": dict(v.schedule),
-                      "tir_sha256": hashlib.sha256(fp.tir_text(v.build()).encode()).hexdigest()}
+    now = {v.key: fp.variant_entry(v, fp.tir_sha256(v.build())) for v in variants}
     diffs = fp.compare(recorded["kernels"], now)
     assert not diffs, "kernels changed (re-record with scripts/kernel_fingerprints.py --write " \
         "if deliberate):\n" + "\n".join(diffs)
