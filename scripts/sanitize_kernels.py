@@ -187,7 +187,7 @@ def steps() -> list:
         (run_decode, (20, 3, "padded heads"), {}, None),
         (run_decode, (128, 72, "one split per row, warp-specialised producer"), {}, None),
         (run_decode, (128, 32, "seesaw consumers, four producer slots, 2 splits"), {}, None),
-        # the persistent grid (tile_kernels/work.py): CTAs walking several items, split rows
+        # the persistent grid (tile_kernels/sparse_mla/work.py): CTAs walking several items, split rows
         # merged by the combine, rows of one split stored directly, both modes
         (run_decode, (128, 8, "persistent grid, split rows"), {}, pers),
         (run_decode, (64, 300, "persistent grid, several items per CTA"), {}, pers),

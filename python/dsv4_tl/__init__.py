@@ -22,7 +22,7 @@ themselves, which take any DLPack tensor (JAX, CuPy, ...), their arguments in th
 
 Following an op down: ``dsv4_tl.sparse_decode`` (:mod:`dsv4_tl.library`) ->
 ``dsv4_tl.ops.sparse_decode`` (the front end) -> ``dsv4_tl.kernels.SPARSE_DECODE`` (its spec)
--> ``dsv4_tl.tile_kernels.sparse_decode.build_sparse_decode`` (the kernel definition).
+-> ``dsv4_tl.tile_kernels.sparse_mla.sparse_decode.build_sparse_decode`` (the kernel definition).
 """
 
 from . import vllm_compat

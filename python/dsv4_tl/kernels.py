@@ -154,7 +154,7 @@ class KernelSpec:
 
 # ------------------------------------------------------------------------------ sparse decode
 def _build_sparse_decode(**params):
-    from .tile_kernels.sparse_decode import build_sparse_decode
+    from .tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
 
     return build_sparse_decode(**params)
 
@@ -236,7 +236,7 @@ MAX_COMBINE_SPLITS = 128
 
 
 def _build_sparse_decode_combine(**params):
-    from .tile_kernels.sparse_decode import build_sparse_decode_combine
+    from .tile_kernels.sparse_mla.sparse_decode_combine import build_sparse_decode_combine
 
     return build_sparse_decode_combine(**params)
 
@@ -273,7 +273,7 @@ SPARSE_DECODE_COMBINE = KernelSpec(
 
 # ------------------------------------------------------------------------------ sparse prefill
 def _build_sparse_prefill(**params):
-    from .tile_kernels.sparse_prefill import build_sparse_prefill
+    from .tile_kernels.sparse_mla.sparse_prefill import build_sparse_prefill
 
     return build_sparse_prefill(**params)
 

@@ -29,17 +29,23 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _kernel_files() -> Tuple[Path, ...]:
+def _kernel_root() -> Path:
     import dsv4_tl.tile_kernels as tk
 
-    return tuple(sorted(Path(tk.__file__).parent.glob("*.py")))
+    return Path(tk.__file__).parent
+
+
+def _kernel_files() -> Tuple[Path, ...]:
+    # every sub-package too (sparse_mla/): a kernel module moved or edited there is a new source
+    return tuple(sorted(_kernel_root().rglob("*.py")))
 
 
 @lru_cache(maxsize=8)
 def _sources_hasher(signature: tuple) -> "hashlib._Hash":
     digest = hashlib.sha256()
+    root = _kernel_root()
     for path in _kernel_files():
-        digest.update(path.name.encode())
+        digest.update(path.relative_to(root).as_posix().encode())
         digest.update(path.read_bytes())
     return digest
 
@@ -48,7 +54,7 @@ def _kernel_sources_hasher() -> "hashlib._Hash":
     """sha256 state after every kernel definition file (they import each other). Re-read
     whenever a file's size or mtime changes, so an edited kernel is noticed in a running
     process; the caller gets a copy to extend."""
-    signature = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in _kernel_files())
+    signature = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in _kernel_files())
     return _sources_hasher(signature).copy()
 
 

@@ -4,7 +4,7 @@ memory and accumulator registers per CTA estimated from a schedule's tile sizes,
 against the arch's limits (:data:`dsv4_tl.cuda.backend.ARCH_LIMITS`).
 
 A leaf in pure Python (no torch, no TileLang; it reads the builders' own refusals in
-``tile_kernels/schedule_rules.py``), read by ``dsv4-tl tune`` (:func:`dsv4_tl.tune.prune`
+``tile_kernels/sparse_mla/rules.py``), read by ``dsv4-tl tune`` (:func:`dsv4_tl.tune.prune`
 prunes candidates by it before compiling them, plus its bucket sanity rules) and by the
 tuning logs (:func:`dsv4_tl.tuning_log.invalid_reason`: a logged best that breaks it is
 ignored), which the front ends' first call of a shape bucket reads: so nothing here imports
@@ -14,7 +14,7 @@ from typing import Optional
 
 from .targets import target_for_dirname
 from .tile_kernels.layout import HEAD_DIM
-from .tile_kernels.schedule_rules import producer_lean_refusal, tokens_in_m_persistent_refusal
+from .tile_kernels.sparse_mla.rules import producer_lean_refusal, tokens_in_m_persistent_refusal
 
 
 def arch_limits(target_dir: str):
@@ -42,7 +42,7 @@ _REDUCE_SCRATCH = 2048  # row reductions of the softmax (reduce_max / reduce_sum
 
 
 def _ws_smem(hb: int, bi: int) -> int:
-    # attention_tile.WarpSpecializedState: Q halves, two K buffers of two halves, two P
+    # ring.WarpSpecializedState: Q halves, two K buffers of two halves, two P
     # tiles, validity flags, two alpha rows and the denominator row (mbarriers are static).
     return _buffers(hb * 256 * 2, hb * 256 * 2, *(bi * 256 * 2,) * 4, hb * bi * 2, hb * bi * 2,
                     bi, bi, hb * 4, hb * 4, hb * 4) + _REDUCE_SCRATCH
@@ -122,7 +122,7 @@ def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
             return f"threads: {threads} > {arch.max_threads} per block"
     if op in ("sparse_decode", "sparse_prefill"):
         hb, bi = c["heads_per_block"], c["block_tokens"]
-        # tile_kernels/schedule_rules.producer_lean_refusal (the builder's own rule)
+        # tile_kernels/sparse_mla/rules.producer_lean_refusal (the builder's own rule)
         if op == "sparse_decode":
             refusal = producer_lean_refusal(
                 c.get("producer_lean"),
@@ -135,7 +135,7 @@ def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
             return (f"tile: block_tokens {bi} and heads_per_block {hb} must be multiples of 16 "
                     "(MMA; heads 8 with tokens_in_m)")
         if c.get("tokens_in_m"):
-            # tile_kernels/sparse_prefill._check_tokens_in_m, sparse_decode._check_tokens_in_m
+            # tile_kernels/sparse_mla/sparse_prefill._check_tokens_in_m, decode_tim.check_tokens_in_m
             heads, stages = (((16, 32), (2, 3)) if op == "sparse_prefill"
                              else ((8, 16, 24, 32), (1, 2, 3, 4)))
             if arch and not arch.wgmma:
@@ -148,7 +148,7 @@ def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
             if c["num_stages"] not in stages:  # (prefill: 4 K buffers of 64 KiB never fit)
                 return f"tokens_in_m: num_stages (K buffers) {c['num_stages']} not in {stages}"
             per_sm = c.get("ctas_per_sm", 1)
-            # tile_kernels/schedule_rules.tokens_in_m_persistent_refusal (the builder's own rule;
+            # tile_kernels/sparse_mla/rules.tokens_in_m_persistent_refusal (the builder's own rule;
             # a padded last head group, a static of the call, keeps the fixed grid there)
             if op == "sparse_decode" and c.get("persistent"):
                 why = tokens_in_m_persistent_refusal(

@@ -170,18 +170,22 @@ def test_a_stale_built_kernel_is_compiled_just_in_time_with_one_warning(built, k
 
 
 def test_an_edited_kernel_source_changes_the_source_hash(tmp_path, monkeypatch):
-    """The hash follows the files' content in a running process (mtime/size-keyed cache)."""
+    """The hash follows the files' content in a running process (mtime/size-keyed cache), a
+    sub-package's (``sparse_mla/``) as much as the package's own."""
     import dsv4_tl.tile_kernels as tk
     from pathlib import Path
 
-    for path in Path(tk.__file__).parent.glob("*.py"):
-        shutil.copyfile(path, tmp_path / path.name)
-    files = tuple(sorted(tmp_path.glob("*.py")))
-    monkeypatch.setattr(provenance, "_kernel_files", lambda: files)
+    root = tmp_path / "tile_kernels"
+    shutil.copytree(Path(tk.__file__).parent, root, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(provenance, "_kernel_root", lambda: root)
     variant = _jit_variant()
+    for edited in (root / "index_helpers.py", root / "sparse_mla" / "work.py"):
+        before = provenance.source_hash(variant)
+        edited.write_text(edited.read_text() + "\n# edited\n")
+        assert provenance.source_hash(variant) != before, edited.name
+    moved = root / "sparse_mla" / "ring.py"  # the same bytes under another name
     before = provenance.source_hash(variant)
-    edited = tmp_path / "index_helpers.py"
-    edited.write_text(edited.read_text() + "\n# edited\n")
+    moved.rename(moved.with_name("ring2.py"))
     assert provenance.source_hash(variant) != before
 
 

@@ -28,10 +28,9 @@ PACKAGE_DIRS = {
     "dsv4_tl.tuning_logs": "tuning_logs",
 }
 
-# Packages whose modules are left out of the check for now: tile_kernels has one circle,
-# sparse_decode <-> sparse_decode_seesaw, which the restructure of the kernels by role (issue 34
-# item 3) removes; the lead drops this exclusion then. Drop a package here to check it.
-NOT_YET_CHECKED = {"dsv4_tl.tile_kernels"}
+# Packages whose modules are left out of the check (none: the kernels by role, issue 34 item 3,
+# removed tile_kernels' last circle, sparse_decode <-> sparse_decode_seesaw).
+NOT_YET_CHECKED: set = set()
 
 Graph = Dict[str, Dict[str, Tuple[Path, int]]]  # module -> {imported module: (file, line)}
 
@@ -238,3 +237,21 @@ if __name__ == "__main__":  # print the circles (the lead's view while restructu
     g = import_graph(PACKAGE_DIRS)
     for c in circles(g if "--all" in sys.argv else _checked(g)):
         print(_describe(g, c))
+
+
+def test_sparse_mla_roles_import_only_roles_above_them():
+    """``tile_kernels/sparse_mla``: a module imports only the modules listed above it in the
+    package docstring's table of roles (builders at the bottom), so the roles layer without
+    circles and the table is the reading order; every module is in the table."""
+    import re
+
+    init = REPO / "tile_kernels" / "sparse_mla" / "__init__.py"
+    order = re.findall(r"^``(\w+)``", ast.get_docstring(ast.parse(init.read_text())), re.M)
+    package = "dsv4_tl.tile_kernels.sparse_mla"
+    graph = import_graph(PACKAGE_DIRS)
+    on_disk = {p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"}
+    assert set(order) == on_disk, f"the table of roles lists {sorted(order)}, the folder {sorted(on_disk)}"
+    for i, name in enumerate(order):
+        above = {f"{package}.{m}" for m in order[:i]}
+        siblings = {m for m in graph[f"{package}.{name}"] if m.startswith(package + ".")}
+        assert siblings <= above, f"sparse_mla.{name} imports {sorted(siblings - above)}, listed below it"

@@ -3,7 +3,7 @@
 Rule, checked by ``test_examples_cover_builders``: a module of ``dsv4_tl.tile_kernels`` that
 defines a ``build_*`` function must define ``LOWERING_EXAMPLES``, a list of
 ``{"builder": name, "kwargs": {...}}`` naming each of its ``build_*`` functions at least once.
-A module with no ``build_*`` function of its own (a helper such as ``attention_tile``) has
+A module with no ``build_*`` function of its own (a helper such as ``sparse_mla.softmax``) has
 nothing to lower. Each example is then compiled by ``test_lowering[<module>.<builder>.<n>]``
 with TileLang's ``tvm_ffi`` backend (nvcc runs, nothing is launched) and its CUDA source is
 checked for the ``extern "C" __global__`` entry and, for the attention builders, for wgmma
@@ -21,11 +21,16 @@ tilelang = pytest.importorskip("tilelang")
 import dsv4_tl.tile_kernels as tile_kernels  # noqa: E402
 
 TARGET = {"kind": "cuda", "arch": "sm_90a"}
+DECODE = "sparse_mla.sparse_decode"  # the decode builder's module under tile_kernels
 # Builders whose kernels do their matrix work (QK^T, PV) on the tensor cores.
 MATRIX_BUILDERS = {"build_sparse_decode", "build_sparse_prefill"}
 
+# Every module of the package and its sub-packages (``sparse_mla.sparse_decode``), by dotted
+# name under ``tile_kernels``.
 MODULE_NAMES = sorted(
-    info.name for info in pkgutil.iter_modules(tile_kernels.__path__) if not info.name.startswith("_")
+    info.name.removeprefix(tile_kernels.__name__ + ".")
+    for info in pkgutil.walk_packages(tile_kernels.__path__, tile_kernels.__name__ + ".")
+    if not info.ispkg and not info.name.rpartition(".")[2].startswith("_")
 )
 
 
@@ -143,7 +148,7 @@ def _compile(name, example):
 
 def _compiled_decode(kwargs: dict):
     """The compiled ``build_sparse_decode(**kwargs)`` (:func:`_compile`)."""
-    return _compile("sparse_decode", {"builder": "build_sparse_decode", "kwargs": kwargs})[1]
+    return _compile(DECODE, {"builder": "build_sparse_decode", "kwargs": kwargs})[1]
 
 
 @pytest.mark.parametrize("name,example", _examples())
@@ -174,7 +179,7 @@ def test_export_and_load(tmp_path):
     import tvm_ffi
 
     example = {"builder": "build_sparse_decode_combine", "kwargs": {"num_heads": 16, "num_splits": 2}}
-    func, kernel = _compile("sparse_decode", example)
+    func, kernel = _compile("sparse_mla.sparse_decode_combine", example)
     path = tmp_path / "sparse_decode_combine.so"
     kernel.export_library(str(path))
     assert path.stat().st_size > 0
@@ -186,7 +191,7 @@ def test_export_and_load(tmp_path):
 
 # ------------------------------------------------------------------ the lean FP8 producer
 def _producer_lean_examples():
-    return _examples_with("sparse_decode", "producer_lean", lambda k: (
+    return _examples_with(DECODE, "producer_lean", lambda k: (
         f"lean-h{k['num_heads']}-bt{k['block_tokens']}-"
         f"{'tim' if k.get('tokens_in_m') else 'split'}-{'c4a' if k['has_extra'] else 'swa'}"
         + (f"-persistent-{k.get('balance', 'items')}" if k.get("persistent") else "")))
@@ -242,7 +247,7 @@ LEAN_PERSISTENT_SPILLS = (300, 540)
 def test_producer_lean_refused(kwargs, message):
     """The knob where the lean producer does not serve: a ValueError naming it from the
     builder, and the tuner's resource model prunes the same config."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+    from dsv4_tl.tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
     from dsv4_tl.schedule_rules import prune
 
     base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384}
@@ -262,7 +267,7 @@ def test_producer_lean_refused(kwargs, message):
 def test_q_stages_refused(kwargs, message):
     """The persistent grid's Q stage knob where it does not apply or is malformed: a ValueError
     naming it."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+    from dsv4_tl.tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
 
     base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
             "block_tokens": 32}
@@ -415,7 +420,7 @@ def _launch_shared_bytes(kernel) -> int:
 # --------------------------------------------------- the persistent decode grid's Q stages
 def _persistent_examples():
     """The 64/128-head schedule's persistent examples (tokens in M's: _tim_persistent_examples)."""
-    return [p for p in _examples_with("sparse_decode", "persistent", lambda k: (
+    return [p for p in _examples_with(DECODE, "persistent", lambda k: (
         f"persistent-h{k['num_heads']}-bt{k['block_tokens']}-{k.get('balance', 'items')}"
         + (f"-q{k['q_stages']}" if k.get("q_stages") else "")
         + ("-lean" if k.get("producer_lean") else "")))
@@ -449,7 +454,7 @@ def test_persistent_q_stages_source(kwargs):
 
 # ------------------------------------------------------- tokens in M on the persistent grid
 def _tim_persistent_examples():
-    return [p for p in _examples_with("sparse_decode", "persistent", lambda k: (
+    return [p for p in _examples_with(DECODE, "persistent", lambda k: (
         f"tim-persistent-h{k['num_heads']}-t{k['threads']}-"
         f"{'c4a' if k['has_extra'] else 'swa'}")) if p.values[0].get("tokens_in_m")]
 
@@ -490,7 +495,7 @@ def test_tim_persistent_source(kwargs, tmp_path):
 def test_tim_persistent_refused(kwargs, message):
     """What tokens in M on the persistent grid cannot take: a ValueError naming the knob from
     the builder, and the tuner's resource model prunes the same config."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+    from dsv4_tl.tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
     from dsv4_tl.schedule_rules import prune
 
     base = {"num_heads": 16, "has_extra": True, "tokens_in_m": True, "heads_per_block": 16,
@@ -506,7 +511,7 @@ def test_tim_persistent_kept_by_pruning_and_padded_heads_keep_fixed_grid():
     """The A/B's config (TIM_PERSISTENT of scripts/decode_grid_ab.py at commit 7dfd2b4, lean
     producer or not) is kept by the tuner; a head count with a padded last group builds the
     fixed grid's kernel under the knob (the front end's rule too)."""
-    from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+    from dsv4_tl.tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
     from dsv4_tl.schedule_rules import prune
 
     config = {"num_heads": 16, "has_extra": True, "heads_per_block": 16, "block_tokens": 64,

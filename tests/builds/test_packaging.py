@@ -26,7 +26,7 @@ SM90A = "cuda_sm90a"
 def test_subpackages_import():
     import dsv4_tl.schedules
     import dsv4_tl.tile_kernels
-    import dsv4_tl.tile_kernels.sparse_decode as sd
+    import dsv4_tl.tile_kernels.sparse_mla.sparse_decode as sd
 
     assert callable(sd.build_sparse_decode)
     assert Path(dsv4_tl.tile_kernels.__file__).parent.name == "tile_kernels"
@@ -123,7 +123,8 @@ def test_wheel_carries_kernels_and_schedules(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     (wheel,) = out.glob("dsv4_tl-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    expected = {f"dsv4_tl/tile_kernels/{p.name}" for p in (REPO / "tile_kernels").glob("*.py")}
+    expected = {f"dsv4_tl/tile_kernels/{p.relative_to(REPO / 'tile_kernels').as_posix()}"
+                for p in (REPO / "tile_kernels").rglob("*.py")}
     expected |= {f"dsv4_tl/schedules/{p.relative_to(REPO / 'schedules')}" for p in (REPO / "schedules").glob("*/*.json")}
     expected |= {"dsv4_tl/__init__.py", "dsv4_tl/schedules/__init__.py", "dsv4_tl/tuning_logs/__init__.py"}
     package = REPO / "python" / "dsv4_tl"  # every module, so a subpackage pyproject misses fails

@@ -355,7 +355,7 @@ def _check_batch_invariant(h, extra_kind, seed):
 
 
 # ----------------------------------------------------------------------------- persistent grid
-# The warp-specialised schedule on the persistent grid (tile_kernels/work.py), forced for every
+# The warp-specialised schedule on the persistent grid (tile_kernels/sparse_mla/work.py), forced for every
 # shape; ``over`` changes knobs of it (split sizes small enough to split the test's rows).
 PERSISTENT = {"block_tokens": 32, "heads_per_block": 64, "threads": 384, "num_splits": 1,
               "warp_specialized": True, "persistent": True, "item_cost": 3,
@@ -891,8 +891,8 @@ def test_decode_tokens_in_m_persistent_batch_invariant(h, extra_kind, tps, seed)
 
 
 # ----------------------------------------------------------------------------- seesaw consumers
-# The warp-specialised schedule with prefill's seesaw consumers (tile_kernels/seesaw.py) and
-# the FP8 producer by K halves (tile_kernels/sparse_decode_seesaw.py), forced for every shape;
+# The warp-specialised schedule with prefill's seesaw consumers (tile_kernels/sparse_mla/consume.py) and
+# the FP8 producer by K halves (tile_kernels/sparse_mla/decode_seesaw.py), forced for every shape;
 # ``over`` changes knobs of it (split counts, 32-token tiles).
 SEESAW = {"block_tokens": 64, "heads_per_block": 64, "threads": 384, "num_splits": 1,
           "warp_specialized": True, "persistent": False, "item_cost": 3,
@@ -999,7 +999,7 @@ def _decode_default() -> dict:
 
 # ------------------------------------------------------------ the lean FP8 producer
 # The schedule default (split consumers, 32-token tiles, fixed grid) with ``producer_lean``
-# (tile_kernels/fp8_producer.py, fp8.FP8_LEAN_PRELUDE), forced for every shape; ``over``
+# (tile_kernels/sparse_mla/produce_fp8.py, fp8.FP8_LEAN_PRELUDE), forced for every shape; ``over``
 # changes knobs of it. The cases reuse the variants of the A/B of scripts/device_producer_lean.sh
 # at commit 7dfd2b4 (h64 / h128 with and without the extra scope, 1 split; h64 C4A 8 splits) and
 # one FNUZ variant, so that one device call compiled them all.

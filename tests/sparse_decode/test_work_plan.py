@@ -1,4 +1,4 @@
-"""The persistent decode grid's work items (``tile_kernels/work.py``, ``plan_reference``: the
+"""The persistent decode grid's work items (``tile_kernels/sparse_mla/work.py``, ``plan_reference``: the
 arithmetic each CTA runs at its start, in Python): every KV tile of every unit covered exactly
 once, contiguous ranges balanced to about one item, empty rows still finished, and a row's
 split boundaries independent of the batch when the split size is fixed."""
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("tilelang")
 
-from dsv4_tl.tile_kernels.work import plan_reference, tile_plan_words  # noqa: E402
+from dsv4_tl.tile_kernels.sparse_mla.work import plan_reference, tile_plan_words  # noqa: E402
 
 ITEM_COST = 3
 

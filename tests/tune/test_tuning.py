@@ -14,7 +14,7 @@ from dsv4_tl import schedules, tune, tuning_log
 from dsv4_tl.build import build, build_variants
 from dsv4_tl.kernels import KERNELS, Variant, kernels_changed
 from dsv4_tl.targets import parse_target
-from dsv4_tl.tile_kernels.sparse_decode import build_sparse_decode
+from dsv4_tl.tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
 
 TARGET = parse_target("cuda:sm_90a")
 SM90A = TARGET.dirname

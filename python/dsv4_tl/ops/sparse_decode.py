@@ -223,7 +223,7 @@ class _Plan:
                                and h % schedule["heads_per_block"] == 0)
         grid = {"tiles_per_split": 0, "num_ctas": 0}
         if self.persistent:
-            # The persistent grid (tile_kernels/work.py): rows cut into splits of T tiles;
+            # The persistent grid (tile_kernels/sparse_mla/work.py): rows cut into splits of T tiles;
             # T fixed in batch-invariant mode, else derived in the kernel from the call's
             # tiles (at least the floor passed as -T). Partial slots: a row of n > 1 splits
             # takes n < 2 * tiles / T, so fewer than 2 * num_ctas with a derived T.
@@ -329,7 +329,7 @@ def persistent_split_size(knob: int, floor: int, max_tiles: int, units: int, sms
     the balance works on whole rows. ``balance`` "tiles" (the schedule knob, default mode
     only: batch-invariant calls run "items"): always derived, at least this T (the tile
     balance's floor q); it cuts rows at the CTAs' shares and keeps them whole itself where
-    the rows alone balance (``tile_kernels/work.py``)."""
+    the rows alone balance (``tile_kernels/sparse_mla/work.py``)."""
     if batch_invariant:
         return max(knob, floor), True
     if balance == "tiles":

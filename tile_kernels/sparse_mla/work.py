@@ -610,3 +610,17 @@ def walk_plan(balance: str, span, units, head_groups: int, s_q, row_tiles, body)
     if balance == "tiles":
         return walk_row_pieces(span, units // head_groups, head_groups, s_q, row_tiles, body)
     return walk_items(span, units, head_groups, s_q, row_tiles, body)
+
+
+def row_lengths(MainLength, ExtraLength, topk, ew, r_b, has_extra: bool) -> tuple:
+    """Request ``r_b``'s scope lengths clamped into ``[0, width]`` (expressions)."""
+    main_len = T.min(T.max(MainLength[r_b], 0), topk)
+    extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
+    return main_len, extra_len
+
+
+def row_tiles(main_len, extra_len, BI: int, has_extra: bool):
+    """KV tiles of a row with these lengths, both scopes (an expression)."""
+    if has_extra:
+        return T.ceildiv(main_len, BI) + T.ceildiv(extra_len, BI)
+    return T.ceildiv(main_len, BI)

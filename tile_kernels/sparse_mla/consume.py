@@ -1,50 +1,120 @@
-"""FlashMLA's "seesaw" consumer pair of the warp-specialised Hopper schedule, shared by sparse
-prefill (BF16 rows gathered by cp.async) and sparse decode (FP8 rows dequantised by the
-producer warpgroup): two consumer warpgroups, each scoring alternate K tiles and accumulating
-both tiles' P·V into its own half of the 512 output dims, around K buffers filled and
-released by halves. The producer is the kernel's own; it fills the halves in the order the
-consumers read them (per pair: buffer 0 left, buffer 1 right, buffer 0 right, buffer 1 left)
-and arrives on ``SeesawState.k_ready`` once per thread and half (or twice: see
-``ready_arrivals``). State shared with the other schedules (Q, K and P buffers, output
-fragments, the Q and P barriers) is ``attention_tile.WarpSpecializedState(split=False)``.
+"""The consumer warpgroups of the Hopper schedules: QKᵀ, the softmax and P·V on the tensor
+cores, reading the K buffers of a ring (``ring.py``).
+
+* Split consumers (64-head decode): warpgroup 0 scores every tile and does the left half of
+  P·V, warpgroup 1 the right half with warpgroup 0's P tile and rescales
+  (``ws_consumer_softmax``, ``ws_consumer_pv``).
+* The seesaw pair (FlashMLA's sm90 sparse prefill schedule; prefill and the seesaw decode):
+  each consumer scores alternate tiles and accumulates both tiles' P·V into its own half.
+* Tokens in M (8-32 heads): the P·V of one output half (``tim_pv_half``).
 """
 
 import tilelang.language as T
 
-from .attention_tile import M_SENTINEL
+from .softmax import M_SENTINEL
 
 
-class SeesawState:
-    """What the seesaw consumers add to ``WarpSpecializedState``: each consumer's own score
-    tile, its bf16 copy (the A operand of the local P·V, from registers) and row statistics
-    (fragments, one set per warpgroup), and the shared rows and barriers through which
-    they pass row maxima (every tile pair) and softmax sums (once, at the end)."""
+@T.macro
+def ws_load_q(st, q_rows, q_row_index, h0, num_heads: int):
+    """Start loading the CTA's query rows into ``st.Q_l`` / ``st.Q_r`` and arrive on
+    ``st.bar_q`` (every thread calls this once). ``q_rows(h, d)`` reads element ``(h, d)`` of
+    this row's ``[num_heads, 512]`` queries and ``q_row_index`` is the same row as a
+    ``(..., h-slice, d-slice)`` index prefix for TMA. Whole head groups go by TMA, whose
+    copies overlap the producer's first tiles; a padded last group is copied by the threads,
+    zero-filling the missing heads."""
+    HB, DH = st.heads, st.half_dim
+    if num_heads % HB == 0:
+        T.tma_copy(q_row_index(h0, 0, DH), st.Q_l, barrier=st.bar_q)
+        T.tma_copy(q_row_index(h0, DH, 2 * DH), st.Q_r, barrier=st.bar_q)
+    else:
+        for i, d in T.Parallel(HB, DH):
+            hh = T.min(h0 + i, num_heads - 1)
+            st.Q_l[i, d] = T.if_then_else(h0 + i < num_heads, q_rows(hh, d), 0)
+            st.Q_r[i, d] = T.if_then_else(h0 + i < num_heads, q_rows(hh, DH + d), 0)
+    T.barrier_arrive(st.bar_q)
 
-    def __init__(self, heads: int, block_tokens: int, ready_arrivals: int = 256):
-        """``ready_arrivals``: arrivals that fill a K half (prefill: 128 cp.async arrivals +
-        128 plain ones for the validity flags; decode's FP8 producer: one plain arrival per
-        producer thread after its stores)."""
-        HB, BI = heads, block_tokens
-        self.acc_s = tuple(T.alloc_fragment([HB, BI], T.float32) for _ in range(2))
-        self.p_regs = tuple(T.alloc_fragment([HB, BI], T.bfloat16) for _ in range(2))
-        self.m_i, self.m_prev, self.m_peer, self.l_i, self.l_tile, self.alpha = (
-            tuple(T.alloc_fragment([HB], T.float32) for _ in range(2)) for _ in range(6))
-        # m_shared[c]: consumer c's row maxima of this pair; l_shared[c]: its final sums
-        self.m_shared = tuple(T.alloc_shared([HB], T.float32, scope="shared") for _ in range(2))
-        self.l_shared = tuple(T.alloc_shared([HB], T.float32, scope="shared") for _ in range(2))
-        # stats_ready[c] completes when consumer c has published m_shared[c] (once per pair)
-        # and, after the last pair, l_shared[c]
-        self.stats_ready = tuple(T.alloc_barrier(arrive_count=128) for _ in range(2))
-        # K buffers by halves, [buffer][0: columns 0-255, 1: 256-511], so that a consumer
-        # starts QKᵀ on the half that landed first and the producer refills a half as soon
-        # as its last reader is done. Filled: ``ready_arrivals``. Free: half 0 of buffer 0
-        # and half 1 of buffer 1 are read by one consumer only (QKᵀ and its own P·V), the
-        # two others by both.
-        self.k_ready = tuple(tuple(T.alloc_barrier(arrive_count=ready_arrivals)
-                                   for _ in range(2))
-                             for _ in range(2))
-        self.k_free = ((T.alloc_barrier(arrive_count=128), T.alloc_barrier(arrive_count=256)),
-                       (T.alloc_barrier(arrive_count=256), T.alloc_barrier(arrive_count=128)))
+
+def _q_stage(st, q) -> tuple:
+    """``(Q_l, Q_r, bar_q)``: ``q`` when given, else ``st``'s (a function, not a binding in
+    the macro: a buffer bound to a new name in a macro is renamed in the kernel)."""
+    return (st.Q_l, st.Q_r, st.bar_q) if q is None else q
+
+
+@T.macro
+def ws_consumer_softmax(st, pairs, scale_log2, pair0=0, q_phase=0, q=None):
+    """Warpgroup 0's loop over ``2 * pairs`` tiles. ``pair0``: the tile pairs this CTA's
+    consumers went through before (barrier phases run on across work items); ``q_phase``:
+    the phase of the Q barrier that brings this item's Q; ``q``: ``(Q_l, Q_r, bar_q)`` of
+    the Q stage to score with (the persistent decode's stages), else ``st``'s."""
+    HB, BI, DH = st.heads, st.block_tokens, st.half_dim
+    T.fill(st.l_i, 0)
+    T.fill(st.m_i, M_SENTINEL)
+    T.fill(st.acc_o_l, 0)
+    T.barrier_wait(_q_stage(st, q)[2], q_phase)
+    for pair in T.serial(pairs):
+        for buf in (0, 1):
+            T.barrier_wait(st.k_ready[buf], (pair0 + pair) & 1)
+            # The tile may have been written by cp.async (generic proxy); wgmma reads it
+            # through the async proxy.
+            T.fence_proxy_async()
+            for i, j in T.Parallel(HB, BI):
+                st.acc_s[i, j] = T.if_then_else(st.valid[buf][j], 0, -T.infinity(T.float32))
+            T.wgmma_gemm(_q_stage(st, q)[0], st.K_l[buf], st.acc_s, transpose_B=True)
+            T.wgmma_gemm(_q_stage(st, q)[1], st.K_r[buf], st.acc_s, transpose_B=True)
+            T.wait_wgmma(0)
+            # Warpgroup 1 is done with this buffer's P tile of two tiles ago (parity 1 on
+            # the first pair: a fresh barrier's previous phase counts as complete).
+            T.barrier_wait(st.p_free[buf], ((pair0 + pair) & 1) ^ 1)
+            T.copy(st.m_i, st.m_prev)
+            T.reduce_max(st.acc_s, st.m_i, dim=1, clear=False)
+            for i in T.Parallel(HB):
+                st.alpha[i] = T.exp2((st.m_prev[i] - st.m_i[i]) * scale_log2)
+            for i, j in T.Parallel(HB, BI):
+                st.acc_s[i, j] = T.exp2(st.acc_s[i, j] * scale_log2 - st.m_i[i] * scale_log2)
+            T.reduce_sum(st.acc_s, st.l_tile, dim=1)
+            for i in T.Parallel(HB):
+                st.l_i[i] = st.l_i[i] * st.alpha[i] + st.l_tile[i]
+            for i, d in T.Parallel(HB, DH):
+                st.acc_o_l[i, d] *= st.alpha[i]
+            T.copy(st.alpha, st.alpha_shared[buf])
+            T.copy(st.acc_s, st.P_shared[buf])
+            # Hand P to warpgroup 1 before the left P·V, so that both halves of P·V run
+            # together (arriving after it serialised them). P is read by wgmma (async proxy).
+            T.fence_proxy_async()
+            T.barrier_arrive(st.p_ready[buf])
+            T.gemm(st.P_shared[buf], st.K_l[buf], st.acc_o_l)
+            T.barrier_arrive(st.k_free[buf])
+
+
+@T.macro
+def ws_consumer_pv(st, pairs, pair0=0, done_phase=0):
+    """Warpgroup 1's loop: the right half of P·V, then wait for the rows' reciprocal
+    denominators (``pair0``, ``done_phase``: as ``ws_consumer_softmax``'s, for
+    ``st.bar_done``)."""
+    HB, DH = st.heads, st.half_dim
+    alpha = T.alloc_fragment([HB], T.float32)  # the rows' rescales, read once per tile
+    T.fill(st.acc_o_r, 0)
+    for pair in T.serial(pairs):
+        for buf in (0, 1):
+            T.barrier_wait(st.p_ready[buf], (pair0 + pair) & 1)
+            T.fence_proxy_async()
+            T.copy(st.alpha_shared[buf], alpha)
+            for i, d in T.Parallel(HB, DH):
+                st.acc_o_r[i, d] *= alpha[i]
+            T.gemm(st.P_shared[buf], st.K_r[buf], st.acc_o_r)
+            T.barrier_arrive(st.k_free[buf])
+            T.barrier_arrive(st.p_free[buf])
+    T.barrier_arrive(st.bar_done)
+    T.barrier_wait(st.bar_done, done_phase)
+
+
+@T.macro
+def tim_pv_half(acc_o, alpha, K_half, P_tile):
+    """Oᵀ half ``[256, HB]``: rescale by the tile's ``alpha``, then += K_halfᵀ · Pᵀ."""
+    DH, HB = acc_o.shape
+    for d, i in T.Parallel(DH, HB):
+        acc_o[d, i] *= alpha[i]
+    T.gemm(K_half, P_tile, acc_o, transpose_A=True, transpose_B=True)
 
 
 # FlashMLA's sm90 sparse prefill schedule ("seesaw"), in the macros below. Per tile pair,

@@ -66,3 +66,9 @@ def gather_half(dst, KV, rows, base: int, half: int, p, k_ready):
     T.cp_async_barrier_noinc(k_ready)
     T.barrier_arrive(k_ready)
 
+
+@T.macro
+def masked_gather_rows(src, rows, valid, dst, block_tokens: int, dim: int):
+    """dst[j, :] = src[rows[j], :] where valid[j], else zeros (rows[j] is always in range)."""
+    for j, d in T.Parallel(block_tokens, dim):
+        dst[j, d] = T.if_then_else(valid[j], src[rows[j], d], T.cast(0, dst.dtype))

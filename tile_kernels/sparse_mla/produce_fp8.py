@@ -2,7 +2,7 @@
 turns a query row's index entries into BF16 K tiles in a ring of shared-memory buffers,
 straight from the FP8 paged cache (fp8_ds_mla layout, spec §1). Every warp-specialised
 decode uses this one producer: heads in M on the fixed and the persistent grid
-(``sparse_decode._build_warp_specialized``) and tokens in M (``_build_tokens_in_m``).
+(``sparse_decode.warp_specialized_decode``) and tokens in M (``tokens_in_m_decode``).
 
 Four lanes per token, 32 tokens per round, ``block_tokens / 32`` rounds per tile. Lane ``l``
 of warp ``w`` owns token ``32·r + 8·w + l % 8`` of round ``r`` and quarter ``q = l // 8`` of
@@ -18,7 +18,7 @@ slot before the wait for tile k's buffer, so they land during that wait and tile
 dequantisation (bench/PERF_NOTES.md item 19); with 64-token tiles round r + 1's loads are
 issued before round r is dequantised and tile k + 1's first round before tile k's last.
 
-The ring (``attention_tile.WarpSpecializedState`` or ``sparse_decode.TokensInMRing``) has,
+The ring (``ring.WarpSpecializedState`` or ``ring.TokensInMRing``) has,
 per buffer ``b``: ``K_l[b]`` / ``K_r[b]`` (``[BI, 256]`` bf16, dims [0, 256) and [256,
 512)), ``valid[b]`` (``[BI]`` bool), ``k_free[b]`` (its readers' arrivals) and
 ``k_ready[b]`` (128 arrivals: every producer thread, after its stores and an async-proxy
@@ -38,8 +38,9 @@ from typing import NamedTuple
 import tilelang.language as T
 from tvm.script.ir_builder import IRBuilder
 
-from .fp8 import FP8_BF16_PRELUDE, FP8_LEAN_PRELUDE, FP8_RESTORE_EXP
-from .layout import HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, TOKEN_DATA_BYTES, TOKEN_SCALE_BYTES
+from ..fp8 import FP8_BF16_PRELUDE, FP8_LEAN_PRELUDE, FP8_RESTORE_EXP
+from ..layout import HEAD_DIM, NOPE_DIM, NUM_TILES, QUANT_TILE, TOKEN_DATA_BYTES, TOKEN_SCALE_BYTES
+
 
 # dsv4_ldg_token (FP8_LEAN_PRELUDE) spells the token record's geometry as literals
 assert (NUM_TILES, QUANT_TILE, NOPE_DIM, TOKEN_DATA_BYTES, TOKEN_SCALE_BYTES) == (7, 64, 448, 576, 8)
@@ -413,7 +414,7 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
     return produce_tiles
 
 
-# --- The same producer by K halves (the seesaw decode, sparse_decode_seesaw.py) -------------
+# --- The same producer by K halves (the seesaw decode, decode_seesaw.py) -------------
 # It fills each K buffer's two halves separately (half 0: columns 0-255 = FP8 tiles 0-3;
 # half 1: columns 256-511 = tiles 4-6 and the BF16 RoPE dims), in the order the seesaw
 # consumers read them (per pair of tiles: buffer 0 left, buffer 1 right, buffer 0 right,

@@ -9,7 +9,7 @@ def producer_lean_refusal(producer_lean, *, warp_specialized=False, consumers="s
                           tokens_in_m=False) -> Optional[str]:
     """Why the lean FP8 producer (``producer_lean``, bench/PERF_NOTES.md item 46) cannot serve
     this schedule, or None. It is the register path of the one FP8 producer
-    (``fp8_producer``): the split consumers of the warp-specialised schedule on the fixed
+    (``produce_fp8``): the split consumers of the warp-specialised schedule on the fixed
     and the persistent grid (both balances; bench/PERF_NOTES.md item 52), and tokens in M
     on either grid; not the seesaw's half producer."""
     if not producer_lean:

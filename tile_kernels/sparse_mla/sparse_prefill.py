@@ -16,30 +16,32 @@ Grid: ``(s_q, ceil(h / heads_per_block))``.
 
 import tilelang.language as T
 
-from .compile_options import NO_AUTO_BOUNDS_GUARDS
-from .tile_math import check_tile_math
-
-from .attention_tile import (
-    LOG2E,
-    M_SENTINEL,
+from ..compile_options import NO_AUTO_BOUNDS_GUARDS
+from ..layout import HEAD_DIM
+from ..tile_math import check_tile_math
+from .consume import seesaw_consumer_0, seesaw_consumer_1, tim_pv_half, ws_load_q
+from .epilogue import ws_store_rows
+from .produce_bf16 import gather_half, masked_gather_rows, read_ahead, resolve_rows
+from .ring import (
+    BAR_STORE_WG0,
+    BAR_STORE_WG1,
     WS_THREADS,
+    SeesawState,
     WarpSpecializedState,
     check_ws_regs,
+    ws_set_regs,
+)
+from .softmax import (
+    LOG2E,
+    M_SENTINEL,
     alloc_softmax_state,
     attend_tile,
     init_softmax_state,
-    masked_gather_rows,
-    tim_pv_half,
     tim_softmax_step,
-    ws_load_q,
-    ws_set_regs,
-    ws_store_rows,
 )
-from .bf16_producer import gather_half, read_ahead, resolve_rows
-from .layout import HEAD_DIM
-from .seesaw import SeesawState, seesaw_consumer_0, seesaw_consumer_1
 
-# Registers of the warp-specialised roles (rules in attention_tile.WS_LAUNCH_REGS): both
+
+# Registers of the warp-specialised roles (rules in ring.WS_LAUNCH_REGS): both
 # consumers hold a score tile and half of the output, so they share the registers evenly.
 PREFILL_WS_REGS = check_ws_regs((216, 216, 72))
 
@@ -217,8 +219,8 @@ def row_epilogue(m_i, l_i, inv, write_stats: bool, Sink, MaxLogits, Lse, row, h0
 
 def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_shape, s_q,
                             s_kv):
-    """The warp-specialised Hopper schedule of the same kernel (attention_tile's
-    WarpSpecializedState, the consumers of seesaw.py). The producer warpgroup resolves the tile's
+    """The warp-specialised Hopper schedule of the same kernel (``ring.WarpSpecializedState``,
+    the seesaw consumers of ``consume.py``). The producer warpgroup resolves the tile's
     indices (clamped reads, validity flags) and gathers the rows with per-thread cp.async
     copies of 16 bytes, predicated on validity: an invalid row is zero-filled without being
     read. Its loads overlap the consumers' math because the roles live in different warps.
@@ -299,14 +301,14 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                 inv = T.alloc_fragment([HB], T.float32)
                 row_epilogue(ss.m_i[0], ss.l_i[0], inv, True, Sink, MaxLogits, Lse, row, h0,
                              num_heads, sm_scale, scale_log2)
-                write_half(st.acc_o_l, inv, 0, st.Q_l, 8, Out, row, h0)
+                write_half(st.acc_o_l, inv, 0, st.Q_l, BAR_STORE_WG0, Out, row, h0)
             elif tx < 256:
                 ws_set_regs(PREFILL_WS_REGS[1])
                 seesaw_consumer_1(st, ss, st.acc_o_r, pairs, scale_log2)
                 inv = T.alloc_fragment([HB], T.float32)
                 row_epilogue(ss.m_i[1], ss.l_i[1], inv, False, Sink, MaxLogits, Lse, row, h0,
                              num_heads, sm_scale, scale_log2)
-                write_half(st.acc_o_r, inv, DH, st.Q_r, 9, Out, row, h0)
+                write_half(st.acc_o_r, inv, DH, st.Q_r, BAR_STORE_WG1, Out, row, h0)
             else:
                 ws_set_regs(PREFILL_WS_REGS[2])
                 ahead = T.alloc_local([2 * R], T.int32)
@@ -320,7 +322,7 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
 # Tokens-in-M schedule (``tokens_in_m=True``). Threads: one or two math warpgroups, then
 # the producer warpgroup. With 256 threads every thread may use 255 registers (65536 / 256);
 # with 384 the launch gives 168 and the roles re-balance them with setmaxnreg (rules in
-# attention_tile.WS_LAUNCH_REGS: a sum of at most 3 * 168, below 168 only by a decrease):
+# ring.WS_LAUNCH_REGS: a sum of at most 3 * 168, below 168 only by a decrease):
 # warpgroup 0 holds Sᵀ, the partial sums and half of Oᵀ, warpgroup 1 half of Oᵀ.
 TOKENS_IN_M_THREADS = (256, 384)
 TOKENS_IN_M_REGS = check_ws_regs((240, 184, 80))

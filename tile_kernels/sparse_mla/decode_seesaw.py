@@ -1,10 +1,10 @@
 """Sparse FP8 decode on the seesaw consumers (``build_sparse_decode(consumers="seesaw")``).
 
 The warp-specialised Hopper schedule of ``sparse_decode`` with prefill's consumer pair
-(``seesaw.py``: each consumer scores alternate K tiles, the row max chained from consumer 0
+(``consume.py``: each consumer scores alternate K tiles, the row max chained from consumer 0
 to consumer 1, each accumulating both tiles' P·V into its own half of the output) instead of
 decode's split consumers (warpgroup 0 scoring every tile, warpgroup 1 only P·V). The
-producer warpgroup (``fp8_producer.make_fp8_half_producer``) dequantises the FP8 cache into
+producer warpgroup (``produce_fp8.make_fp8_half_producer``) dequantises the FP8 cache into
 K buffers **by halves** (columns 0-255: FP8 quantisation tiles 0-3; columns 256-511: tiles
 4-6 and the BF16 RoPE dims), each half with its own ready / free barriers, in the order the
 consumers read them (per pair: buffer 0 left, buffer 1 right, buffer 0 right, buffer 1
@@ -12,33 +12,41 @@ left), so a consumer starts its QKᵀ on the half that landed first and a half i
 soon as its last reader released it.
 
 Same arguments, grid (``(b * s_q, ceil(h / 64), num_splits)``), index rules and outputs as
-the split-consumer schedule (``sparse_decode._build_warp_specialized``): sink and
+the split-consumer schedule (``sparse_decode.warp_specialized_decode``): sink and
 natural-log LSE when the CTA finishes its row, fp32 partials and log2-domain partial LSE
 for ``build_sparse_decode_combine`` otherwise.
 """
 
 import tilelang.language as T
 
-from .attention_tile import (
-    LOG2E,
+from ..fp8 import FP8_BF16_PRELUDE
+from ..layout import HEAD_DIM
+from .consume import seesaw_consumer_0, seesaw_consumer_1, ws_load_q
+from .epilogue import store_row_splits, ws_store_rows
+from .produce_fp8 import (
+    HALF_PRODUCER_PRELUDE,
+    CacheScope,
+    TileRange,
+    alloc_half_producer_registers,
+    make_fp8_half_producer,
+)
+from .ring import (
+    BAR_STORE_WG0,
+    BAR_STORE_WG1,
     WS_THREADS,
+    SeesawState,
     WarpSpecializedState,
     check_ws_regs,
-    ws_load_q,
     ws_set_regs,
-    ws_store_rows,
 )
-from .fp8 import FP8_BF16_PRELUDE
-from .fp8_producer import (HALF_PRODUCER_PRELUDE, CacheScope, TileRange,
-                           alloc_half_producer_registers, make_fp8_half_producer)
-from .layout import HEAD_DIM
-from .seesaw import SeesawState, seesaw_consumer_0, seesaw_consumer_1
-from .sparse_decode import decode_prim_func, store_row_splits
+from .signature import decode_prim_func
+from .softmax import LOG2E
+
 
 # Registers of the roles (consumer 0, consumer 1, producer; rules in
-# attention_tile.WS_LAUNCH_REGS), per (tile size, producer slots): each consumer holds its
+# ring.WS_LAUNCH_REGS), per (tile size, producer slots): each consumer holds its
 # score tile, its bf16 P and half of the output (128 + 1.5 x block_tokens / 4 words); the
-# producer stages ``slots`` half-steps (fp8_producer.HALF_WORDS, 22 words each) besides its
+# producer stages ``slots`` half-steps (produce_fp8.HALF_WORDS, 22 words each) besides its
 # addresses. The lowest consumer counts without spills (ptxas, nvcc 13.0): 184 with 32-token
 # tiles, 200 with 64 (192 spills); 64-token tiles leave the producer no room for four slots
 # (~670 bytes of spills at 200/200/104, ~420 at 192/192/120).
@@ -47,10 +55,10 @@ SEESAW_DECODE_REGS = {(32, 2): check_ws_regs((184, 184, 136)),
                       (64, 2): check_ws_regs((200, 200, 104))}
 
 
-def _build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
+def seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                         shape_vars: tuple, slots: int = 2):
     """The prim_func (``sparse_decode.decode_prim_func`` around this schedule's body);
-    ``shape_vars``: its symbolic sizes (``sparse_decode._shape_vars()``); ``slots``: the
+    ``shape_vars``: its symbolic sizes (``sparse_decode.decode_shape_vars()``); ``slots``: the
     producer's register slots of raw bytes (``slots - 1`` steps of 32 tokens x one K half in
     flight while it dequantises one)."""
     if (BI, slots) not in SEESAW_DECODE_REGS:
@@ -135,12 +143,12 @@ def _build_seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: in
             if tx < 128:
                 ws_set_regs(role_regs[0])
                 seesaw_consumer_0(st, ss, st.acc_o_l, pairs, scale_log2)
-                finish(st, ss, 0, st.acc_o_l, st.Q_l, 8, 0, Sink, Out, Lse, OPartial,
+                finish(st, ss, 0, st.acc_o_l, st.Q_l, BAR_STORE_WG0, 0, Sink, Out, Lse, OPartial,
                        LsePartial, r_b, r_s, split, h0, sm_scale, scale_log2)
             elif tx < 256:
                 ws_set_regs(role_regs[1])
                 seesaw_consumer_1(st, ss, st.acc_o_r, pairs, scale_log2)
-                finish(st, ss, 1, st.acc_o_r, st.Q_r, 9, DH, Sink, Out, Lse, OPartial,
+                finish(st, ss, 1, st.acc_o_r, st.Q_r, BAR_STORE_WG1, DH, Sink, Out, Lse, OPartial,
                        LsePartial, r_b, r_s, split, h0, sm_scale, scale_log2)
             else:
                 ws_set_regs(role_regs[2])

@@ -1,0 +1,26 @@
+"""The sparse MLA attention kernels, by role.
+
+Read a kernel from its builder down: ``sparse_decode.build_sparse_decode`` checks the knobs and
+picks a schedule body, which composes the roles below inside the one signature.
+
+=====================  ====================================================================
+``signature``          the decode prim_func's parameters, written once
+``work``               a row's lengths and tiles; the persistent grid's plan and walk
+``ring``               shared-memory rings and barriers; the named-barrier ids
+``softmax``            the online softmax (heads in M; tokens in M)
+``consume``            the consumer warpgroups: split pair, seesaw pair, tokens-in-M P·V
+``epilogue``           output-half stores, the split table the combine reads
+``produce_fp8``        the FP8 producer warpgroup of every Hopper decode
+``produce_bf16``       prefill's BF16 gather
+``rules``              knob rules read by the builders, the tuner and the front end
+``decode_ws``          64-head Hopper decode (fixed or persistent grid)
+``decode_seesaw``      64-head Hopper decode on the seesaw consumers
+``decode_tim``         8-32-head Hopper decode (tokens in M)
+``sparse_decode``      the decode builder and its portable body
+``sparse_decode_combine``  the split-KV combine
+``sparse_prefill``     the prefill builder and its bodies
+=====================  ====================================================================
+
+Nothing here imports upward: a role module imports only roles above it in this table and
+the parent package's ``layout``, ``fp8``, ``tile_math`` and ``compile_options``.
+"""
