@@ -41,6 +41,7 @@ from .ring import (
 )
 from .signature import decode_prim_func
 from .softmax import LOG2E
+from .work import split_range
 
 
 # Registers of the roles (consumer 0, consumer 1, producer; rules in
@@ -79,6 +80,8 @@ def seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: 
         sum (``seesaw_sum_exchange``); consumer 0 also writes the row's LSE."""
         m_i, l_i = ss.m_i[me], ss.l_i[me]
         inv = T.alloc_fragment([HB], T.float32)
+        # epilogue.row_statistics's lines: here ``r_b`` / ``r_s`` are this macro's let-variables,
+        # which row_statistics cannot take by reference without changing the other grids' TIR
         for i in T.Parallel(HB):
             has = l_i[i] > 0
             if me == 0:
@@ -126,13 +129,8 @@ def seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: 
             r_s = T.alloc_var(T.int32, init=row % s_q)
             h0 = hg * HB
             scale_log2 = sm_scale * LOG2E
-            main_len = T.min(T.max(MainLength[r_b], 0), topk)
-            main_tiles = T.ceildiv(main_len, BI)
-            extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
-            total_tiles = main_tiles + T.ceildiv(extra_len, BI)
-            per_split = T.ceildiv(total_tiles, S)
-            t_begin = T.min(split * per_split, total_tiles)
-            t_end = T.min(t_begin + per_split, total_tiles)
+            main_len, main_tiles, extra_len, t_begin, t_end = split_range(
+                MainLength, ExtraLength, topk, ew, r_b, split, S, BI, has_extra)
             pairs = T.ceildiv(t_end - t_begin, 2)
             if S > 1:
                 store_row_splits(RowSplits, row, hg, split, S)

@@ -10,7 +10,7 @@ from tvm.script.ir_builder import IRBuilder
 from ..layout import HEAD_DIM
 from .consume import tim_pv_half, ws_load_q
 from .decode_ws import DECODE_WS_REGS
-from .epilogue import store_row_splits
+from .epilogue import row_statistics, store_row_splits
 from .produce_fp8 import (
     CacheScope,
     TileRange,
@@ -306,23 +306,8 @@ def tokens_in_m_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 # the CTA finishes the row, else in the combine).
                 T.reduce_sum(l_part, l_i, dim=0, batch=HB // 4)
                 for i in T.Parallel(HB):
-                    has = l_i[i] > 0
-                    if h0 + i < num_heads:
-                        if S == 1:
-                            Lse[r_b, h0 + i, r_s] = T.if_then_else(
-                                has, T.log(l_i[i]) + m_i[i] * sm_scale, T.infinity(T.float32))
-                        else:
-                            LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
-                                has, T.log2(l_i[i]) + m_i[i] * scale_log2,
-                                -T.infinity(T.float32))
-                    if S == 1:
-                        inv[i] = T.if_then_else(
-                            has,
-                            1.0 / (l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
-                                                   - m_i[i] * scale_log2)),
-                            1.0)
-                    else:
-                        inv[i] = T.if_then_else(has, 1.0 / l_i[i], 1.0)
+                    row_statistics(i, l_i, m_i, inv, Sink, Lse, LsePartial, r_b, r_s, split, h0,
+                                   sm_scale, scale_log2, num_heads, S)
                 if two:
                     T.copy(inv, rg.inv)
                     T.barrier_arrive(rg.bar_done)

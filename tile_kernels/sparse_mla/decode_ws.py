@@ -10,7 +10,7 @@ import tilelang.language as T
 
 from ..layout import HEAD_DIM
 from .consume import ws_consumer_pv, ws_consumer_softmax, ws_load_q
-from .epilogue import store_row_splits, ws_store_rows
+from .epilogue import row_statistics, store_row_splits, ws_store_rows
 from .produce_fp8 import (
     CacheScope,
     TileRange,
@@ -30,7 +30,7 @@ from .ring import (
 )
 from .signature import decode_prim_func, decode_shape_vars
 from .softmax import LOG2E
-from .work import PLAN_WORDS, plan_cta_range, row_lengths, row_tiles, walk_plan
+from .work import PLAN_WORDS, plan_cta_range, row_lengths, row_tiles, split_range, walk_plan
 
 
 # Registers of the warp-specialised roles (softmax consumer, PV consumer, producer; rules in
@@ -312,13 +312,8 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                 r_s = T.alloc_var(T.int32, init=row % s_q)
                 h0 = hg * HB
                 scale_log2 = sm_scale * LOG2E
-                main_len = T.min(T.max(MainLength[r_b], 0), topk)
-                main_tiles = T.ceildiv(main_len, BI)
-                extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
-                total_tiles = main_tiles + T.ceildiv(extra_len, BI)
-                per_split = T.ceildiv(total_tiles, S)
-                t_begin = T.min(split * per_split, total_tiles)
-                t_end = T.min(t_begin + per_split, total_tiles)
+                main_len, main_tiles, extra_len, t_begin, t_end = split_range(
+                    MainLength, ExtraLength, topk, ew, r_b, split, S, BI, has_extra)
                 pairs = T.ceildiv(t_end - t_begin, 2)
                 if S > 1:
                     store_row_splits(RowSplits, row, hg, split, S)
@@ -331,27 +326,8 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                     ws_consumer_softmax(st, pairs, scale_log2)
                     inv = T.alloc_fragment([HB], T.float32)
                     for i in T.Parallel(HB):
-                        has = st.l_i[i] > 0
-                        if h0 + i < num_heads:
-                            if S == 1:
-                                Lse[r_b, h0 + i, r_s] = T.if_then_else(
-                                    has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale,
-                                    T.infinity(T.float32))
-                            else:
-                                LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
-                                    has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2,
-                                    -T.infinity(T.float32))
-                        # 1 / denominator, once per row: the sink joins it here when the CTA
-                        # finishes the row, else in the combine.
-                        if S == 1:
-                            inv[i] = T.if_then_else(
-                                has,
-                                1.0 / (st.l_i[i] + T.exp2(
-                                    Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
-                                    - st.m_i[i] * scale_log2)),
-                                1.0)
-                        else:
-                            inv[i] = T.if_then_else(has, 1.0 / st.l_i[i], 1.0)
+                        row_statistics(i, st.l_i, st.m_i, inv, Sink, Lse, LsePartial, r_b, r_s,
+                                       split, h0, sm_scale, scale_log2, num_heads, S)
                     T.copy(inv, st.inv_denom_shared)
                     T.barrier_arrive(st.bar_done)
                     write_half(st.acc_o_l, inv, 0, st.Q_l, BAR_STORE_WG0, Out, OPartial, r_b, r_s, split,

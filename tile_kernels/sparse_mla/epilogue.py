@@ -2,6 +2,8 @@
 
 import tilelang.language as T
 
+from .softmax import LOG2E
+
 
 @T.macro
 def ws_store_rows(acc_o, inv, stage, bar_id: int, dst):
@@ -28,3 +30,33 @@ def store_row_splits(RowSplits, row, hg, split, S: int):
     if hg == 0 and split == 0 and T.get_thread_binding() == 0:
         RowSplits[row, 0] = row * S
         RowSplits[row, 1] = S
+
+
+@T.macro
+def row_statistics(i, l_i, m_i, inv, Sink, Lse, LsePartial, r_b: T.Ref, r_s: T.Ref, split, h0,
+                   sm_scale, scale_log2, num_heads: int, S: int, write_lse: bool = True):
+    """The fixed grids' end of head ``i`` of a CTA's row (the body of a ``T.Parallel`` loop
+    over the head group): its LSE (one split: natural log, sink excluded, ``+inf`` for a row
+    without a valid token; ``S`` splits: the log2-domain partial, ``-inf`` when empty), unless
+    ``write_lse`` is False (another warpgroup writes it), and ``inv[i]``, the reciprocal
+    denominator (the sink joins it when the CTA finishes the row, else in the combine).
+    ``l_i`` / ``m_i``: the row's sums and raw-score maxima. (Scalar parameters are named as
+    the callers' variables and ``r_b`` / ``r_s`` passed by reference: a macro binds each
+    scalar argument to its parameter's name, so the TIR is that of these lines in place.)"""
+    has = l_i[i] > 0
+    if write_lse:
+        if h0 + i < num_heads:
+            if S == 1:
+                Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                    has, T.log(l_i[i]) + m_i[i] * sm_scale, T.infinity(T.float32))
+            else:
+                LsePartial[r_b, r_s, split, h0 + i] = T.if_then_else(
+                    has, T.log2(l_i[i]) + m_i[i] * scale_log2, -T.infinity(T.float32))
+    if S == 1:
+        inv[i] = T.if_then_else(
+            has,
+            1.0 / (l_i[i] + T.exp2(Sink[T.min(h0 + i, num_heads - 1)] * LOG2E
+                                   - m_i[i] * scale_log2)),
+            1.0)
+    else:
+        inv[i] = T.if_then_else(has, 1.0 / l_i[i], 1.0)

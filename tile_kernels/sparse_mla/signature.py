@@ -1,5 +1,6 @@
-"""The prim_func signature of sparse decode, written once: every schedule writes only its
-body (a macro over these parameters that opens its own ``T.Kernel``)."""
+"""The prim_func signatures of sparse decode and sparse prefill, each written once: every
+schedule writes only its body (a macro over these parameters that opens its own
+``T.Kernel``)."""
 
 import tilelang.language as T
 
@@ -67,3 +68,27 @@ def decode_prim_func(shapes: tuple, num_heads: int, S: int, body):
              num_ctas)
 
     return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+
+
+def prefill_prim_func(num_heads: int, s_q, s_kv, idx_shape: list, len_shape: list, body):
+    """The sparse prefill kernel around ``body``: its one signature (``SPARSE_PREFILL.params``
+    in kernels.py lists it in this order). ``s_q`` / ``s_kv``: the query rows' and the
+    workspace's sizes; ``idx_shape`` / ``len_shape``: the index and length tensors' shapes of
+    the dense (``[s_q, topk]``, ``[s_q]``) or ragged (``[nnz]``, ``[s_q + 1]``) form."""
+    D = HEAD_DIM
+
+    @T.prim_func
+    def sparse_prefill(
+        Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
+        KV: T.Tensor([s_kv, D], T.bfloat16),
+        Indices: T.Tensor(idx_shape, T.int32),
+        Lengths: T.Tensor(len_shape, T.int32),
+        Sink: T.Tensor([num_heads], T.float32),
+        Out: T.Tensor([s_q, num_heads, D], T.bfloat16),
+        MaxLogits: T.Tensor([s_q, num_heads], T.float32),
+        Lse: T.Tensor([s_q, num_heads], T.float32),
+        sm_scale: T.float32,
+    ):
+        body(Q, KV, Indices, Lengths, Sink, Out, MaxLogits, Lse, sm_scale)
+
+    return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)

@@ -16,7 +16,6 @@ Grid: ``(s_q, ceil(h / heads_per_block))``.
 
 import tilelang.language as T
 
-from ..compile_options import NO_AUTO_BOUNDS_GUARDS
 from ..layout import HEAD_DIM
 from ..tile_math import check_tile_math
 from .consume import seesaw_consumer_0, seesaw_consumer_1, tim_pv_half, ws_load_q
@@ -31,6 +30,7 @@ from .ring import (
     check_ws_regs,
     ws_set_regs,
 )
+from .signature import prefill_prim_func
 from .softmax import (
     LOG2E,
     M_SENTINEL,
@@ -129,18 +129,8 @@ def build_sparse_prefill(
         return _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape,
                                        len_shape, s_q, s_kv)
 
-    @T.prim_func
-    def sparse_prefill(
-        Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
-        KV: T.Tensor([s_kv, D], T.bfloat16),
-        Indices: T.Tensor(idx_shape, T.int32),
-        Lengths: T.Tensor(len_shape, T.int32),
-        Sink: T.Tensor([num_heads], T.float32),
-        Out: T.Tensor([s_q, num_heads, D], T.bfloat16),
-        MaxLogits: T.Tensor([s_q, num_heads], T.float32),
-        Lse: T.Tensor([s_q, num_heads], T.float32),
-        sm_scale: T.float32,
-    ):
+    @T.macro
+    def body(Q, KV, Indices, Lengths, Sink, Out, MaxLogits, Lse, sm_scale):
         with T.Kernel(s_q, head_groups, threads=threads) as (row, hg):
             Q_shared = T.alloc_shared([HB, D], T.bfloat16)
             K_shared = T.alloc_shared([BI, D], T.bfloat16)
@@ -193,7 +183,7 @@ def build_sparse_prefill(
                 if h0 + i < num_heads:
                     Out[row, h0 + i, d] = T.cast(acc_o[i, d] / l_i[i], T.bfloat16)
 
-    return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+    return prefill_prim_func(num_heads, s_q, s_kv, idx_shape, len_shape, body)
 
 
 @T.macro
@@ -271,18 +261,8 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                     if pair + 1 < pairs:
                         read_ahead(ahead, buf * R, index_of, (pair + 1) * 2 + buf, length, p, BI)
 
-    @T.prim_func
-    def sparse_prefill(
-        Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
-        KV: T.Tensor([s_kv, D], T.bfloat16),
-        Indices: T.Tensor(idx_shape, T.int32),
-        Lengths: T.Tensor(len_shape, T.int32),
-        Sink: T.Tensor([num_heads], T.float32),
-        Out: T.Tensor([s_q, num_heads, D], T.bfloat16),
-        MaxLogits: T.Tensor([s_q, num_heads], T.float32),
-        Lse: T.Tensor([s_q, num_heads], T.float32),
-        sm_scale: T.float32,
-    ):
+    @T.macro
+    def body(Q, KV, Indices, Lengths, Sink, Out, MaxLogits, Lse, sm_scale):
         with T.Kernel(s_q, head_groups, threads=WS_THREADS) as (row, hg):
             st = WarpSpecializedState(HB, BI, D, split=False)
             ss = SeesawState(HB, BI)
@@ -316,7 +296,7 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
                 seesaw_producer(st, ss, tx - 256, pairs, length, KV, Indices, Lengths, row,
                                 ahead, rows)
 
-    return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+    return prefill_prim_func(num_heads, s_q, s_kv, idx_shape, len_shape, body)
 
 
 # Tokens-in-M schedule (``tokens_in_m=True``). Threads: one or two math warpgroups, then
@@ -401,18 +381,8 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
             if full_groups or h0 + i < num_heads:
                 Out[row, h0 + i, d0 + d] = stage[i, d]
 
-    @T.prim_func
-    def sparse_prefill(
-        Q: T.Tensor([s_q, num_heads, D], T.bfloat16),
-        KV: T.Tensor([s_kv, D], T.bfloat16),
-        Indices: T.Tensor(idx_shape, T.int32),
-        Lengths: T.Tensor(len_shape, T.int32),
-        Sink: T.Tensor([num_heads], T.float32),
-        Out: T.Tensor([s_q, num_heads, D], T.bfloat16),
-        MaxLogits: T.Tensor([s_q, num_heads], T.float32),
-        Lse: T.Tensor([s_q, num_heads], T.float32),
-        sm_scale: T.float32,
-    ):
+    @T.macro
+    def body(Q, KV, Indices, Lengths, Sink, Out, MaxLogits, Lse, sm_scale):
         with T.Kernel(s_q, head_groups, threads=threads) as (row, hg):
             Q_l = T.alloc_shared([HB, DH], T.bfloat16)  # Q halves, then the output's stages
             Q_r = T.alloc_shared([HB, DH], T.bfloat16)
@@ -581,7 +551,7 @@ def _build_tokens_in_m(num_heads, BI, HB, NB, threads, row_length, index_at, idx
                                     kv_rows[r] = index_at(Indices, Lengths, row,
                                                           T.min(col, length - 1))
 
-    return sparse_prefill.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
+    return prefill_prim_func(num_heads, s_q, s_kv, idx_shape, len_shape, body)
 
 
 # Representative builds for the lowering smoke test (tests/builds/test_lowering.py): the sm_90a

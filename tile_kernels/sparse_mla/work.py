@@ -624,3 +624,23 @@ def row_tiles(main_len, extra_len, BI: int, has_extra: bool):
     if has_extra:
         return T.ceildiv(main_len, BI) + T.ceildiv(extra_len, BI)
     return T.ceildiv(main_len, BI)
+
+
+@T.macro
+def split_range(MainLength, ExtraLength, topk, extra_topk, r_b: T.Ref, split, S: int, BI: int,
+                has_extra: bool):
+    """The fixed grids' KV split ``split`` of ``S`` of request ``r_b``'s row: equal shares of
+    the row's tiles (main scope first, then the extra one), from the row's own lengths, so a
+    row's splits do not depend on the batch. Returns ``(main_len, main_tiles, extra_len,
+    t_begin, t_end)``. (A macro binds each scalar argument to its parameter's name: the
+    parameters are named as the signature's variables (``extra_topk``) and the callers', and
+    ``r_b``, a variable of some callers, is passed by reference, so the kernel's TIR is the
+    same as with these lines written in place.)"""
+    main_len = T.min(T.max(MainLength[r_b], 0), topk)
+    main_tiles = T.ceildiv(main_len, BI)
+    extra_len = T.min(T.max(ExtraLength[r_b], 0), extra_topk) if has_extra else 0
+    total_tiles = main_tiles + T.ceildiv(extra_len, BI)
+    per_split = T.ceildiv(total_tiles, S)
+    t_begin = T.min(split * per_split, total_tiles)
+    t_end = T.min(t_begin + per_split, total_tiles)
+    return main_len, main_tiles, extra_len, t_begin, t_end
