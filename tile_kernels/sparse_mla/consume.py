@@ -11,7 +11,7 @@ cores, reading the K buffers of a ring (``ring.py``).
 
 import tilelang.language as T
 
-from .softmax import M_SENTINEL
+from .softmax import M_SENTINEL, online_softmax_update
 
 
 @T.macro
@@ -46,7 +46,7 @@ def ws_consumer_softmax(st, pairs, scale_log2, pair0=0, q_phase=0, q=None):
     consumers went through before (barrier phases run on across work items); ``q_phase``:
     the phase of the Q barrier that brings this item's Q; ``q``: ``(Q_l, Q_r, bar_q)`` of
     the Q stage to score with (the persistent decode's stages), else ``st``'s."""
-    HB, BI, DH = st.heads, st.block_tokens, st.half_dim
+    HB, BI = st.heads, st.block_tokens
     T.fill(st.l_i, 0)
     T.fill(st.m_i, M_SENTINEL)
     T.fill(st.acc_o_l, 0)
@@ -67,15 +67,8 @@ def ws_consumer_softmax(st, pairs, scale_log2, pair0=0, q_phase=0, q=None):
             T.barrier_wait(st.p_free[buf], ((pair0 + pair) & 1) ^ 1)
             T.copy(st.m_i, st.m_prev)
             T.reduce_max(st.acc_s, st.m_i, dim=1, clear=False)
-            for i in T.Parallel(HB):
-                st.alpha[i] = T.exp2((st.m_prev[i] - st.m_i[i]) * scale_log2)
-            for i, j in T.Parallel(HB, BI):
-                st.acc_s[i, j] = T.exp2(st.acc_s[i, j] * scale_log2 - st.m_i[i] * scale_log2)
-            T.reduce_sum(st.acc_s, st.l_tile, dim=1)
-            for i in T.Parallel(HB):
-                st.l_i[i] = st.l_i[i] * st.alpha[i] + st.l_tile[i]
-            for i, d in T.Parallel(HB, DH):
-                st.acc_o_l[i, d] *= st.alpha[i]
+            online_softmax_update(st.acc_s, st.m_i, st.m_prev, st.alpha, st.l_i, st.l_tile,
+                                  st.acc_o_l, scale_log2, "tensor_core")
             T.copy(st.alpha, st.alpha_shared[buf])
             T.copy(st.acc_s, st.P_shared[buf])
             # Hand P to warpgroup 1 before the left P·V, so that both halves of P·V run
@@ -155,18 +148,9 @@ def seesaw_exponentiate(st, ss, me: int, acc_o, scale_log2):
     """Consumer ``me``'s tile against its new running max ``m_i``: P = 2^((s - m)·scale) in
     place of the scores, its row sums folded into ``l_i`` and the output rescaled from the
     previous max ``m_prev``."""
-    HB, BI, DH = st.heads, st.block_tokens, st.half_dim
     acc_s, m_i, m_prev = ss.acc_s[me], ss.m_i[me], ss.m_prev[me]
     l_i, l_tile, alpha = ss.l_i[me], ss.l_tile[me], ss.alpha[me]
-    for i in T.Parallel(HB):
-        alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
-    for i, j in T.Parallel(HB, BI):
-        acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - m_i[i] * scale_log2)
-    T.reduce_sum(acc_s, l_tile, dim=1)
-    for i in T.Parallel(HB):
-        l_i[i] = l_i[i] * alpha[i] + l_tile[i]
-    for i, d in T.Parallel(HB, DH):
-        acc_o[i, d] *= alpha[i]
+    online_softmax_update(acc_s, m_i, m_prev, alpha, l_i, l_tile, acc_o, scale_log2, "tensor_core")
 
 
 @T.macro
@@ -193,6 +177,7 @@ def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
     """Consumer 0: even tiles, output columns [0, 256)."""
     HB, BI, DH = st.heads, st.block_tokens, st.half_dim
     me = 0
+    # (every name bound, used or not: a binding names the buffer in the kernel's TIR)
     acc_s, p_regs, m_i, m_peer, l_i, alpha = (ss.acc_s[me], ss.p_regs[me], ss.m_i[me],
                                               ss.m_peer[me], ss.l_i[me], ss.alpha[me])
     seesaw_start(st, ss, me, acc_o)
@@ -230,8 +215,8 @@ def seesaw_consumer_0(st, ss, acc_o, pairs, scale_log2):
 @T.macro
 def seesaw_consumer_1(st, ss, acc_o, pairs, scale_log2):
     """Consumer 1: odd tiles, output columns [256, 512)."""
-    HB, BI, DH = st.heads, st.block_tokens, st.half_dim
     me = 1
+    # (every name bound, used or not: a binding names the buffer in the kernel's TIR)
     acc_s, p_regs, m_i, m_peer, l_i, alpha = (ss.acc_s[me], ss.p_regs[me], ss.m_i[me],
                                               ss.m_peer[me], ss.l_i[me], ss.alpha[me])
     seesaw_start(st, ss, me, acc_o)

@@ -275,6 +275,8 @@ def tokens_in_m_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int,
             # them (64-bit division by s_q).
             r_b = T.alloc_var(T.int32, init=row // s_q)
             r_s = T.alloc_var(T.int32, init=row % s_q)
+            # (work.split_range's arithmetic in another expression form: the same values, another
+            # TIR; merging them is a kernel change for a measured commit)
             main_len, extra_len = row_lengths(MainLength, ExtraLength, topk, ew, r_b, has_extra)
             main_tiles = T.ceildiv(main_len, BI)
             total_tiles = row_tiles(main_len, extra_len, BI, has_extra)

@@ -41,6 +41,29 @@ def init_softmax_state(acc_o, m_i, l_i):
 
 
 @T.macro
+def online_softmax_update(acc_s, m_i, m_prev, alpha, l_i, l_tile, acc_o, scale_log2,
+                          tile_math: str):
+    """The online-softmax step of a tile once ``m_i`` holds the new running max of the raw
+    scores (``m_prev`` the old one), heads in M: the rescale ``alpha`` of what was
+    accumulated, the tile's probabilities ``2^(s·scale_log2 - m_i·scale_log2)`` in place of
+    its scores ``acc_s [heads, tokens]``, their row sums ``l_tile`` folded into ``l_i``, and
+    ``acc_o [heads, dim]`` (all of the output or the caller's half) rescaled. Every
+    heads-in-M schedule runs this one (the portable tile, the split and the seesaw
+    consumers); tokens in M run ``tim_softmax_step``."""
+    heads, tokens = acc_s.shape
+    dim = acc_o.shape[1]
+    for i in T.Parallel(heads):
+        alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
+    for i, j in T.Parallel(heads, tokens):
+        acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - m_i[i] * scale_log2)
+    row_sum(acc_s, l_tile, heads, tokens, tile_math)
+    for i in T.Parallel(heads):
+        l_i[i] = l_i[i] * alpha[i] + l_tile[i]
+    for i, d in T.Parallel(heads, dim):
+        acc_o[i, d] *= alpha[i]
+
+
+@T.macro
 def attend_tile(
     Q_shared, K_shared, P_shared, valid, acc_s, acc_o, m_i, m_prev, l_i, l_tile, alpha,
     scale_log2, heads: int, block_tokens: int, dim: int, tile_math: str,
@@ -51,15 +74,7 @@ def attend_tile(
     gemm(Q_shared, K_shared, acc_s, heads, block_tokens, dim, True, tile_math)
     T.copy(m_i, m_prev)
     row_max(acc_s, m_i, heads, block_tokens, tile_math)
-    for i in T.Parallel(heads):
-        alpha[i] = T.exp2((m_prev[i] - m_i[i]) * scale_log2)
-    for i, j in T.Parallel(heads, block_tokens):
-        acc_s[i, j] = T.exp2(acc_s[i, j] * scale_log2 - m_i[i] * scale_log2)
-    row_sum(acc_s, l_tile, heads, block_tokens, tile_math)
-    for i in T.Parallel(heads):
-        l_i[i] = l_i[i] * alpha[i] + l_tile[i]
-    for i, d in T.Parallel(heads, dim):
-        acc_o[i, d] *= alpha[i]
+    online_softmax_update(acc_s, m_i, m_prev, alpha, l_i, l_tile, acc_o, scale_log2, tile_math)
     T.copy(acc_s, P_shared)
     gemm(P_shared, K_shared, acc_o, heads, dim, block_tokens, False, tile_math)
 

@@ -286,6 +286,8 @@ def build_sparse_decode(
             r_s = row % s_q
             h0 = hg * HB
             scale_log2 = sm_scale * LOG2E
+            # work.split_range's lines: here r_b is a let-variable, which split_range cannot take
+            # by reference without changing the other grids' TIR
             main_len = T.min(T.max(MainLength[r_b], 0), topk)
             main_tiles = T.ceildiv(main_len, BI)
             extra_len = T.min(T.max(ExtraLength[r_b], 0), ew) if has_extra else 0
