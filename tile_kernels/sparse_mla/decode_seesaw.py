@@ -22,7 +22,7 @@ import tilelang.language as T
 from ..fp8 import FP8_BF16_PRELUDE
 from ..layout import HEAD_DIM
 from .consume import seesaw_consumer_0, seesaw_consumer_1, ws_load_q
-from .epilogue import store_row_splits, ws_store_rows
+from .epilogue import store_row_splits, write_output_half
 from .produce_fp8 import (
     HALF_PRODUCER_PRELUDE,
     CacheScope,
@@ -102,15 +102,8 @@ def seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: 
                     1.0)
             else:
                 inv[i] = T.if_then_else(has, 1.0 / l_i[i], 1.0)
-        if S == 1 and num_heads % HB == 0:
-            ws_store_rows(acc_o, inv, stage, bar_id, Out[r_b, r_s, h0:h0 + HB, d0:d0 + DH])
-        else:
-            for i, d in T.Parallel(HB, DH):
-                if h0 + i < num_heads:
-                    if S == 1:
-                        Out[r_b, r_s, h0 + i, d0 + d] = T.cast(acc_o[i, d] * inv[i], T.bfloat16)
-                    else:
-                        OPartial[r_b, r_s, split, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
+        write_output_half(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, split, h0,
+                          num_heads, S)
 
     @T.macro
     def body(Q, MainFp8, MainBf16, MainU8, MainIndices, MainLength, ExtraFp8, ExtraBf16,

@@ -10,7 +10,7 @@ import tilelang.language as T
 
 from ..layout import HEAD_DIM
 from .consume import ws_consumer_pv, ws_consumer_softmax, ws_load_q
-from .epilogue import row_statistics, store_row_splits, ws_store_rows
+from .epilogue import row_statistics, store_row_splits, write_output_half, ws_store_rows
 from .produce_fp8 import (
     CacheScope,
     TileRange,
@@ -70,21 +70,6 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
     shapes = decode_shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
     produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, lean=producer_lean)
-
-    @T.macro
-    def write_half(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, split, h0):
-        """Columns ``[d0, d0 + 256)`` of the CTA's output rows, ``acc_o`` times the rows'
-        reciprocal denominators ``inv``: a finished bf16 head group by TMA
-        (``ws_store_rows``), a padded group or an fp32 partial per thread."""
-        if S == 1 and num_heads % HB == 0:
-            ws_store_rows(acc_o, inv, stage, bar_id, Out[r_b, r_s, h0:h0 + HB, d0:d0 + DH])
-        else:
-            for i, d in T.Parallel(HB, DH):
-                if h0 + i < num_heads:
-                    if S == 1:
-                        Out[r_b, r_s, h0 + i, d0 + d] = T.cast(acc_o[i, d] * inv[i], T.bfloat16)
-                    else:
-                        OPartial[r_b, r_s, split, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
 
     @T.macro
     def write_half_item(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, h0, direct,
@@ -330,15 +315,15 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                                        split, h0, sm_scale, scale_log2, num_heads, S)
                     T.copy(inv, st.inv_denom_shared)
                     T.barrier_arrive(st.bar_done)
-                    write_half(st.acc_o_l, inv, 0, st.Q_l, BAR_STORE_WG0, Out, OPartial, r_b, r_s, split,
-                               h0)
+                    write_output_half(st.acc_o_l, inv, 0, st.Q_l, BAR_STORE_WG0, Out, OPartial,
+                                      r_b, r_s, split, h0, num_heads, S)
                 elif tx < 256:
                     ws_set_regs(DECODE_WS_REGS[1])
                     ws_consumer_pv(st, pairs)  # (then warpgroup 0 is done with Q and K)
                     inv = T.alloc_fragment([HB], T.float32)
                     T.copy(st.inv_denom_shared, inv)
-                    write_half(st.acc_o_r, inv, DH, st.Q_r, BAR_STORE_WG1, Out, OPartial, r_b, r_s,
-                               split, h0)
+                    write_output_half(st.acc_o_r, inv, DH, st.Q_r, BAR_STORE_WG1, Out, OPartial,
+                                      r_b, r_s, split, h0, num_heads, S)
                 else:
                     ws_set_regs(DECODE_WS_REGS[2])
                     p = tx - 256

@@ -60,3 +60,22 @@ def row_statistics(i, l_i, m_i, inv, Sink, Lse, LsePartial, r_b: T.Ref, r_s: T.R
             1.0)
     else:
         inv[i] = T.if_then_else(has, 1.0 / l_i[i], 1.0)
+
+
+@T.macro
+def write_output_half(acc_o, inv, d0, stage, bar_id, Out, OPartial, r_b, r_s, split, h0,
+                      num_heads: int, S: int):
+    """The fixed grids' columns ``[d0, d0 + 256)`` of a CTA's output rows (heads in M),
+    ``acc_o [heads, 256]`` times the rows' reciprocal denominators ``inv``: a finished bf16
+    head group by TMA through ``stage`` (``ws_store_rows``, named barrier ``bar_id``), a padded
+    group or an fp32 partial (``S`` splits) per thread."""
+    HB, DH = stage.shape
+    if S == 1 and num_heads % HB == 0:
+        ws_store_rows(acc_o, inv, stage, bar_id, Out[r_b, r_s, h0:h0 + HB, d0:d0 + DH])
+    else:
+        for i, d in T.Parallel(HB, DH):
+            if h0 + i < num_heads:
+                if S == 1:
+                    Out[r_b, r_s, h0 + i, d0 + d] = T.cast(acc_o[i, d] * inv[i], T.bfloat16)
+                else:
+                    OPartial[r_b, r_s, split, h0 + i, d0 + d] = acc_o[i, d] * inv[i]
