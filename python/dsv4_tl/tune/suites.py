@@ -74,10 +74,10 @@ def _dsv4_suite() -> dict:
     # (h8 in every CTA range, h32 at >= 67 CTAs, h16 / h32 SWA and C4A at 34-66: item 51)
     for kind, width in (("swa", None), ("c4a", 512), ("c128a", 1024)):
         tp = {16: ("ctas1_16", "ctas67_up"), 32: ("ctas1_16", "ctas67_up"),
-              8: ("ctas1_16", "ctas34_66", "ctas67_up")}
+              8: ("ctas1_16", "ctas17_33", "ctas34_66", "ctas67_up")}
         for h, tags in tp.items():
             for tag in tags + (("ctas34_66",) if h > 8 and kind != "c128a" else ()):
-                b = {"ctas1_16": 8, "ctas34_66": 64, "ctas67_up": 128}[tag]
+                b = {"ctas1_16": 8, "ctas17_33": 32, "ctas34_66": 64, "ctas67_up": 128}[tag]
                 decode[f"h{h}_{kind}_{tag}"] = DecodeShape(h, b, kind, extra_width=width,
                                                            varying=kind == "c128a")
     # C128A at long context (index width >= 4096, per-row lengths): the persistent grid (item 53)
