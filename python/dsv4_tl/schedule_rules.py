@@ -14,7 +14,8 @@ from typing import Optional
 
 from .targets import target_for_dirname
 from .tile_kernels.layout import HEAD_DIM
-from .tile_kernels.sparse_mla.rules import producer_lean_refusal, tokens_in_m_persistent_refusal
+from .tile_kernels.sparse_mla.rules import (TOKENS_IN_M_HEADS, TOKENS_IN_M_STAGES, TOKENS_IN_M_THREADS,
+                                           producer_lean_refusal, tokens_in_m_persistent_refusal)
 
 
 def arch_limits(target_dir: str):
@@ -136,11 +137,10 @@ def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
                     "(MMA; heads 8 with tokens_in_m)")
         if c.get("tokens_in_m"):
             # tile_kernels/sparse_mla/sparse_prefill._check_tokens_in_m, decode_tim.check_tokens_in_m
-            heads, stages = (((16, 32), (2, 3)) if op == "sparse_prefill"
-                             else ((8, 16, 24, 32), (1, 2, 3, 4)))
+            heads, stages = TOKENS_IN_M_HEADS[op], TOKENS_IN_M_STAGES[op]
             if arch and not arch.wgmma:
                 return "tokens_in_m: a Hopper (wgmma) schedule"
-            if (c.get("warp_specialized") or threads not in (256, 384) or bi != 64
+            if (c.get("warp_specialized") or threads not in TOKENS_IN_M_THREADS or bi != 64
                     or hb not in heads):
                 return ("tokens_in_m: needs warp_specialized false, threads 256 or 384, "
                         f"block_tokens 64 and heads_per_block one of {heads} (got "

@@ -27,7 +27,8 @@ from .ring import (
     check_ws_regs,
     ws_set_regs,
 )
-from .rules import tokens_in_m_persistent_refusal
+from .rules import TOKENS_IN_M_THREADS, tokens_in_m_persistent_refusal
+from .rules import TOKENS_IN_M_HEADS as TOKENS_IN_M_HEADS_BY_OP
 from .signature import decode_prim_func, decode_shape_vars
 from .softmax import LOG2E, M_SENTINEL, tim_softmax_step
 from .work import PLAN_WORDS, plan_cta_range, row_lengths, row_tiles, walk_plan
@@ -38,7 +39,6 @@ from .work import PLAN_WORDS, plan_cta_range, row_lengths, row_tiles, walk_plan
 # warp-specialised schedule's (warpgroup 0: Sᵀ, the partial sums and half of Oᵀ, 2·HB + HB
 # registers at most; warpgroup 1: half of Oᵀ; the producer its staged bytes). 256 threads:
 # every thread may use 255 registers, or 65536 / (256 · ctas_per_sm).
-TOKENS_IN_M_THREADS = (256, 384)
 TOKENS_IN_M_REGS = DECODE_WS_REGS
 # The persistent grid's (384 threads): the producer keeps the item walk's state beside its
 # staged bytes (at 128 registers it spilled 40 / 92 bytes at h16 C4A; 216 / 144 / 144: none,
@@ -51,9 +51,9 @@ TOKENS_IN_M_PERSISTENT_REGS = check_ws_regs((216, 144, 144))
 def tokens_in_m_persistent_regs(HB: int) -> tuple:
     """The persistent grid's register split of the three warpgroups at ``HB`` heads per CTA."""
     return TOKENS_IN_M_REGS if HB == 8 else TOKENS_IN_M_PERSISTENT_REGS
-# wgmma N = heads per CTA, a multiple of 8 (8 to 32: Oᵀ [512, N] fp32 takes 4·N registers
-# per thread of one math warpgroup).
-TOKENS_IN_M_HEADS = (8, 16, 24, 32)
+# wgmma N = heads per CTA (rules.TOKENS_IN_M_HEADS: 8 to 32: Oᵀ [512, N] fp32 takes 4·N
+# registers per thread of one math warpgroup).
+TOKENS_IN_M_HEADS = TOKENS_IN_M_HEADS_BY_OP["sparse_decode"]
 def check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, NB, ctas_per_sm):
     """ValueError naming the schedule knob that the tokens-in-M schedule cannot take."""
     if tile_math != "tensor_core" or warp_specialized:

@@ -5,6 +5,14 @@ instead of mirrored."""
 from typing import Optional
 
 
+# The tokens-in-M schedules (KV tokens in wgmma's M, the heads in N): threads (one or two
+# math warpgroups + the producer), heads per CTA (wgmma N, a multiple of 8; prefill's Oᵀ over
+# one warpgroup takes ptxas to 255 registers at 32) and K buffers, per op.
+TOKENS_IN_M_THREADS = (256, 384)
+TOKENS_IN_M_HEADS = {"sparse_decode": (8, 16, 24, 32), "sparse_prefill": (16, 32)}
+TOKENS_IN_M_STAGES = {"sparse_decode": (1, 2, 3, 4), "sparse_prefill": (2, 3)}
+
+
 def producer_lean_refusal(producer_lean, *, warp_specialized=False, consumers="split",
                           tokens_in_m=False) -> Optional[str]:
     """Why the lean FP8 producer (``producer_lean``, bench/PERF_NOTES.md item 46) cannot serve

@@ -30,6 +30,8 @@ from .ring import (
     check_ws_regs,
     ws_set_regs,
 )
+from .rules import TOKENS_IN_M_THREADS
+from .rules import TOKENS_IN_M_HEADS as TOKENS_IN_M_HEADS_BY_OP
 from .signature import prefill_prim_func
 from .softmax import (
     LOG2E,
@@ -304,12 +306,11 @@ def _build_warp_specialized(num_heads, BI, row_length, index_at, idx_shape, len_
 # with 384 the launch gives 168 and the roles re-balance them with setmaxnreg (rules in
 # ring.WS_LAUNCH_REGS: a sum of at most 3 * 168, below 168 only by a decrease):
 # warpgroup 0 holds Sᵀ, the partial sums and half of Oᵀ, warpgroup 1 half of Oᵀ.
-TOKENS_IN_M_THREADS = (256, 384)
 TOKENS_IN_M_REGS = check_ws_regs((240, 184, 80))
 # wgmma N = heads per CTA. Oᵀ [512, N] fp32 over the math warpgroups is 4·N (one) or 2·N
 # (two) registers per thread; N 32 on one warpgroup already takes ptxas to 255 (no spills).
 # Each thread holds N / 4 columns of Sᵀ.
-TOKENS_IN_M_HEADS = (16, 32)
+TOKENS_IN_M_HEADS = TOKENS_IN_M_HEADS_BY_OP["sparse_prefill"]  # (rules.py)
 
 
 def _check_tokens_in_m(tile_math, warp_specialized, BI, HB, threads, num_stages):
