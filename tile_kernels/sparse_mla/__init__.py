@@ -22,5 +22,14 @@ picks a schedule body, which composes the roles below inside the one signature.
 =====================  ====================================================================
 
 Nothing here imports upward: a role module imports only roles above it in this table and
-the parent package's ``layout``, ``fp8``, ``tile_math`` and ``compile_options``.
+the parent package's ``layout``, ``fp8``, ``tile_math`` and ``compile_options``
+(``tests/builds/test_import_graph.py``).
+
+A shared piece keeps the kernels' TIR only when written as a ``T.macro`` whose scalar
+parameters carry the callers' variable names: TileLang binds each scalar argument to its
+parameter's name (an expression argument becomes a let-variable; a variable argument is
+renamed), and an ``alloc_var`` argument must be passed by reference (``r_b: T.Ref``), which a
+let-variable cannot be. A plain Python helper that returns expressions inlines them where the
+kernel bound names. ``scripts/kernel_fingerprints.py --check --no-lower`` (seconds) says
+whether a change kept every shipped variant's TIR.
 """
