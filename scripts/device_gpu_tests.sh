@@ -6,14 +6,19 @@
 # test marked gpu wherever it sits under tests/)
 # Two passes over the selection's gpu tests, sized by the card's memory: first the tests
 # that fit one worker's share of the card, on GPU_TEST_WORKERS workers (default: one per
-# 9 GiB of the card, at most 8; each worker's allocator is capped at its share, see
-# tests/conftest.py), then the ones marked gpu_heavy alone (-n 1, the whole card).
+# 9 GiB of the card, at most one per CPU core; each worker's allocator is capped at its share,
+# see tests/conftest.py), then the ones marked gpu_heavy alone (-n 1, the whole card).
 set -uo pipefail
 source scripts/device_setup.sh
 if [ "$#" -gt 0 ]; then selection=("$@"); else selection=(tests); fi
 total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | head -1)
+# One worker per 9 GiB of the card (the largest test not marked gpu_heavy peaks at ~8 GiB,
+# bench/results/2026-11-25_h100_run51_suite_cold_cache/gpu_mem.jsonl), at most one per CPU
+# core: from a cold cache the workers mostly JIT-compile kernels, one core each (an H100
+# 80 GB: 8 workers; an H200 141 GB: 15).
 workers=${GPU_TEST_WORKERS:-$(( total_mib / 9216 ))}
-[ "$workers" -gt 8 ] && workers=8
+cores=$(nproc)
+[ "$workers" -gt "$cores" ] && workers=$cores
 [ "$workers" -lt 1 ] && workers=1
 mem_log=$(mktemp -d)
 export DSV4_TL_GPU_MEM_LOG=$mem_log
