@@ -152,11 +152,8 @@ def build_insert_k_cache(
                 scale_e[j, t] = ((bits >> 23) - exp_max
                                  + T.if_then_else((bits & 0x7FFFFF) > man_max, 1, 0))
             # FP8 codes, one per element (the RoPE columns' are unused); see the module
-            # docstring. Each intermediate is bound once (no expression duplication). A thread
-            # codes 8 consecutive elements in turn and stores them as one 8-byte word
-            # (coalesced_width 8): left to TileLang, the loop was planned as an 8-wide vector
-            # loop that its branches cannot be, and lowered serially with a warning.
-            for j, d in T.Parallel(TB, HEAD_DIM, coalesced_width=8):
+            # docstring. Each intermediate is bound once (no expression duplication).
+            for j, d in T.Parallel(TB, HEAD_DIM):
                 h = _bits(kbits, j, d)
                 ex = (h >> 7) & 0xFF
                 big = (h & 0x7F) | 0x80  # 8-bit significand
