@@ -518,7 +518,8 @@ def _check_persistent_case(h, b, s_q, extra_kind, uniform, seed, **knobs):
         (64, 32, 1, "c128a8192", False, 4),
         (128, 2, 1, "c128a8192", False, 4),
         (128, 32, 1, "c128a8192", False, 4),
-        (64, 128, 1, "c128a4096", False, 4),
+        # (peaks at more than a ~8.3 GiB worker share: 15 workers on an H200, run 85)
+        pytest.param(64, 128, 1, "c128a4096", False, 4, marks=pytest.mark.gpu_heavy),
         (128, 7, 2, "c128a4096", False, 4),
         (128, 1, 1, "c128a4096", False, 4),
         (64, 1, 1, "c4a1024", False, 1),
