@@ -4,10 +4,15 @@ Rule, checked by ``test_examples_cover_builders``: a module of ``dsv4_tl.tile_ke
 defines a ``build_*`` function must define ``LOWERING_EXAMPLES``, a list of
 ``{"builder": name, "kwargs": {...}}`` naming each of its ``build_*`` functions at least once.
 A module with no ``build_*`` function of its own (a helper such as ``sparse_mla.softmax``) has
-nothing to lower. Each example is then compiled by ``test_lowering[<module>.<builder>.<n>]``
-with TileLang's ``tvm_ffi`` backend (nvcc runs, nothing is launched) and its CUDA source is
-checked for the ``extern "C" __global__`` entry and, for the attention builders, for wgmma
-(Hopper tensor-core) instructions.
+nothing to lower. Each example is then lowered by ``test_lowering[<module>.<builder>.<n>]``
+(TileLang's passes and code generation, as a build runs them, without nvcc) and its CUDA
+source is checked for the ``extern "C" __global__`` entry and, for the attention builders,
+for wgmma (Hopper tensor-core) instructions. nvcc (~1 minute of one core a kernel, most of
+what this file cost when every example went through it) compiles the generated source of a
+representative of each kernel family (``test_nvcc_compiles``) and of the examples whose
+spills are checked (``_check_no_spills``); ``test_export_and_load`` builds one kernel all the
+way to a loaded library. Every shipped sm_90a variant's TIR is checked by
+``tests/builds/test_fingerprints.py`` and its lowering by CI (``.ci/run``).
 """
 
 import importlib
@@ -110,10 +115,10 @@ def test_examples_cover_builders(name):
     assert not missing, f"{name}: no LOWERING_EXAMPLES entry for {sorted(missing)}"
 
 
-# A compile takes about a minute of one core, building a kernel's TIR seconds; the tests below
-# read the same kernels, so each is built and compiled once per test process, not once per test.
+# Lowering takes seconds of one core, building a kernel's TIR less; the tests below read the
+# same kernels, so each is built and lowered once per test process, not once per test.
 _built: dict = {}  # (module, builder, kwargs) -> prim_func
-_compiled: dict = {}  # (module, builder, kwargs) -> compiled kernel
+_lowered: dict = {}  # (module, builder, kwargs) -> Lowered
 
 
 def _key(name, example) -> tuple:
@@ -129,25 +134,36 @@ def _build(name, example):
     return _built[key]
 
 
+class Lowered:
+    """A kernel lowered for sm_90a as a build lowers it (``tilelang.lower`` under the
+    prim_func's pass configs), without nvcc: its CUDA source and its host code (TIR)."""
+
+    def __init__(self, func):
+        import tvm
+
+        configs = dict(func.attrs["tilelang_pass_configs"]) if "tilelang_pass_configs" in func.attrs else {}
+        target = tvm.target.Target(TARGET)
+        with tvm.transform.PassContext(opt_level=3, config=configs), target:
+            self.artifact = tilelang.lower(func, target=target)
+
+    def get_kernel_source(self) -> str:
+        return self.artifact.kernel_source
+
+    def get_host_source(self) -> str:
+        return self.artifact.host_mod.script()
+
+
 def _compile(name, example):
-    """``(prim_func, kernel)`` of ``example``, compiled for real on first use (nvcc included,
-    TileLang's on-disk kernel cache bypassed) and shared by every test that asks for the same
-    kernel after."""
+    """``(prim_func, Lowered)`` of ``example``, lowered on first use and shared by every test
+    that asks for the same kernel after."""
     key = _key(name, example)
-    if key not in _compiled:
-        was_enabled = tilelang.is_cache_enabled()
-        tilelang.disable_cache()
-        try:
-            _compiled[key] = tilelang.compile(_build(name, example), target=TARGET,
-                                              execution_backend="tvm_ffi", out_idx=None)
-        finally:
-            if was_enabled:
-                tilelang.enable_cache()
-    return _build(name, example), _compiled[key]
+    if key not in _lowered:
+        _lowered[key] = Lowered(_build(name, example))
+    return _build(name, example), _lowered[key]
 
 
 def _compiled_decode(kwargs: dict):
-    """The compiled ``build_sparse_decode(**kwargs)`` (:func:`_compile`)."""
+    """The lowered ``build_sparse_decode(**kwargs)`` (:func:`_compile`)."""
     return _compile(DECODE, {"builder": "build_sparse_decode", "kwargs": kwargs})[1]
 
 
@@ -160,6 +176,48 @@ def test_lowering(name, example):
     assert entry.search(source), f'no extern "C" __global__ {symbol}_kernel in the CUDA source'
     if example["builder"] in MATRIX_BUILDERS:
         assert "wgmma" in source, f"{example['builder']}: no wgmma in the sm_90a CUDA source"
+
+
+# nvcc on one kernel of each family the spill checks below do not compile already (those:
+# every lean-producer example, tokens in M on the persistent grid with one math warpgroup):
+# per module, predicates on an example's kwargs (and the builder's name, ``_builder``).
+NVCC_FAMILIES = {
+    DECODE: (
+        lambda k: k.get("warp_specialized") and not k.get("persistent")
+        and not k.get("producer_lean") and k.get("consumers", "split") == "split",  # split pair
+        lambda k: k.get("consumers") == "seesaw",  # the seesaw pair and the half producer
+        lambda k: k.get("persistent") and not k.get("tokens_in_m") and not k.get("producer_lean"),
+        lambda k: k.get("tokens_in_m") and not k.get("persistent") and not k.get("producer_lean"),
+        lambda k: not k.get("warp_specialized") and not k.get("tokens_in_m"),  # portable body
+    ),
+    "sparse_mla.sparse_decode_combine": (lambda k: True,),
+    "sparse_mla.sparse_prefill": (lambda k: k.get("warp_specialized"), lambda k: k.get("tokens_in_m")),
+    "dequant_gather": (lambda k: True,),
+    "insert_k_cache": (lambda k: True,),
+    "index_helpers": (lambda k: k["_builder"] == "build_global_topk",
+                      lambda k: k["_builder"] == "build_combine_topk_swa"),
+}
+
+
+def _nvcc_examples():
+    """The first example of each family of :data:`NVCC_FAMILIES` (one per family)."""
+    params = []
+    for name, families in NVCC_FAMILIES.items():
+        examples = _import(name).LOWERING_EXAMPLES
+        for family in families:
+            i, example = next((i, e) for i, e in enumerate(examples)
+                              if family({**e["kwargs"], "_builder": e["builder"]}))
+            params.append(pytest.param(name, example, id=f"{name}.{example['builder']}.{i}",
+                                       marks=[pytest.mark.xdist_group(f"{name}.{example['builder']}.{i}")]))
+    return params
+
+
+@pytest.mark.parametrize("name,example", _nvcc_examples())
+def test_nvcc_compiles(name, example, tmp_path):
+    """The generated CUDA of one kernel per family compiles with nvcc (sm_90a), where nvcc is
+    here."""
+    if _nvcc(_compile(name, example)[1].get_kernel_source(), tmp_path) is None:
+        pytest.skip("no nvcc here")
 
 
 @pytest.mark.parametrize("name,example", _examples())
@@ -179,7 +237,14 @@ def test_export_and_load(tmp_path):
     import tvm_ffi
 
     example = {"builder": "build_sparse_decode_combine", "kwargs": {"num_heads": 16, "num_splits": 2}}
-    func, kernel = _compile("sparse_mla.sparse_decode_combine", example)
+    func = _build("sparse_mla.sparse_decode_combine", example)
+    was_enabled = tilelang.is_cache_enabled()
+    tilelang.disable_cache()  # (nvcc runs: TileLang's on-disk kernel cache bypassed)
+    try:
+        kernel = tilelang.compile(func, target=TARGET, execution_backend="tvm_ffi", out_idx=None)
+    finally:
+        if was_enabled:
+            tilelang.enable_cache()
     path = tmp_path / "sparse_decode_combine.so"
     kernel.export_library(str(path))
     assert path.stat().st_size > 0
@@ -291,9 +356,9 @@ def test_producer_lean_kept_by_pruning():
             "producer_lean")
 
 
-def _check_no_spills(source: str, tmp_path, at_most=(0, 0)) -> None:
-    """``ptxas -v`` (nvcc, sm_90a) on the generated CUDA ``source``, where nvcc is here: it
-    compiles and spills nothing (or at most ``at_most``: bytes stored, loaded)."""
+def _nvcc(source: str, tmp_path):
+    """nvcc --cubin with ``ptxas -v`` (sm_90a) on the generated CUDA ``source``: its stderr,
+    after asserting that it compiled; None where no nvcc is here."""
     import os
     import shutil
     import subprocess
@@ -301,7 +366,7 @@ def _check_no_spills(source: str, tmp_path, at_most=(0, 0)) -> None:
     nvcc = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc")
                                     else None)
     if nvcc is None:
-        return
+        return None
     root = os.path.dirname(tilelang.__file__)
     cu = tmp_path / "kernel.cu"
     cu.write_text(source)
@@ -310,9 +375,18 @@ def _check_no_spills(source: str, tmp_path, at_most=(0, 0)) -> None:
                           "-o", str(tmp_path / "kernel.cubin"), str(cu)],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out.stderr)
+    return out.stderr
+
+
+def _check_no_spills(source: str, tmp_path, at_most=(0, 0)) -> None:
+    """``ptxas -v`` (nvcc, sm_90a) on the generated CUDA ``source``, where nvcc is here: it
+    compiles and spills nothing (or at most ``at_most``: bytes stored, loaded)."""
+    stderr = _nvcc(source, tmp_path)
+    if stderr is None:
+        return
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", stderr)
     assert spills and all(int(st) <= at_most[0] and int(ld) <= at_most[1]
-                          for st, ld in spills), out.stderr[-1000:]
+                          for st, ld in spills), stderr[-1000:]
 
 
 # Words of a condition that do not make it thread- or data-dependent (with the kernel's
@@ -400,21 +474,13 @@ def test_divergent_cta_barriers_found():
     assert bad == ["__syncthreads();", "__syncthreads(); // thread", "__syncthreads(); // loop"]
 
 
-def _dynamic_shared_bytes(kernel) -> int:
-    """The dynamic shared memory of a compiled kernel: a launch argument of the host code (an
-    int64 literal; the only one above 100 KB)."""
-    sizes = [int(x) for x in re.findall(r"\(\(int64_t\)(\d+)\)", kernel.get_host_source())
-             if 100_000 <= int(x) < 1_000_000]
-    assert sizes, "no dynamic shared memory size in the host code"
-    return max(sizes)
-
-
 def _launch_shared_bytes(kernel) -> int:
-    """The dynamic shared memory of a compiled decode kernel: the last int64 launch argument
-    the host code sets before it calls the device function."""
-    host = kernel.get_host_source()
-    launch = host[:host.index('"sparse_decode_kernel", &')]
-    return int(re.findall(r"\(\(int64_t\)(\d+)\)", launch)[-1])
+    """The dynamic shared memory of a lowered decode kernel: the last argument of the host
+    code's launch of the device function (grid, block, then the dynamic shared bytes)."""
+    launch = re.search(r'T\.call_packed\("sparse_decode_kernel", [^\n]*?, (\d+)\)\n',
+                       kernel.get_host_source())
+    assert launch, "no launch of sparse_decode_kernel in the host code"
+    return int(launch.group(1))
 
 
 # --------------------------------------------------- the persistent decode grid's Q stages
@@ -448,8 +514,8 @@ def test_persistent_q_stages_source(kwargs):
     assert not _divergent_cta_barriers(source)
     assert source.count("tma_load(Q_desc") == 2 * stages
     # Q stages (64 KB each), K buffers (2 x bt x 1 KB), P tiles (2 x 64 x bt x 2 B)
-    assert _dynamic_shared_bytes(kernel) == stages * 65536 + 2 * bt * 1024 + 2 * 64 * bt * 2
-    assert _dynamic_shared_bytes(kernel) <= 227 * 1024
+    assert _launch_shared_bytes(kernel) == stages * 65536 + 2 * bt * 1024 + 2 * 64 * bt * 2
+    assert _launch_shared_bytes(kernel) <= 227 * 1024
 
 
 # ------------------------------------------------------- tokens in M on the persistent grid
