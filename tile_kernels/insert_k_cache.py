@@ -46,6 +46,8 @@ ROPE_WORDS = ROPE_DIM // 2  # 32: 2 bf16 per word
 SCALE_WORDS = 2  # 7 scale bytes + 1 pad byte
 AMAX_FLOOR_BITS = 0x38D1B717  # float32(1e-4): the writer's amax floor
 PARTIAL = 8  # a tile maximum is the maximum of 8 partial maxima of 8 elements
+CHUNK = 8  # elements a thread codes at a time (16 bytes of bf16 bits in, 8 bytes of codes out)
+ROW_CHUNKS = HEAD_DIM // CHUNK  # 64 chunks per row
 
 # FP8 flavour -> (float32 exponent field of fp8_max, float32 mantissa field of fp8_max,
 # FP8 exponent bias). fp8_max: 448 (e4m3fn) / 240 (e4m3fnuz), as cache_format's writer.
@@ -152,21 +154,39 @@ def build_insert_k_cache(
                 scale_e[j, t] = ((bits >> 23) - exp_max
                                  + T.if_then_else((bits & 0x7FFFFF) > man_max, 1, 0))
             # FP8 codes, one per element (the RoPE columns' are unused); see the module
-            # docstring. Each intermediate is bound once (no expression duplication).
-            for j, d in T.Parallel(TB, HEAD_DIM):
-                h = _bits(kbits, j, d)
-                ex = (h >> 7) & 0xFF
-                big = (h & 0x7F) | 0x80  # 8-bit significand
-                E = ex - 127 - scale_e[j, d // QUANT_TILE]  # exponent of x / 2^e
-                s = T.min(4 + T.max(emin - E, 0), 9)  # s >= 9: below half a quantum
-                q = big >> s
-                rem = big & ((1 << s) - 1)
-                half = 1 << (s - 1)
-                up = T.if_then_else(T.Or(rem > half, T.And(rem == half, (q & 1) == 1)), 1, 0)
-                code = T.if_then_else(ex == 0, 0, T.max(E - emin, 0) * 8 + q + up)
-                # negative: sign bit set, except for FNUZ's zero (0x80 is its NaN)
-                neg = T.And((h >> 15) == 1, T.Or(code != 0, signed_zero))
-                codes[j, d] = T.cast(T.if_then_else(neg, code | 0x80, code), T.uint8)
+            # docstring. Each intermediate is bound once (no expression duplication). A thread
+            # codes a chunk of CHUNK consecutive elements of a row at a time (chunk it * threads
+            # + tx): one 16-byte load of their bits, the elements in turn (a serial loop: the
+            # rounding's branches cannot be one vector operation), one 8-byte store of the
+            # codes. Written as such: as a T.Parallel over (TB, HEAD_DIM), TileLang planned the
+            # same chunks as an 8-wide vector loop and lowered it serially with a warning.
+            tx = T.get_thread_binding()
+            kb = T.alloc_local([CHUNK], T.int16)  # the chunk's bf16 bits
+            cb = T.alloc_local([CHUNK], T.uint8)  # its FP8 codes
+            for it in T.unroll(T.ceildiv(TB * ROW_CHUNKS, threads)):
+                chunk = it * threads + tx
+                if chunk < TB * ROW_CHUNKS:  # true throughout when threads divides TB * 64
+                    jc = chunk // ROW_CHUNKS
+                    d0 = (chunk % ROW_CHUNKS) * CHUNK
+                    for v in T.vectorized(CHUNK):
+                        kb[v] = kbits[jc, d0 + v]
+                    e = scale_e[jc, d0 // QUANT_TILE]  # the chunk's tile scale (one tile)
+                    for v in T.serial(CHUNK):
+                        h = T.cast(kb[v], T.int32) & 0xFFFF
+                        ex = (h >> 7) & 0xFF
+                        big = (h & 0x7F) | 0x80  # 8-bit significand
+                        E = ex - 127 - e  # exponent of x / 2^e
+                        s = T.min(4 + T.max(emin - E, 0), 9)  # s >= 9: below half a quantum
+                        q = big >> s
+                        rem = big & ((1 << s) - 1)
+                        half = 1 << (s - 1)
+                        up = T.if_then_else(T.Or(rem > half, T.And(rem == half, (q & 1) == 1)), 1, 0)
+                        code = T.if_then_else(ex == 0, 0, T.max(E - emin, 0) * 8 + q + up)
+                        # negative: sign bit set, except for FNUZ's zero (0x80 is its NaN)
+                        neg = T.And((h >> 15) == 1, T.Or(code != 0, signed_zero))
+                        cb[v] = T.cast(T.if_then_else(neg, code | 0x80, code), T.uint8)
+                    for v in T.vectorized(CHUNK):
+                        codes[jc, d0 + v] = cb[v]
             for j, w in T.Parallel(TB, NOPE_WORDS):
                 if valid[j]:
                     Cache[data16[j] * 4 + w] = T.reinterpret(
