@@ -132,6 +132,30 @@ def gpu_worker_share(total_bytes: int, workers: int) -> float:
     return max(0.0, (total_bytes - workers * GPU_CONTEXT_BYTES) / workers / total_bytes)
 
 
+# The groups (test files) that take longest on the 2-core CPU machine, about longest first
+# (a CI run of 2026-11-28, where xdist's order by test count ran every one of them but the
+# HIP build last: the stress test, then the SYCL files one after another in one worker): the HIP
+# build of every variant (on every core), the SYCL example and kernel tests (each kernel
+# compiled for Intel's CPU device), the build-and-load stress test's processes, the
+# fingerprints of every shipped variant, the AOT builds. Without the HIP and SYCL toolchains
+# those skip at once.
+LONG_GROUPS = (
+    "tests/builds/test_hip_build.py",
+    "tests/integration/test_example_dsv4_attention.py",
+    "tests/builds/test_build_concurrency.py",
+    "tests/sparse_decode/test_sparse_decode_sycl.py",
+    "tests/builds/test_fingerprints.py",
+    "tests/dequant_gather/test_dequant_gather_sycl.py",
+    "tests/insert_k_cache/test_insert_k_cache_sycl.py",
+    "tests/sparse_prefill/test_sparse_prefill_sycl.py",
+    "tests/builds/test_build_loader.py",
+    "tests/builds/test_artifact_trust.py",
+    "tests/indices/test_indices_sycl.py",
+    "tests/integration/test_bench_discovery.py",
+    "tests/tune/test_tuning.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     # pytest-xdist's --dist loadgroup (scripts/test.sh) hands each xdist_group to one worker.
@@ -141,6 +165,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    # The worker that draws a long group last ends the run alone: xdist hands out groups in
+    # collection order (scripts/test.sh turns off its reordering by test count), so the long
+    # ones go first, longest first, and the short ones fill in behind them.
+    first = {path: rank for rank, path in enumerate(LONG_GROUPS)}
+    items.sort(key=lambda item: first.get(item.get_closest_marker("xdist_group").args[0],
+                                          len(first)))
     if not CUDA_AVAILABLE:
         skip = pytest.mark.skip(reason="gpu test: no CUDA device here")
         for item in items:

@@ -1,7 +1,9 @@
 """CPU tests that builders and loaders sharing one kernel directory never see a partial
 manifest or artifact: threads of one process building and reading together, and the
-16-process build-and-load stress test (``scripts/stress_build_load.py``: one empty
-directory with JIT on, then the prebuilt one with ``DSV4_TL_JIT=0``)."""
+build-and-load stress test (``scripts/stress_build_load.py``: one empty directory with JIT
+on, then the prebuilt one with ``DSV4_TL_JIT=0``) in eight processes, the ranks of one
+8-GPU node starting together (the script's default of 16 is its manual stress run: each
+process costs about 5 s of a core in imports alone, most of the test's time)."""
 
 import os
 import subprocess
@@ -57,10 +59,10 @@ def test_concurrent_builders_and_readers_of_one_directory(tmp_path):
     assert not list(tmp_path.rglob("*.tmp*"))
 
 
-def test_sixteen_processes_build_and_load_one_directory(tmp_path):
+def test_eight_processes_build_and_load_one_directory(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "DSV4_TL_JIT"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--procs", "16",
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--procs", "8",
                            "--dir", str(tmp_path / "kernels"), "--json", str(tmp_path / "s.json")],
                           capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "stress: PASS 16 processes x 2 rounds, 0 failed processes" in proc.stdout
+    assert "stress: PASS 8 processes x 2 rounds, 0 failed processes" in proc.stdout
