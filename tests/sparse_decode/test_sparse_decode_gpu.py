@@ -736,16 +736,23 @@ def test_decode_tokens_in_m_split_edges(splits, seed):
 
 # Split-KV of the tokens-in-M schedule (issue 24, bench/PERF_NOTES.md item 37): the sweep's
 # configs A (two math warpgroups) and D (one, 2 CTAs per SM; at 32 heads it does not fit, see
-# dsv4_tl.schedule_rules) at 16 and 32 heads, 2 and 8 splits, both scopes, with either merge order of
-# the combine (knob ``merge``); h20 in a group of 24: padded heads in the partials and in the
-# combine's last group of 8 (both merges read a real head for them and never store them).
+# dsv4_tl.schedule_rules) at 16 and 32 heads, both scopes, 8 splits (rows of 1-10 tiles: empty
+# splits and splits of several tiles), A16 at 2 splits too (the split count is a constant of
+# the same code: D16 / A32 at 2 splits compiled two variants each to prove it again; the
+# shipped 2-split buckets, lean producer, are test_decode_matches_reference's h16 b1 SWA, h16
+# b96 and h32 b90 C128A), with the combine's shipped merge order ("splits"); the other order
+# ("elements", knob ``merge``) on A16 C4A 8 splits and on h20 in a group of 24: padded heads
+# in the partials and in the combine's last group of 8 (both merges read a real head for them
+# and never store them).
 TIM_SPLITS = ([(*c, sc, n) for c in (TIM_A16, TIM_D16, TIM_A32) for sc in ("swa", "c4a512")
-               for n in (2, 8)] + [(20, 24, 256, 2, 1, "c4a512", 2)])
+               for n in ((2, 8) if c is TIM_A16 else (8,))] + [(20, 24, 256, 2, 1, "c4a512", 2)])
+TIM_SPLIT_CASES = ([(*c, "splits") for c in TIM_SPLITS]
+                   + [(*TIM_A16, "c4a512", 8, "elements"),
+                      (20, 24, 256, 2, 1, "c4a512", 2, "elements")])
 
 
-@pytest.mark.parametrize("merge", ["elements", "splits"])
-@pytest.mark.parametrize("h,hb,threads,stages,per_sm,extra_kind,splits", TIM_SPLITS,
-                         ids=[_tim_id(c) for c in TIM_SPLITS])
+@pytest.mark.parametrize("h,hb,threads,stages,per_sm,extra_kind,splits,merge", TIM_SPLIT_CASES,
+                         ids=[f"{_tim_id(c[:-1])}-{c[-1]}" for c in TIM_SPLIT_CASES])
 def test_decode_tokens_in_m_splits(h, hb, threads, stages, per_sm, extra_kind, splits, merge,
                                    seed):
     """Split partials of the tokens-in-M schedule merged by the combine: rows of 1-10 tiles
