@@ -4,29 +4,34 @@
 # (second pass) and $OUT/gpu_mem.jsonl (each test's peak reserved memory).
 # Usage: bash scripts/device_gpu_tests.sh [pytest selection...]   (default: tests, every
 # test marked gpu wherever it sits under tests/)
-# Two passes over the selection's gpu tests, sized by the card's memory: first the tests
-# that fit one worker's share of the card, on GPU_TEST_WORKERS workers (default: one per
-# 9 GiB of the card, at most one per CPU core; each worker's allocator is capped at its share,
-# see tests/conftest.py), then the ones marked gpu_heavy alone (-n 1, the whole card).
+# Two passes over the selection's gpu tests, sized by the card's memory and the CPU cores. From a
+# cold cache the tests mostly JIT-compile kernels (TileLang lowering + nvcc, one core each, 1-3
+# min) while the GPU idles, so the first pass runs one worker per CPU core (GPU_TEST_WORKERS;
+# at most one per 6 GiB of the card: each worker's allocator is capped at its share, see
+# tests/conftest.py; an 80 GB H100: 13 workers of ~5 GiB, a 141 GB H200 with 16 cores: 16 of
+# ~7.8 GiB) on the tests that peak below ~4 GiB; the second pass runs the ones marked gpu_heavy
+# (up to ~10 GiB) on one worker per 13 GiB (shares of at least 12 GiB: H100 6, H200 10).
+# Tests go to the idle worker (--dist worksteal): their times range from 1 s to 3 min.
 set -uo pipefail
 source scripts/device_setup.sh
 if [ "$#" -gt 0 ]; then selection=("$@"); else selection=(tests); fi
 total_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | head -1)
-# One worker per 9 GiB of the card (the largest test not marked gpu_heavy peaks at ~8 GiB,
-# bench/results/2026-11-25_h100_run51_suite_cold_cache/gpu_mem.jsonl), at most one per CPU
-# core: from a cold cache the workers mostly JIT-compile kernels, one core each (an H100
-# 80 GB: 8 workers; an H200 141 GB: 15).
-workers=${GPU_TEST_WORKERS:-$(( total_mib / 9216 ))}
 cores=$(nproc)
-[ "$workers" -gt "$cores" ] && workers=$cores
+workers=${GPU_TEST_WORKERS:-$cores}
+[ "$workers" -gt $(( total_mib / 6144 )) ] && workers=$(( total_mib / 6144 ))
 [ "$workers" -lt 1 ] && workers=1
+heavy_workers=$(( total_mib / 13312 ))
+[ "$heavy_workers" -gt "$cores" ] && heavy_workers=$cores
+[ "$heavy_workers" -lt 1 ] && heavy_workers=1
+# worksteal needs pytest-xdist 3.2; older ones hand out the tests in fixed chunks
+dist=$(python3 -c "import xdist; print('worksteal' if tuple(map(int, xdist.__version__.split('.')[:2])) >= (3, 2) else 'load')")
 mem_log=$(mktemp -d)
 export DSV4_TL_GPU_MEM_LOG=$mem_log
-echo "card memory ${total_mib} MiB: ${workers} workers, then gpu_heavy tests alone" | tee "$OUT/pytest.log"
-python3 -m pytest -q -p no:cacheprovider -n "$workers" -rfE -m "gpu and not gpu_heavy" \
+echo "card memory ${total_mib} MiB, ${cores} cores: ${workers} workers, then gpu_heavy tests on ${heavy_workers} (--dist $dist)" | tee "$OUT/pytest.log"
+python3 -m pytest -q -p no:cacheprovider -n "$workers" --dist "$dist" -rfE -m "gpu and not gpu_heavy" \
   --junitxml="$OUT/junit.xml" "${selection[@]}" 2>&1 | tee -a "$OUT/pytest.log"
 status=${PIPESTATUS[0]}
-python3 -m pytest -q -p no:cacheprovider -n 1 -rfE -m "gpu and gpu_heavy" \
+python3 -m pytest -q -p no:cacheprovider -n "$heavy_workers" --dist "$dist" -rfE -m "gpu and gpu_heavy" \
   --junitxml="$OUT/junit_heavy.xml" "${selection[@]}" 2>&1 | tee -a "$OUT/pytest.log"
 heavy=${PIPESTATUS[0]}
 cat "$mem_log"/*.jsonl > "$OUT/gpu_mem.jsonl" 2>/dev/null
