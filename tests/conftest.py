@@ -4,6 +4,12 @@
   ``torch.manual_seed``. A failing test's report gets a ``seed`` section; rerun it with
   ``DSV4_TL_SEED=<seed> python -m pytest <node id>``.
 * ``gpu`` marker / ``requires_cuda``: tests that need a CUDA device are skipped without one.
+* ``gpu_knobs`` marker: a GPU test case that forces a schedule no shipped variant uses on any
+  target, beyond the one or two cases kept per test (each compiles a variant of its own: about
+  half the compiles of the GPU suite from a cold cache). A selection label only: a plain
+  ``pytest`` runs them; ``scripts/device_gpu_tests.sh`` leaves them out unless
+  ``GPU_TEST_KNOBS=1`` (the tuner checks every candidate it times against the reference
+  before logging it, and a shipped variant is tested by the default suite).
 * ``gpu_heavy`` marker: a GPU test that needs more than ~4 GiB of the card (up to ~10 GiB).
   With several pytest-xdist workers on one GPU each worker's allocator is capped at an equal
   share of the card's memory (:func:`gpu_worker_share`; a test that needs more fails with an
@@ -111,8 +117,12 @@ def pytest_configure(config):
     # pyproject.toml registers them too; registering twice is harmless.
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     config.addinivalue_line("markers", GPU_HEAVY_MARKER)
+    config.addinivalue_line("markers", GPU_KNOBS_MARKER)
 
 
+GPU_KNOBS_MARKER = ("gpu_knobs: a GPU test case that forces a schedule no shipped variant uses (a knob "
+                    "value the tuner may pick); scripts/device_gpu_tests.sh runs them with "
+                    "GPU_TEST_KNOBS=1, a plain pytest always")
 GPU_HEAVY_MARKER = ("gpu_heavy: a GPU test that needs more than ~4 GiB of the card: skipped where a "
                     "worker's share is below 12 GiB (scripts/device_gpu_tests.sh's second pass)")
 # The least share of the card a worker's allocator may hold for it to run gpu_heavy tests: the
