@@ -13,7 +13,8 @@
 # tests/conftest.py; an 80 GB H100: 13 workers of ~5 GiB, a 141 GB H200 with 16 cores: 16 of
 # ~7.8 GiB) on the tests that peak below ~4 GiB; the second pass runs the ones marked gpu_heavy
 # (up to ~10 GiB) on one worker per 13 GiB (shares of at least 12 GiB: H100 6, H200 10).
-# Tests go to the idle worker (--dist worksteal): their times range from 1 s to 3 min.
+# Tests go to the idle worker (--dist worksteal): their times range from 1 s to 3 min; each worker
+# starts on one of the longest of the last cold run (tests/gpu_durations.json, tests/conftest.py).
 set -uo pipefail
 source scripts/device_setup.sh
 if [ "$#" -gt 0 ]; then selection=("$@"); else selection=(tests); fi
@@ -43,6 +44,22 @@ python3 -m pytest -q -p no:cacheprovider -n "$heavy_workers" --dist "$dist" -rfE
   --junitxml="$OUT/junit_heavy.xml" "${selection[@]}" 2>&1 | tee -a "$OUT/pytest.log"
 heavy=${PIPESTATUS[0]}
 cat "$mem_log"/*.jsonl > "$OUT/gpu_mem.jsonl" 2>/dev/null
+# Seconds per test (1 s and up) for tests/gpu_durations.json, which orders the next runs' tests
+# longest first (tests/conftest.py: worksteal_order); copy it there after a cold-cache run
+python3 - "$OUT" <<'PY' 2>/dev/null
+import json, sys, xml.etree.ElementTree as ET
+from pathlib import Path
+out = Path(sys.argv[1]); seconds = {}
+for junit in ("junit.xml", "junit_heavy.xml"):
+    if (out / junit).exists():
+        for case in ET.parse(out / junit).iter("testcase"):
+            node = case.get("classname").replace(".", "/") + ".py::" + case.get("name")
+            if float(case.get("time")) >= 1.0:
+                seconds[node] = round(float(case.get("time")), 1)
+(out / "gpu_durations.json").write_text(json.dumps(
+    {"source": "scripts/device_gpu_tests.sh: junit seconds per test, 1 s and up",
+     "seconds": dict(sorted(seconds.items()))}, indent=0))
+PY
 # 5: no test selected (a selection without gpu_heavy tests) is not a failure of the second pass
 [ "$status" -eq 5 ] && status=0
 [ "$heavy" -eq 5 ] && heavy=0

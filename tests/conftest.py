@@ -25,7 +25,9 @@
 """
 
 import functools
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -173,6 +175,46 @@ LONG_GROUPS = (
 )
 
 
+# Seconds each GPU test took in the last cold-cache runs of the suite (most of it compiling
+# its kernels): tests/gpu_durations.json, refreshed from a run's junit files by
+# scripts/device_gpu_tests.sh ($OUT/gpu_durations.json). A test missing there (new, renamed)
+# counts as NEW_GPU_TEST_SECONDS: a new test mostly brings a new kernel to compile.
+GPU_DURATIONS = Path(__file__).with_name("gpu_durations.json")
+NEW_GPU_TEST_SECONDS = 30.0
+
+
+def _gpu_durations() -> dict:
+    try:
+        return json.loads(GPU_DURATIONS.read_text())["seconds"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def worksteal_order(items: list, workers: int, seconds: dict) -> list:
+    """``items`` reordered for pytest-xdist's worksteal on ``workers`` workers, which starts each
+    worker on a contiguous slice of the collection (``len // workers`` tests, the last
+    ``len % workers`` slices one more) and lets an idle one take the back half of the fullest
+    queue. Longest first, each test goes to the slice with the least seconds so far that has
+    room (LPT): the slices' sums come out about equal and each starts on its longest test, so
+    a test that compiles several kernels one after another (~200 s from a cold cache) cannot
+    start last and end the run alone. ``seconds``: {node id: seconds}."""
+    def cost(item):
+        return seconds.get(item.nodeid, NEW_GPU_TEST_SECONDS if "gpu" in item.keywords else 0.0)
+    ranked = sorted(items, key=cost, reverse=True)  # stable: equal costs keep their order
+    room, left = [], len(ranked)
+    for i in range(workers):  # worksteal's first hand-out: len(pending) // workers still to serve
+        room.append(left // (workers - i))
+        left -= room[-1]
+    slices = [[] for _ in range(workers)]
+    totals = [0.0] * workers
+    for item in ranked:
+        seat = min((i for i in range(workers) if len(slices[i]) < room[i]),
+                   key=lambda i: totals[i])
+        slices[seat].append(item)
+        totals[seat] += cost(item)
+    return [item for piece in slices for item in piece]
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     # pytest-xdist's --dist loadgroup (scripts/test.sh) hands each xdist_group to one worker.
@@ -194,6 +236,8 @@ def pytest_collection_modifyitems(config, items):
             if "gpu" in item.keywords:
                 item.add_marker(skip)
         return
+    if gpu_workers() > 1:
+        items[:] = worksteal_order(items, gpu_workers(), _gpu_durations())
     import torch
 
     total = torch.cuda.get_device_properties(0).total_memory
