@@ -44,7 +44,7 @@ python3 -m pytest -q -p no:cacheprovider -n "$heavy_workers" --dist "$dist" -rfE
   --junitxml="$OUT/junit_heavy.xml" "${selection[@]}" 2>&1 | tee -a "$OUT/pytest.log"
 heavy=${PIPESTATUS[0]}
 cat "$mem_log"/*.jsonl > "$OUT/gpu_mem.jsonl" 2>/dev/null
-# Seconds per test (1 s and up) for tests/gpu_durations.json, which orders the next runs' tests
+# Seconds per test for tests/gpu_durations.json, which orders the next runs' tests
 # longest first (tests/conftest.py: worksteal_order); copy it there after a cold-cache run
 python3 - "$OUT" <<'PY' 2>/dev/null
 import json, sys, xml.etree.ElementTree as ET
@@ -54,10 +54,9 @@ for junit in ("junit.xml", "junit_heavy.xml"):
     if (out / junit).exists():
         for case in ET.parse(out / junit).iter("testcase"):
             node = case.get("classname").replace(".", "/") + ".py::" + case.get("name")
-            if float(case.get("time")) >= 1.0:
-                seconds[node] = round(float(case.get("time")), 1)
+            seconds[node] = round(float(case.get("time")), 1)
 (out / "gpu_durations.json").write_text(json.dumps(
-    {"source": "scripts/device_gpu_tests.sh: junit seconds per test, 1 s and up",
+    {"source": "scripts/device_gpu_tests.sh: junit seconds per test",
      "seconds": dict(sorted(seconds.items()))}, indent=0))
 PY
 # 5: no test selected (a selection without gpu_heavy tests) is not a failure of the second pass
