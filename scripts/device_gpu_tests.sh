@@ -8,9 +8,9 @@
 # uses, each its own compile; tests/conftest.py), GPU_TEST_KNOBS=only runs just that tier.
 # Two passes over the selection's gpu tests, sized by the card's memory and the CPU cores. From a
 # cold cache the tests mostly JIT-compile kernels (TileLang's lowering passes ~15-30 s and nvcc
-# ~2 s per decode variant, one core each) while the GPU idles, so the first pass runs one worker per CPU core (GPU_TEST_WORKERS;
-# at most one per 6 GiB of the card: each worker's allocator is capped at its share, see
-# tests/conftest.py; an 80 GB H100: 13 workers of ~5 GiB, a 141 GB H200 with 16 cores: 16 of
+# ~2 s per decode variant, one core each) while the GPU idles, so the first pass runs one worker
+# per CPU core (GPU_TEST_WORKERS; at most one per 6 GiB of the card: each worker's allocator is
+# capped at its share, see tests/conftest.py; an 80 GB H100: 13 workers of ~5 GiB, a 141 GB H200 with 16 cores: 16 of
 # ~7.8 GiB) on the tests that peak below ~4 GiB; the second pass runs the ones marked gpu_heavy
 # (up to ~10 GiB) on one worker per 13 GiB (shares of at least 12 GiB: H100 6, H200 10).
 # Tests go to the idle worker (--dist worksteal): their times range from 1 s to 3 min; each worker

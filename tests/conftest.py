@@ -130,7 +130,8 @@ GPU_HEAVY_MARKER = ("gpu_heavy: a GPU test that needs more than ~4 GiB of the ca
 # The least share of the card a worker's allocator may hold for it to run gpu_heavy tests: the
 # heaviest peaks at ~10 GiB (test_decode_persistent_tile_balance[64-128-1-c128a4096-...]: 8.3
 # GiB reserved, then 1.75 GiB more, run 85). The light tests peak below ~4 GiB, so the first
-# pass of scripts/device_gpu_tests.sh may give each worker ~4.3 GiB (15 workers on an 80 GB H100).
+# pass of scripts/device_gpu_tests.sh may give each worker one 6 GiB share of the card or less
+# (an 80 GB H100: 13 workers of ~5 GiB).
 GPU_HEAVY_SHARE_BYTES = 12 << 30
 # What each worker keeps outside its allocator's share: CUDA context, loaded kernel modules,
 # cuBLAS workspaces (about 0.6 GiB on H100/H200 with torch 2.x; rounded up).
