@@ -12,9 +12,12 @@ package, then the peer bundle at ``--peers-dir`` (``bench_discovery``; ``--peers
 shows what was found where, found and loaded in a child process with a time limit:
 loading runs the peers' code, which timing runs in this process); a peer that is missing or
 fails to load or run is a row of the table with its one-line reason, never silently
-dropped. Peers that produce no LSE are
-checked on their outputs only (the check column says so). ``--shape`` times user-given
-decode / prefill shapes (``SHAPE_HELP``) instead of the suites.
+dropped; the table's header names the build (vLLM or flash_mla version) each peer came from.
+Peers that produce no LSE are checked on their outputs only (the check column says so).
+Prefill below 64 heads times FlashMLA twice: padded to 64 heads (``flashmla``, as vLLM 0.26
+calls it) and given the real heads (``flashmla.native``, or "not supported by <build>" where
+the loaded build refuses them); ratios against FlashMLA use the faster of the two.
+``--shape`` times user-given decode / prefill shapes (``SHAPE_HELP``) instead of the suites.
 
 FLOPs = 2·h·attended·(512 + 512) (FlashMLA's count). Bytes: decode = attended·584 (FP8
 cache) + q + out + indices; prefill = q + out + indices + the BF16 workspace; gather =
@@ -33,8 +36,10 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .bench_peers import (
+    FLASHMLA_IMPLS,
     PEER_LIST_TIMEOUT_S,
     PEER_NAMES,
+    NotSupported,
     csr_from_dense,
     load_peers,
     one_line,
@@ -201,8 +206,9 @@ class PrefillShape:
 def prefill_shapes(quick: bool) -> list:
     """The prefill suite: V4-Flash (h 64) and V4-Pro (h 128) at both C4A widths (640: Flash,
     1152: Pro), the long rows of C128A at 1M context (width 8320, per-row lengths; also on a
-    256 MiB workspace), short chunks (s_q 64-512), the tensor-parallel head counts (16, 32; FlashMLA padded to 64 heads as vLLM does), and the
-    ragged twins of two dense rows (same rows, CSR form: equal work)."""
+    256 MiB workspace), short chunks (s_q 64-512), the tensor-parallel head counts (16, 32;
+    FlashMLA both padded to 64 heads as vLLM 0.26 does and native where its build takes
+    them), and the ragged twins of two dense rows (same rows, CSR form: equal work)."""
     shapes = [PrefillShape(h, 4096, topk, 32768) for h in (64, 128) for topk in (640, 1152)]
     if quick:
         return [shapes[0], shapes[3]]
@@ -526,6 +532,8 @@ def _measure(row: dict, impls: dict, inputs: list, check: Callable, flops: float
             entry.update(us=us, tflops=flops / us / 1e6, gbps=nbytes / us / 1e3)
             entry["pct_gemm"] = 100 * entry["tflops"] / ceilings["bf16_gemm_tflops"]
             entry["pct_copy"] = 100 * entry["gbps"] / ceilings["copy_gbps"]
+        except NotSupported as exc:  # the peer's build refuses the shape: a note, not an error
+            entry["unsupported"] = str(exc)
         except Exception as exc:  # reported in the table, never dropped
             entry["error"] = one_line(exc)
         row["results"].append(entry)
@@ -537,9 +545,25 @@ def _failed_peer_entries(errors: dict, suite: str) -> list:
             for name, err in errors.items() if suite in peer_suites(name)]
 
 
-def _peer_impls(peers: list, suite: str) -> dict:
-    """{name: make-call} of the loaded peers that implement ``suite``."""
-    return {p.name: getattr(p, suite) for p in peers if suite in p.suites}
+def _peer_impls(peers: list, suite: str, x: dict) -> dict:
+    """{name: make-call} of the loaded peers that implement ``suite``, for input sets like
+    ``x``: each peer's own call, then the entries its ``variants`` adds (FlashMLA's native
+    prefill below 64 heads)."""
+    impls = {}
+    for p in peers:
+        if suite in p.suites:
+            impls[p.name] = getattr(p, suite)
+            if hasattr(p, "variants"):
+                impls.update(p.variants(suite, x))
+    return impls
+
+
+def flashmla_reference(row: dict) -> Optional[dict]:
+    """The entry that ratios against FlashMLA use in ``row``: the faster timed one of
+    ``bench_peers.FLASHMLA_IMPLS`` (padded and native prefill below 64 heads; elsewhere
+    ``flashmla`` alone), or None when none was timed."""
+    timed = [e for e in row["results"] if e["impl"] in FLASHMLA_IMPLS and "us" in e]
+    return min(timed, key=lambda e: e["us"], default=None)
 
 
 def _suite_row(suite: str, shape: str, attended: int, ours: Callable, inputs: list,
@@ -550,10 +574,21 @@ def _suite_row(suite: str, shape: str, attended: int, ours: Callable, inputs: li
     and every loaded peer of the suite checked and timed on ``inputs``, plus the peers that
     failed to load."""
     row = {"suite": suite, "shape": shape, "attended": attended, "results": []}
-    impls = {"dsv4_tl": ours, **(modes or {}), **_peer_impls(peers, suite)}
+    impls = {"dsv4_tl": ours, **(modes or {}), **_peer_impls(peers, suite, inputs[0])}
     _measure(row, impls, inputs, check, flops, nbytes, ceilings, poison)
     row["results"] += _failed_peer_entries(failed, suite)
     return row
+
+
+def _load_peers_into(report: dict, names: Sequence[str], peers_dir: Optional[str]) -> list:
+    """Load the named peers (``bench_peers.load_peers``) and record in ``report`` where
+    each came from: ``peer_sources`` {name: build, place and file (one line, the table's
+    header)}, ``peer_builds`` {name: "vLLM <version>" / "flash_mla <version>"} and
+    ``peer_errors`` {name: why it did not load}. Returns the loaded peers."""
+    peers, report["peer_errors"] = load_peers(names, peers_dir)
+    report["peer_sources"] = {p.name: p.source.describe() for p in peers}
+    report["peer_builds"] = {p.name: p.source.build for p in peers}
+    return peers
 
 
 def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda",
@@ -575,8 +610,7 @@ def run_bench(suites: list, peers_dir: Optional[str], quick: bool, device="cuda"
     report["ceilings"] = ceilings = measure_ceilings(device)
     names = parse_peer_names(None) if peer_names is None else list(peer_names)
     report["peers"] = names
-    peers, report["peer_errors"] = load_peers(names, peers_dir)
-    report["peer_sources"] = {p.name: p.source.describe() for p in peers}
+    peers = _load_peers_into(report, names, peers_dir)
     failed = report["peer_errors"]
     sets = 3
 
@@ -835,8 +869,7 @@ def run_host_suite(peers_dir: Optional[str], peer_names: Optional[Sequence[str]]
               "repeats": HOST_REPEATS, "goals": HOST_GOALS, "rows": [], "peer_errors": {}}
     names = [n for n in (parse_peer_names(None) if peer_names is None else peer_names)
              if n == "flashmla"]
-    peers, report["peer_errors"] = load_peers(names, peers_dir)
-    report["peer_sources"] = {p.name: p.source.describe() for p in peers}
+    peers = _load_peers_into(report, names, peers_dir)
     flashmla = peers[0] if peers else None
     for shape, calls in host_rows(device, flashmla):
         row = {"suite": "host", "shape": shape, "results": []}
@@ -921,19 +954,30 @@ def _peer_lines(report: dict) -> list:
             + [f"peer {name} failed to load: {err}" for name, err in report["peer_errors"].items()])
 
 
+def _flashmla_timings(row: dict) -> int:
+    """How many FlashMLA entries of ``row`` were timed (2: the ratio picked the faster)."""
+    return sum(e["impl"] in FLASHMLA_IMPLS and "us" in e for e in row["results"])
+
+
 def format_ratios(report: dict) -> str:
     """Per row, dsv4_tl against each peer that ran: peer µs / dsv4_tl µs (> 1: dsv4_tl is
-    faster), or why there is no ratio."""
+    faster), or why there is no ratio; where FlashMLA was timed both padded and native, the
+    faster of the two is marked."""
     lines = ["dsv4_tl vs each peer (peer time / dsv4_tl time; > 1: dsv4_tl is faster):"]
     for row in report["rows"]:
         by = {e["impl"]: e for e in row["results"]}
         ours = by.get("dsv4_tl", {})
+        faster = flashmla_reference(row) if _flashmla_timings(row) > 1 else None
         parts = []
         for name, e in by.items():
             if name == "dsv4_tl":
                 continue
             if "us" in e and "us" in ours:
-                parts.append(f"{name} {e['us'] / ours['us']:.2f}x ({e['us']:.1f} vs {ours['us']:.1f} us)")
+                mark = ", the faster FlashMLA call" if e is faster else ""
+                parts.append(f"{name} {e['us'] / ours['us']:.2f}x ({e['us']:.1f} vs "
+                             f"{ours['us']:.1f} us{mark})")
+            elif "unsupported" in e:
+                parts.append(f"{name} n/a ({e['unsupported']})")
             else:
                 parts.append(f"{name} n/a ({'dsv4_tl failed' if 'us' in e else 'peer failed'})")
         lines.append(f"  {row['shape']}: {'; '.join(parts) if parts else 'no peer ran'}")
@@ -951,12 +995,20 @@ def format_table(report: dict) -> str:
     lines += [head, "-" * len(head)]
     for row in report["rows"]:
         by = {e["impl"]: e for e in row["results"]}
+        fm = flashmla_reference(row)
         for e in row["results"]:
             if "error" in e:
                 lines.append(f"{row['shape'][:68]:68s} {e['impl']:15s} ERROR {e['error']}")
                 continue
-            fm = by.get("flashmla", {})
-            ratio = f"{fm['us'] / e['us']:.2f}x" if "us" in fm and e["impl"] != "flashmla" else ""
+            if "unsupported" in e:
+                lines.append(f"{row['shape'][:68]:68s} {e['impl']:15s} {e['unsupported']}")
+                continue
+            if fm is None or (e is fm and _flashmla_timings(row) == 1):
+                ratio = ""  # no FlashMLA time, or FlashMLA's only one
+            elif e is fm:
+                ratio = "ref"  # the faster of FlashMLA's two calls: the others' reference
+            else:
+                ratio = f"{fm['us'] / e['us']:.2f}x"
             cost = ""
             if e["impl"] == INVARIANT and "us" in by.get("dsv4_tl", {}):
                 cost = f", invariance costs {e['us'] / by['dsv4_tl']['us']:.3f}x"
@@ -965,6 +1017,9 @@ def format_table(report: dict) -> str:
                          f"{e['check']}{cost}")
     lines.append("vs flashmla = FlashMLA time / this row's time (> 1: faster than FlashMLA); "
                  f"{INVARIANT} = dsv4_tl with batch_invariant=True (its cost: time / dsv4_tl's)")
+    lines.append("prefill below 64 heads: flashmla = FlashMLA padded to 64 heads (as vLLM 0.26 "
+                 "calls it), flashmla.native = given the real heads; FlashMLA time = the faster "
+                 "of the two (marked ref)")
     return "\n".join(lines)
 
 

@@ -36,6 +36,9 @@ import shutil
 from typing import List, Optional, Sequence, Tuple
 
 ORIGINS = ("vllm", "flash_mla", "bundle")
+# How a report names each origin (PeerSource.describe).
+ORIGIN_PLACES = {"vllm": "installed vllm", "flash_mla": "installed flash_mla",
+                 "bundle": "peer bundle"}
 FLASHMLA_EXTENSION = "_flashmla_C"  # vLLM's FlashMLA build: vllm/_flashmla_C.abi3.so
 NO_BUNDLE = "no peer bundle: pass --peers-dir or set PEERS_DIR"
 
@@ -178,9 +181,16 @@ class PeerSource:
     files: Tuple[str, ...]
     tree: Optional[VllmTree] = None
 
+    @property
+    def build(self) -> str:
+        """What the files are a build of: ``"vLLM <version>"`` (an installed vllm or the
+        bundle: its files come from that vLLM wheel), ``"flash_mla <version>"`` (the package)."""
+        return f"{'flash_mla' if self.tree is None else 'vLLM'} {self.version}"
+
     def describe(self) -> str:
+        """One line for a report: the build, where it was found, its first file."""
         more = f" (+{len(self.files) - 1} more)" if len(self.files) > 1 else ""
-        return f"{self.origin} {self.version}: {self.files[0]}{more}"
+        return f"{self.build} ({ORIGIN_PLACES[self.origin]}): {self.files[0]}{more}"
 
 
 def peer_sources(needs: Sequence[str], places: Sequence[Tuple[str, object]],

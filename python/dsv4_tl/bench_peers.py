@@ -6,7 +6,12 @@ the vLLM 0.26.0 wheel), searched in that order (``bench_discovery``); none of th
 in this repository:
 
 - ``flashmla``: FlashMLA's sparse decode and prefill through ``torch.ops._flashmla_C``
-  (vLLM's build), or through the ``flash_mla`` package's public functions.
+  (vLLM's build), or through the ``flash_mla`` package's public functions; below 64 heads
+  with q padded to 64 heads, as vLLM 0.26 calls it.
+- ``flashmla.native`` (an entry of the ``flashmla`` peer, prefill below 64 heads only): the
+  same op given the real heads, which builds that take them run natively (vLLM 0.33's has a
+  16 / 32-head kernel on sm90; 0.26's refuses them). Its row says "not supported by <build>"
+  where the loaded build refuses the call (:class:`NotSupported`).
 - ``tri_rocm``: vLLM's ROCm DSv4 Triton kernels, single-pass ragged decode and prefill (the
   path vLLM takes on GPUs it has not tuned for).
 - ``tri_rocm_splitk``: the same file's split-K decode (partial + reduce kernels, the path
@@ -269,12 +274,27 @@ class VllmTritonSources:
 
 # ----------------------------------------------------------------------------- peers
 FLASHMLA_DECODE_HEADS = (64, 128)  # the head counts its sparse decode takes
-FLASHMLA_PREFILL_HEADS = 64  # its sparse prefill takes a multiple of 64 heads
+FLASHMLA_PREFILL_HEADS = 64  # its sparse prefill takes a multiple of 64 heads (vLLM 0.26)
+# FlashMLA's prefill given fewer heads unpadded; "flashmla" stays the padded call, the one
+# committed reports and scripts/bench_compare.py have always meant by that name.
+FLASHMLA_NATIVE = "flashmla.native"
+FLASHMLA_IMPLS = ("flashmla", FLASHMLA_NATIVE)  # the bench's ratios use the faster that ran
+# What a FlashMLA build raises when it refuses a call's shape (TORCH_CHECK: RuntimeError;
+# c10::ValueError, c10::NotImplementedError; a flash_mla package's Python wrapper: assert).
+REFUSALS = (RuntimeError, ValueError, NotImplementedError, AssertionError)
+
+
+class NotSupported(Exception):
+    """The peer's loaded build refuses this shape: a note in the bench's row, not an error."""
 
 
 class FlashMLAPeer:
     """FlashMLA's sparse kernels through ``torch.ops._flashmla_C``, vLLM's build of FlashMLA
-    (in vLLM 0.26 its sparse decode also takes the output buffer)."""
+    (in vLLM 0.26 its sparse decode also takes the output buffer).
+
+    Prefill below 64 heads has two entries (:meth:`variants`): ``flashmla``, q padded to 64
+    heads (:meth:`prefill`), and ``flashmla.native``, the real heads passed straight
+    (:meth:`prefill_native`), where the build takes them."""
 
     name = "flashmla"
     suites = ("decode", "prefill")
@@ -282,6 +302,8 @@ class FlashMLAPeer:
 
     def __init__(self, source: PeerSource, sources: Optional[VllmTritonSources] = None):
         self.source = source
+        # (q shape, indices shape, lengths given) -> None (native prefill taken) or why not
+        self._native_refusals: Dict[tuple, Optional[str]] = {}
         self._open(source)
 
     def _open(self, source: PeerSource) -> None:
@@ -331,7 +353,35 @@ class FlashMLAPeer:
             return o[:, :, :h], lse[:, :h]
         return run
 
+    def variants(self, suite: str, x: dict) -> Dict[str, MakeCall]:
+        """Entries besides ``flashmla`` for ``suite`` on input sets like ``x``: the native
+        prefill call below 64 heads (the padded one may still be faster: the bench times
+        both); none for decode, which always pads."""
+        if suite == "prefill" and x["q"].shape[1] < FLASHMLA_PREFILL_HEADS:
+            return {FLASHMLA_NATIVE: self.prefill_native}
+        return {}
+
+    def prefill_native(self, x: dict) -> Callable[[], tuple]:
+        """FlashMLA's prefill given q and the sink as they are (no padding). Whether the
+        loaded build takes the shape is decided once per shape, by one call made here,
+        outside the timed call; a refusal raises :class:`NotSupported` naming the build."""
+        q, sink = x["q"], x["attn_sink"]
+        key = (tuple(q.shape), tuple(x["indices"].shape), x["topk_length"] is None)
+        if key not in self._native_refusals:
+            try:
+                self.call_prefill(q, x["kv"], x["indices"], sink, x["topk_length"])
+                self._native_refusals[key] = None
+            except REFUSALS as exc:
+                if isinstance(exc, torch.cuda.OutOfMemoryError):
+                    raise  # not a refusal of the shape
+                self._native_refusals[key] = one_line(exc)
+        refusal = self._native_refusals[key]
+        if refusal is not None:
+            raise NotSupported(f"not supported by {self.source.build}: {refusal}")
+        return lambda: self.call_prefill(q, x["kv"], x["indices"], sink, x["topk_length"])
+
     def prefill(self, x: dict) -> Callable[[], tuple]:
+        """FlashMLA's prefill; below 64 heads q padded to 64 heads, as vLLM 0.26 does."""
         q, sink = x["q"], x["attn_sink"]
         h = q.shape[1]
         if h >= FLASHMLA_PREFILL_HEADS:

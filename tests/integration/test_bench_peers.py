@@ -1,6 +1,9 @@
 """dsv4_tl.bench_peers without a GPU: peer selection, load failures reported, the index and
 layout conversions each Triton peer relies on (checked against the float32 references with
-the reference standing in for the peer's kernels), and the bench's gather poisoning.
+the reference standing in for the peer's kernels), the bench's gather poisoning, and
+FlashMLA's two prefill calls below 64 heads (padded, native) on a stand-in op that takes or
+refuses the real heads: both checked, a refusal a note naming the build, ratios against the
+faster; the report naming each peer's build.
 
 The peers' kernels themselves run only on the GPU (``dsv4-tl bench``), where every peer
 result is checked against the same references."""
@@ -294,3 +297,180 @@ def test_gather_check_cannot_pass_on_a_previous_implementation_s_output(gen, mon
     by = {e["impl"]: e for e in row["results"]}
     assert by["correct"]["check"] == "ok (bit-exact)"
     assert "not bit-exact" in by["lazy"]["error"]
+
+
+# ----------------------------------------------------------------------------- FlashMLA prefill
+class FakeFlashMLAOps:
+    """Stand-in for ``torch.ops._flashmla_C``'s sparse prefill: the float32 reference (out in
+    bf16, as the op returns it). ``native=False`` is a build without the small-head kernel
+    (vLLM 0.26's): it refuses a head count that is not a multiple of 64, as that op does.
+    ``heads``: q's head count at every call, refused ones included."""
+
+    def __init__(self, native: bool):
+        self.native = native
+        self.heads = []
+
+    def sparse_prefill_fwd(self, q, kv, indices, sm_scale, d_v, attn_sink, topk_length, _extra):
+        self.heads.append(q.shape[1])
+        if q.shape[1] % 64 and not self.native:
+            raise RuntimeError(f"Unsupported num_heads {q.shape[1]}: must be a multiple of 64")
+        out, max_logits, lse = sparse_prefill_ref(q, kv, indices, sm_scale, d_v, attn_sink,
+                                                  topk_length)
+        return out.to(torch.bfloat16), max_logits, lse
+
+
+def fake_flashmla(native: bool, version: str) -> bench_peers.FlashMLAPeer:
+    """The bench's FlashMLA peer over :class:`FakeFlashMLAOps`, as loaded from an installed
+    vLLM of ``version``."""
+    ops = FakeFlashMLAOps(native)
+
+    class Peer(bench_peers.FlashMLAPeer):
+        def _open(self, source):
+            self.ops = ops
+
+    site = "/site/vllm"
+    tree = bench_discovery.VllmTree("vllm", version, site, (site,), (site,))
+    return Peer(bench_discovery.PeerSource("vllm", version, (f"{site}/_flashmla_C.abi3.so",), tree))
+
+
+OURS_US = 300.0  # dsv4_tl's (fake) time in the rows below
+
+
+def prefill_row(peer, monkeypatch, gen, h=16, padded_us=265.0, native_us=412.0):
+    """One prefill row of the bench at ``h`` heads (2 input sets, per-row lengths) with
+    ``peer``: dsv4_tl stood in for by the reference, the graph timing replaced by fixed
+    times (FlashMLA's by the head count its op was last given: 64 = padded)."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    ops = peer.ops
+
+    def fake_time(calls):
+        before = len(ops.heads)
+        calls[0]()
+        if len(ops.heads) == before:
+            return OURS_US
+        return padded_us if ops.heads[-1] == 64 else native_us
+    monkeypatch.setattr(bench, "graph_time_us", fake_time)
+    shape = bench.PrefillShape(h, 8, 128, 520, varying=True)
+    inputs = bench.prefill_inputs(shape, gen, 2, "cpu")
+
+    def ours(x):
+        return lambda: sparse_prefill_ref(x["q"], x["kv"], x["indices"], bench.SCALE, 512,
+                                          x["attn_sink"], x["topk_length"])
+    return bench._suite_row("prefill", shape.name, 1, ours, inputs, bench._check_prefill, 1.0,
+                            1.0, {"bf16_gemm_tflops": 1.0, "copy_gbps": 1.0}, [peer], {})
+
+
+def table_report(row: dict, peer=None) -> dict:
+    return {"device": "X", "sms": 1, "date": "d", "torch": "t", "peer_errors": {},
+            "ceilings": {"bf16_gemm_tflops": 1.0, "copy_gbps": 1.0}, "rows": [row],
+            "peer_sources": {} if peer is None else {peer.name: peer.source.describe()}}
+
+
+def table_line(table: str, impl: str) -> str:
+    return next(line for line in table.splitlines() if line[69:].split()[:1] == [impl])
+
+
+def vs_flashmla(table: str, impl: str) -> str:
+    """The ``vs flashmla`` cell of ``impl``'s line in a bench table."""
+    head = next(line for line in table.splitlines() if line.startswith("shape "))
+    col = head.index("vs flashmla")
+    return table_line(table, impl)[col:col + len("vs flashmla")].strip()
+
+
+def test_native_flashmla_prefill_is_a_second_checked_entry(gen, monkeypatch):
+    """A build that takes 16 heads: both calls are timed and checked against the
+    reference, the padded one given 64 heads, the native one the real 16."""
+    peer = fake_flashmla(native=True, version="0.33.0")
+    row = prefill_row(peer, monkeypatch, gen)
+    by = {e["impl"]: e for e in row["results"]}
+    assert list(by) == ["dsv4_tl", "flashmla", "flashmla.native"]
+    assert by["flashmla"]["check"] == by["flashmla.native"]["check"] == "ok"
+    assert (by["flashmla"]["us"], by["flashmla.native"]["us"]) == (265.0, 412.0)
+    assert set(peer.ops.heads) == {16, 64}
+
+
+def test_wrong_native_output_is_a_check_failure(gen, monkeypatch):
+    """The native entry is reference-checked: a build whose 16-head kernel computes the
+    wrong thing (here: the sink left out) is an error in its row, not a time."""
+    peer = fake_flashmla(native=True, version="0.33.0")
+    right = peer.ops.sparse_prefill_fwd
+
+    def no_sink(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, extra):
+        sink = attn_sink if q.shape[1] == 64 else None
+        return right(q, kv, indices, sm_scale, d_v, sink, topk_length, extra)
+    peer.ops.sparse_prefill_fwd = no_sink
+    by = {e["impl"]: e for e in prefill_row(peer, monkeypatch, gen)["results"]}
+    assert by["flashmla"]["check"] == "ok"
+    assert "us" not in by["flashmla.native"] and "out" in by["flashmla.native"]["error"]
+
+
+def test_native_refusal_is_a_note_naming_the_build(gen, monkeypatch):
+    """A build that refuses 16 heads (vLLM 0.26's): the padded call alone is timed; the
+    native entry says which build refused, tried once per shape, and is no error."""
+    peer = fake_flashmla(native=False, version="0.26.0")
+    row = prefill_row(peer, monkeypatch, gen)
+    by = {e["impl"]: e for e in row["results"]}
+    assert by["flashmla"]["check"] == "ok" and by["flashmla"]["us"] == 265.0
+    native = by["flashmla.native"]
+    assert set(native) == {"impl", "unsupported"}
+    assert native["unsupported"] == ("not supported by vLLM 0.26.0: RuntimeError: Unsupported "
+                                     "num_heads 16: must be a multiple of 64")
+    assert peer.ops.heads.count(16) == 1  # one refused call for the 2 input sets
+    table = bench.format_table(table_report(row, peer))
+    assert "ERROR" not in table
+    assert table_line(table, "flashmla.native").endswith("flashmla.native not supported by "
+                                                         "vLLM 0.26.0: RuntimeError: Unsupported "
+                                                         "num_heads 16: must be a multiple of 64")
+    assert vs_flashmla(table, "dsv4_tl") == f"{265.0 / OURS_US:.2f}x"
+    assert vs_flashmla(table, "flashmla") == ""  # FlashMLA's only time: nothing to choose
+    ratios = bench.format_ratios(table_report(row)).splitlines()[1]
+    assert ("flashmla 0.88x (265.0 vs 300.0 us); flashmla.native n/a (not supported by "
+            "vLLM 0.26.0: RuntimeError") in ratios
+
+
+@pytest.mark.parametrize("padded_us, native_us", [(265.0, 412.0), (412.0, 265.0)],
+                         ids=["padded faster", "native faster"])
+def test_ratio_against_flashmla_uses_the_faster_call(gen, monkeypatch, padded_us, native_us):
+    peer = fake_flashmla(native=True, version="0.33.0")
+    row = prefill_row(peer, monkeypatch, gen, padded_us=padded_us, native_us=native_us)
+    faster, slower = (("flashmla", "flashmla.native") if padded_us < native_us
+                      else ("flashmla.native", "flashmla"))
+    assert bench.flashmla_reference(row)["impl"] == faster
+    table = bench.format_table(table_report(row, peer))
+    assert vs_flashmla(table, "dsv4_tl") == f"{265.0 / OURS_US:.2f}x"
+    assert vs_flashmla(table, faster) == "ref"
+    assert vs_flashmla(table, slower) == f"{265.0 / 412.0:.2f}x"
+    assert "FlashMLA time = the faster of the two (marked ref)" in table.splitlines()[-1]
+    ratios = bench.format_ratios(table_report(row)).splitlines()[1]
+    assert (f"{faster} {265.0 / OURS_US:.2f}x (265.0 vs 300.0 us, the faster FlashMLA call)"
+            in ratios)
+    assert f"{slower} {412.0 / OURS_US:.2f}x (412.0 vs 300.0 us)" in ratios
+
+
+def test_native_entry_only_for_prefill_below_64_heads():
+    peer = fake_flashmla(native=True, version="0.33.0")
+    q = {h: {"q": torch.zeros(4, h, 512)} for h in (16, 32, 64, 128)}
+    assert list(peer.variants("prefill", q[16])) == list(peer.variants("prefill", q[32])) == [
+        "flashmla.native"]
+    assert peer.variants("prefill", q[64]) == peer.variants("prefill", q[128]) == {}
+    assert peer.variants("decode", {"q": torch.zeros(2, 1, 16, 512)}) == {}
+
+
+def test_report_names_the_build_each_peer_came_from(monkeypatch):
+    """The JSON report (peer_sources, peer_builds) and the table's header name the vLLM /
+    flash_mla version behind each loaded peer."""
+    import json
+
+    peer = fake_flashmla(native=True, version="0.33.0")
+    monkeypatch.setattr(bench, "load_peers", lambda names, peers_dir: (
+        [peer], {"tri_xpu": "vllm: vllm.v1 not found in /site/vllm"}))
+    report = {}
+    assert bench._load_peers_into(report, ["flashmla", "tri_xpu"], None) == [peer]
+    assert report["peer_builds"] == {"flashmla": "vLLM 0.33.0"}
+    where = "vLLM 0.33.0 (installed vllm): /site/vllm/_flashmla_C.abi3.so"
+    assert report["peer_sources"] == {"flashmla": where}
+    assert json.loads(json.dumps(report)) == report
+    table = bench.format_table({**table_report({"shape": "s", "results": []}), **report})
+    assert f"peer flashmla from {where}" in table.splitlines()
+    package = bench_discovery.PeerSource("flash_mla", "1.0.2", ("/site/flash_mla",))
+    assert package.describe() == "flash_mla 1.0.2 (installed flash_mla): /site/flash_mla"
