@@ -558,12 +558,16 @@ def _peer_impls(peers: list, suite: str, x: dict) -> dict:
     return impls
 
 
+def _flashmla_timed(row: dict) -> list:
+    """The timed entries of ``bench_peers.FLASHMLA_IMPLS`` in ``row`` (padded and native
+    prefill below 64 heads; elsewhere ``flashmla`` alone)."""
+    return [e for e in row["results"] if e["impl"] in FLASHMLA_IMPLS and "us" in e]
+
+
 def flashmla_reference(row: dict) -> Optional[dict]:
-    """The entry that ratios against FlashMLA use in ``row``: the faster timed one of
-    ``bench_peers.FLASHMLA_IMPLS`` (padded and native prefill below 64 heads; elsewhere
-    ``flashmla`` alone), or None when none was timed."""
-    timed = [e for e in row["results"] if e["impl"] in FLASHMLA_IMPLS and "us" in e]
-    return min(timed, key=lambda e: e["us"], default=None)
+    """The entry that ratios against FlashMLA use in ``row``: the faster of its timed
+    FlashMLA entries (:func:`_flashmla_timed`), or None when none was timed."""
+    return min(_flashmla_timed(row), key=lambda e: e["us"], default=None)
 
 
 def _suite_row(suite: str, shape: str, attended: int, ours: Callable, inputs: list,
@@ -954,11 +958,6 @@ def _peer_lines(report: dict) -> list:
             + [f"peer {name} failed to load: {err}" for name, err in report["peer_errors"].items()])
 
 
-def _flashmla_timings(row: dict) -> int:
-    """How many FlashMLA entries of ``row`` were timed (2: the ratio picked the faster)."""
-    return sum(e["impl"] in FLASHMLA_IMPLS and "us" in e for e in row["results"])
-
-
 def format_ratios(report: dict) -> str:
     """Per row, dsv4_tl against each peer that ran: peer µs / dsv4_tl µs (> 1: dsv4_tl is
     faster), or why there is no ratio; where FlashMLA was timed both padded and native, the
@@ -967,7 +966,7 @@ def format_ratios(report: dict) -> str:
     for row in report["rows"]:
         by = {e["impl"]: e for e in row["results"]}
         ours = by.get("dsv4_tl", {})
-        faster = flashmla_reference(row) if _flashmla_timings(row) > 1 else None
+        faster = flashmla_reference(row) if len(_flashmla_timed(row)) > 1 else None
         parts = []
         for name, e in by.items():
             if name == "dsv4_tl":
@@ -995,7 +994,7 @@ def format_table(report: dict) -> str:
     lines += [head, "-" * len(head)]
     for row in report["rows"]:
         by = {e["impl"]: e for e in row["results"]}
-        fm = flashmla_reference(row)
+        fm, two_calls = flashmla_reference(row), len(_flashmla_timed(row)) > 1
         for e in row["results"]:
             if "error" in e:
                 lines.append(f"{row['shape'][:68]:68s} {e['impl']:15s} ERROR {e['error']}")
@@ -1003,7 +1002,7 @@ def format_table(report: dict) -> str:
             if "unsupported" in e:
                 lines.append(f"{row['shape'][:68]:68s} {e['impl']:15s} {e['unsupported']}")
                 continue
-            if fm is None or (e is fm and _flashmla_timings(row) == 1):
+            if fm is None or (e is fm and not two_calls):
                 ratio = ""  # no FlashMLA time, or FlashMLA's only one
             elif e is fm:
                 ratio = "ref"  # the faster of FlashMLA's two calls: the others' reference
