@@ -167,6 +167,11 @@ def decode_scope(extra_block_size: Optional[int]) -> str:
     return "c128a" if extra_block_size <= 2 else "c4a"
 
 
+# The CTA count a batch-invariant SWA-only decode call resolves its schedule with: above every
+# bucket's lower bound, so the largest-batch bucket's (bench/PERF_NOTES.md item 67).
+INVARIANT_SWA_CTAS = 1 << 30
+
+
 def _decode_static(*, h: int, scope: str, fp8_format: str = "e4m3fn", **_call) -> dict:
     return dict(num_heads=h, has_extra=scope != "swa", fp8_format=fp8_format)
 
@@ -176,13 +181,16 @@ def _decode_features(target_dir: str, *, h: int, b: int, scope: str, s_q: int = 
     """Head count, scope, CTA count ``b * s_q * ceil(h / heads_per_block)`` (the default
     schedule's heads per CTA) and ``width``, the extra scope's index width (0 without one:
     long C128A rows, widths 4096-8192 with per-row lengths, take the persistent grid's
-    balance, bench/PERF_NOTES.md item 53); batch-invariant calls count 1 CTA and width 0
-    whatever the batch, so the split count cannot follow the batch (a CTA splits its row by the
-    row's own lengths)."""
+    balance, bench/PERF_NOTES.md item 53). Batch-invariant calls count a fixed CTA number and
+    width 0 whatever the batch, so the schedule cannot follow the batch (a CTA splits its row
+    by the row's own lengths): SWA-only calls count a full grid (:data:`INVARIANT_SWA_CTAS`:
+    the large-batch bucket, one split a row, stored directly: a window of at most a few tiles
+    gains little from splitting even alone, and at full waves this is the default schedule),
+    calls with a compressed scope 1 CTA (the small-batch bucket's split-KV)."""
     from .schedules import schedule_for
 
     if batch_invariant:
-        ctas = 1
+        ctas = INVARIANT_SWA_CTAS if scope == "swa" else 1
     else:
         ctas = b * s_q * math.ceil(h / schedule_for(target_dir, "sparse_decode")["heads_per_block"])
     # (a batch-invariant row's schedule must not follow the batch's padded index width either)

@@ -329,17 +329,21 @@ def _decode_rows(q, main, extra, sink, rows, *, batch_invariant=True):
     b, h = len(rows), q.shape[2]
     out = torch.full((b, 1, h, 512), math.nan, dtype=torch.bfloat16, device=DEV)
     lse = torch.full((b, h, 1), math.nan, dtype=torch.float32, device=DEV)
-    sparse_decode(q[rows], k_cache, idx[rows], lens[rows], SCALE, sink, e_cache, e_idx[rows],
-                  e_lens[rows], batch_invariant=batch_invariant, out=out, lse=lse)
+    extra = (None, None, None) if e_cache is None else (e_cache, e_idx[rows], e_lens[rows])
+    sparse_decode(q[rows], k_cache, idx[rows], lens[rows], SCALE, sink, *extra,
+                  batch_invariant=batch_invariant, out=out, lse=lse)
     return out, lse
 
 
 @pytest.mark.parametrize("h,extra_kind", [pytest.param(64, "c4a512", marks=HEAVY),
-                                          pytest.param(128, "c128a1024", marks=HEAVY)])
+                                          pytest.param(128, "c128a1024", marks=HEAVY),
+                                          (8, "swa"), (16, "swa"), (32, "swa"), (64, "swa"),
+                                          (128, "swa")])
 def test_decode_batch_invariant(h, extra_kind, seed):
     """batch_invariant=True: a row's out and lse are bitwise identical alone, in a batch of
     8 at another position and in a batch of 256 (varying lengths, so the default mode would
-    pick different split counts: 8 splits at b <= 16, 1 at b 256 on sm_90a)."""
+    pick different split counts: 8 splits at b <= 16, 1 at b 256 on sm_90a). SWA-only
+    (``swa``): the invariant call's one-split schedule at every batch size."""
     _check_batch_invariant(h, extra_kind, seed)
 
 
@@ -348,8 +352,11 @@ def _check_batch_invariant(h, extra_kind, seed):
     b = 256
     q, k_cache, idx = _window_step(b, h, gen)
     lens = lengths(b, WINDOW, gen)
-    e_cache, e_idx, width = compressed_scope(b, 1, extra_kind, gen)
-    e_lens = lengths(b, width, gen, full_rows=4)
+    if extra_kind == "swa":
+        e_cache = e_idx = e_lens = None
+    else:
+        e_cache, e_idx, width = compressed_scope(b, 1, extra_kind, gen)
+        e_lens = lengths(b, width, gen, full_rows=4)
     main, extra, sink = (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(h, gen)
 
     full_out, full_lse = _decode_rows(q, main, extra, sink, list(range(b)))

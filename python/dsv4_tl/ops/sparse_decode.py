@@ -118,9 +118,11 @@ def sparse_decode(
         batch_invariant: a row's ``out`` and ``lse`` are bitwise identical whatever else
             the batch holds (alone, in a batch of any size, at any position). The default
             picks the split-KV count from the batch's CTA count, so a row's rounding can
-            change with the batch; this mode always uses the schedule of the smallest-batch
-            bucket, whose splits divide each row by its own lengths only. Costs time at
-            large batches (every row goes through split-KV partials and the combine). On
+            change with the batch; this mode uses one schedule whatever the batch: with a
+            compressed scope the smallest-batch bucket's, whose splits divide each row by
+            its own lengths only (costs time at large batches: every row goes through
+            split-KV partials and the combine); SWA-only, the largest-batch bucket's (one
+            split, stored directly: the default's schedule at full waves). On
             the persistent grid (schedule knob ``persistent``) this mode cuts every row into
             splits of a fixed ``invariant_tiles_per_split`` KV tiles (the default mode sizes
             them from the batch's work); rows of one split are stored directly.
