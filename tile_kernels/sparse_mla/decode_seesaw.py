@@ -54,6 +54,12 @@ from .work import split_range
 SEESAW_DECODE_REGS = {(32, 2): check_ws_regs((184, 184, 136)),
                       (32, 4): check_ws_regs((184, 184, 136)),
                       (64, 2): check_ws_regs((200, 200, 104))}
+# With the lean half producer (knob ``producer_lean``; fewer live registers) at 64-token tiles:
+# 8 of its registers to consumer 0. At 200 / 200 / 104 ptxas spilled 16 / 20 bytes in a
+# consumer (consumers' code identical to the default's) on the h64 / h128 SWA kernels, at
+# 208 / 200 / 96 none on either scope, producer included (nvcc 13.0; the default producer
+# spills the same 16 / 20 bytes at 200 / 200 / 104 on C4A). 32-token tiles keep their split.
+SEESAW_LEAN_DECODE_REGS = {(64, 2): check_ws_regs((208, 200, 96))}
 
 
 def seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
@@ -71,6 +77,8 @@ def seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: 
     HB = 64
     head_groups = (num_heads + HB - 1) // HB
     role_regs = SEESAW_DECODE_REGS[(BI, slots)]
+    if lean:
+        role_regs = SEESAW_LEAN_DECODE_REGS.get((BI, slots), role_regs)
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shape_vars
     produce_halves = make_fp8_half_producer(has_extra, BI, fp8_format, slots, lean)
 

@@ -398,6 +398,15 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "consumers": "seesaw", "producer_slots": 4}},
+    # the seesaw's half producer with the lean stream (producer_lean): 64-token tiles, h128
+    # C4A, one split; 32-token tiles with four slots, padded heads (h96), SWA-only, 4 splits
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 64, "consumers": "seesaw", "producer_lean": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "num_splits": 4, "consumers": "seesaw", "producer_slots": 4,
+                "producer_lean": True}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 128, "has_extra": True}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 64, "has_extra": False, "num_splits": 4}},
     {"builder": "build_sparse_decode",
