@@ -182,44 +182,40 @@ __device__ __forceinline__ unsigned dsv4_div_shr(int d) {
 __device__ __forceinline__ unsigned dsv4_fast_div(unsigned n, int d, unsigned mul, unsigned shr) {
   return d != 1 ? __umulhi(n, mul) >> shr : n;
 }
-// Token `idx` of the scope at `u8` (block size `bs`, its magic `mul` / `shr`, `num_blocks`
-// blocks of `stride` bytes): its block's address in `block`, its slot in `pos`; returns the
-// validity: `in_range` (the column is inside the row's length), idx >= 0 and its block below
-// num_blocks. An invalid token is placed at block 0, slot 0 (its bytes are discarded at
-// dequantisation). Shared by dsv4_ldg_token and dsv4_ldg_token_half.
-__device__ __forceinline__ int dsv4_token_at(const unsigned char* u8, int idx, int in_range,
-                                             int bs, unsigned mul, unsigned shr, int num_blocks,
-                                             long long stride, const unsigned char*& block,
-                                             unsigned& pos) {
+// Block and slot of token `idx` (block size `bs`, its magic `mul` / `shr`, `num_blocks`
+// blocks) into `blk` / `pos`; returns the validity: `in_range` (the column is inside the
+// row's length), idx >= 0 and its block below num_blocks. An invalid token is placed at block
+// 0, slot 0 (its bytes are discarded at dequantisation). Shared by dsv4_ldg_token and
+// dsv4_ldg_token_half (integers only: each caller forms its addresses as dsv4_ldg_token
+// always did, so that its code stays the same).
+__device__ __forceinline__ int dsv4_token_slot(int idx, int in_range, int bs, unsigned mul,
+                                               unsigned shr, int num_blocks, unsigned& blk,
+                                               unsigned& pos) {
   unsigned n = idx > 0 ? static_cast<unsigned>(idx) : 0u;
-  unsigned blk = dsv4_fast_div(n, bs, mul, shr);
-  unsigned p = n - blk * static_cast<unsigned>(bs);
+  blk = dsv4_fast_div(n, bs, mul, shr);
+  pos = n - blk * static_cast<unsigned>(bs);
   int ok = in_range && idx >= 0 && static_cast<int>(blk) < num_blocks;
   blk = ok ? blk : 0u;
-  pos = ok ? p : 0u;
-  block = u8 + static_cast<long long>(blk) * stride;
+  pos = ok ? pos : 0u;
   return ok;
 }
-// The token's 8 scale bytes (a block's bytes, bs * 584, stay below 2^32: the front end refuses
-// larger blocks, dsv4_tl.validation).
-__device__ __forceinline__ void dsv4_ldg_scales(const unsigned char* block, int bs, unsigned pos,
-                                                unsigned* dst) {
-  dsv4_ldg8(block + (static_cast<unsigned>(bs) * 576u + pos * 8u), dst);
-}
-// Loads of lane quarter `q` of token `idx` (dsv4_token_at): the 7 NoPE quarters, the 2 RoPE
-// pieces, the 8 scale bytes into raw[0 .. 38). Returns the validity.
+// Loads of lane quarter `q` of token `idx` of the scope at `u8` (dsv4_token_slot; blocks of
+// `stride` bytes): the 7 NoPE quarters, the 2 RoPE pieces, the 8 scale bytes into
+// raw[0 .. 38). Returns the validity.
 __device__ __forceinline__ int dsv4_ldg_token(const unsigned char* u8, int q, int idx,
                                               int in_range, int bs, unsigned mul, unsigned shr,
                                               int num_blocks, long long stride, unsigned* raw) {
-  const unsigned char* block;
-  unsigned pos;
-  int ok = dsv4_token_at(u8, idx, in_range, bs, mul, shr, num_blocks, stride, block, pos);
+  unsigned blk, pos;
+  int ok = dsv4_token_slot(idx, in_range, bs, mul, shr, num_blocks, blk, pos);
+  const unsigned char* block = u8 + static_cast<long long>(blk) * stride;
   const unsigned char* rec = block + static_cast<unsigned long long>(pos) * 576ull;
   #pragma unroll
   for (int g = 0; g < 7; ++g) dsv4_ldg16(rec + 64 * g + 16 * q, raw + 4 * g);
   dsv4_ldg16(rec + 448 + 32 * q, raw + 28);
   dsv4_ldg16(rec + 448 + 32 * q + 16, raw + 32);
-  dsv4_ldg_scales(block, bs, pos, raw + 36);
+  // (a block's bytes, bs * 584, stay below 2^32: the front end refuses larger blocks,
+  // dsv4_tl.validation)
+  dsv4_ldg8(block + (static_cast<unsigned>(bs) * 576u + pos * 8u), raw + 36);
   return ok;
 }
 // dsv4_ldg_token for one K half (the seesaw's half producer, produce_fp8.HALF_TILES): half 0:
@@ -230,9 +226,9 @@ __device__ __forceinline__ int dsv4_ldg_token_half(const unsigned char* u8, int 
                                                    int in_range, int bs, unsigned mul,
                                                    unsigned shr, int num_blocks,
                                                    long long stride, unsigned* raw) {
-  const unsigned char* block;
-  unsigned pos;
-  int ok = dsv4_token_at(u8, idx, in_range, bs, mul, shr, num_blocks, stride, block, pos);
+  unsigned blk, pos;
+  int ok = dsv4_token_slot(idx, in_range, bs, mul, shr, num_blocks, blk, pos);
+  const unsigned char* block = u8 + static_cast<long long>(blk) * stride;
   const unsigned char* rec = block + static_cast<unsigned long long>(pos) * 576ull;
   constexpr int g0 = half == 0 ? 0 : 4, tiles = half == 0 ? 4 : 3;
   #pragma unroll
@@ -241,7 +237,7 @@ __device__ __forceinline__ int dsv4_ldg_token_half(const unsigned char* u8, int 
     dsv4_ldg16(rec + 448 + 32 * q, raw + 12);
     dsv4_ldg16(rec + 448 + 32 * q + 16, raw + 16);
   }
-  dsv4_ldg_scales(block, bs, pos, raw + 20);
+  dsv4_ldg8(block + (static_cast<unsigned>(bs) * 576u + pos * 8u), raw + 20);
   return ok;
 }
 // Index entry `col` of the main scope's row `a` when `in_main`, else entry `col_b` of the extra

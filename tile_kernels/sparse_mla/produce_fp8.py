@@ -36,7 +36,7 @@ The seesaw decode's producer (``make_fp8_half_producer``, below) fills the K buf
 halves, 32 tokens x one half per step, with the same lane layout, loads and dequantisation;
 ``producer_lean`` gives it the same lean stream, step by step: the division magic once per
 scope, ``dsv4_ldg_token_half`` (``dsv4_ldg_token``'s block / slot / validity code,
-``dsv4_token_at``, with one half's loads), ``tile_token_index_lean`` for the queued index
+``dsv4_token_slot``, with one half's loads), ``tile_token_index_lean`` for the queued index
 entries, one ``dsv4_lean_fast`` branch per step (the token's seven scale bytes, as a round's)
 to ``dsv4_dequant_fast``; its stores were ``dsv4_st16`` calls already.
 """
