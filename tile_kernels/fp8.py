@@ -129,7 +129,8 @@ __device__ __forceinline__ void dsv4_copy(const unsigned* raw, int ok, void* out
 # - a token's block and slot by a multiply-high with the block size's magic number (CUTLASS
 #   FastDivmod: m = ceil(2^(31 + l) / d), l = ceil(log2 d), q = umulhi(n, m) >> (l - 1),
 #   exact for 0 <= n < 2^31; computed once per scope) instead of a signed division per round,
-#   the validity without a branch, one 64-bit record address per token.
+#   the validity without a branch, one 64-bit record address per token (``dsv4_ldg_token``;
+#   ``dsv4_ldg_token_half``: the same for the loads of one K half, the seesaw's half producer).
 FP8_LEAN_PRELUDE = r"""
 // dsv4-tl: the lean FP8 producer (tile_kernels/fp8.py, producer_lean).
 // Two e4m3 bytes placed as bf16x2, bitwise dsv4_place2's result (selector 0x9180: bytes 0,
@@ -181,20 +182,31 @@ __device__ __forceinline__ unsigned dsv4_div_shr(int d) {
 __device__ __forceinline__ unsigned dsv4_fast_div(unsigned n, int d, unsigned mul, unsigned shr) {
   return d != 1 ? __umulhi(n, mul) >> shr : n;
 }
-// Loads of lane quarter `q` of token `idx` of the scope at `u8` (block size `bs`, its magic
-// `mul` / `shr`, `num_blocks` blocks of `stride` bytes): the 7 NoPE quarters, the 2 RoPE
-// pieces, the 8 scale bytes into raw[0 .. 38). Returns the validity: `in_range` (the column
-// is inside the row's length), idx >= 0 and its block below num_blocks; an invalid token
-// reads block 0, slot 0 (its bytes are discarded at dequantisation).
-__device__ __forceinline__ int dsv4_ldg_token(const unsigned char* u8, int q, int idx,
-                                              int in_range, int bs, unsigned mul, unsigned shr,
-                                              int num_blocks, long long stride, unsigned* raw) {
+// Block and slot of token `idx` (block size `bs`, its magic `mul` / `shr`, `num_blocks`
+// blocks) into `blk` / `pos`; returns the validity: `in_range` (the column is inside the
+// row's length), idx >= 0 and its block below num_blocks. An invalid token is placed at block
+// 0, slot 0 (its bytes are discarded at dequantisation). Shared by dsv4_ldg_token and
+// dsv4_ldg_token_half (integers only: each caller forms its addresses as dsv4_ldg_token
+// always did, so that its code stays the same).
+__device__ __forceinline__ int dsv4_token_slot(int idx, int in_range, int bs, unsigned mul,
+                                               unsigned shr, int num_blocks, unsigned& blk,
+                                               unsigned& pos) {
   unsigned n = idx > 0 ? static_cast<unsigned>(idx) : 0u;
-  unsigned blk = dsv4_fast_div(n, bs, mul, shr);
-  unsigned pos = n - blk * static_cast<unsigned>(bs);
+  blk = dsv4_fast_div(n, bs, mul, shr);
+  pos = n - blk * static_cast<unsigned>(bs);
   int ok = in_range && idx >= 0 && static_cast<int>(blk) < num_blocks;
   blk = ok ? blk : 0u;
   pos = ok ? pos : 0u;
+  return ok;
+}
+// Loads of lane quarter `q` of token `idx` of the scope at `u8` (dsv4_token_slot; blocks of
+// `stride` bytes): the 7 NoPE quarters, the 2 RoPE pieces, the 8 scale bytes into
+// raw[0 .. 38). Returns the validity.
+__device__ __forceinline__ int dsv4_ldg_token(const unsigned char* u8, int q, int idx,
+                                              int in_range, int bs, unsigned mul, unsigned shr,
+                                              int num_blocks, long long stride, unsigned* raw) {
+  unsigned blk, pos;
+  int ok = dsv4_token_slot(idx, in_range, bs, mul, shr, num_blocks, blk, pos);
   const unsigned char* block = u8 + static_cast<long long>(blk) * stride;
   const unsigned char* rec = block + static_cast<unsigned long long>(pos) * 576ull;
   #pragma unroll
@@ -204,6 +216,28 @@ __device__ __forceinline__ int dsv4_ldg_token(const unsigned char* u8, int q, in
   // (a block's bytes, bs * 584, stay below 2^32: the front end refuses larger blocks,
   // dsv4_tl.validation)
   dsv4_ldg8(block + (static_cast<unsigned>(bs) * 576u + pos * 8u), raw + 36);
+  return ok;
+}
+// dsv4_ldg_token for one K half (the seesaw's half producer, produce_fp8.HALF_TILES): half 0:
+// NoPE quarters 0-3 into raw[0 .. 16); half 1: quarters 4-6 into raw[0 .. 12), the 2 RoPE
+// pieces into raw[12 .. 20); then the 8 scale bytes into raw[20 .. 22). Returns the validity.
+template <int half>
+__device__ __forceinline__ int dsv4_ldg_token_half(const unsigned char* u8, int q, int idx,
+                                                   int in_range, int bs, unsigned mul,
+                                                   unsigned shr, int num_blocks,
+                                                   long long stride, unsigned* raw) {
+  unsigned blk, pos;
+  int ok = dsv4_token_slot(idx, in_range, bs, mul, shr, num_blocks, blk, pos);
+  const unsigned char* block = u8 + static_cast<long long>(blk) * stride;
+  const unsigned char* rec = block + static_cast<unsigned long long>(pos) * 576ull;
+  constexpr int g0 = half == 0 ? 0 : 4, tiles = half == 0 ? 4 : 3;
+  #pragma unroll
+  for (int i = 0; i < tiles; ++i) dsv4_ldg16(rec + 64 * (g0 + i) + 16 * q, raw + 4 * i);
+  if (half == 1) {
+    dsv4_ldg16(rec + 448 + 32 * q, raw + 12);
+    dsv4_ldg16(rec + 448 + 32 * q + 16, raw + 16);
+  }
+  dsv4_ldg8(block + (static_cast<unsigned>(bs) * 576u + pos * 8u), raw + 20);
   return ok;
 }
 // Index entry `col` of the main scope's row `a` when `in_main`, else entry `col_b` of the extra

@@ -14,6 +14,10 @@ from typing import Optional
 
 from .targets import target_for_dirname
 from .tile_kernels.layout import HEAD_DIM
+
+# (block_tokens, producer_slots) pairs the seesaw decode builds (a CPU test checks them against
+# decode_seesaw.SEESAW_DECODE_REGS, which needs TileLang to import)
+SEESAW_DECODE_TILE_SLOTS = frozenset({(32, 2), (32, 4), (64, 2)})
 from .tile_kernels.sparse_mla.rules import (TOKENS_IN_M_HEADS, TOKENS_IN_M_STAGES, TOKENS_IN_M_THREADS,
                                            producer_lean_refusal, tokens_in_m_persistent_refusal)
 
@@ -175,6 +179,14 @@ def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
             if op == "sparse_decode" and bi not in (32, 64):
                 return (f"warp_specialized: decode's producer takes 32- or 64-token tiles (32 "
                         f"tokens per round), got block_tokens {bi}")
+            # the seesaw decode's register splits exist for these (tile, producer slots) only
+            # (tile_kernels/sparse_mla/decode_seesaw.SEESAW_DECODE_REGS; the builder refuses the
+            # rest, run 97's tune compiled three 64-token / 4-slot candidates to that refusal)
+            slots = (bi, c.get("producer_slots", 2))
+            if (op == "sparse_decode" and c.get("consumers") == "seesaw"
+                    and slots not in SEESAW_DECODE_TILE_SLOTS):
+                return (f"consumers 'seesaw': (block_tokens, producer_slots) must be one of "
+                        f"{sorted(SEESAW_DECODE_TILE_SLOTS)}, got {slots}")
             if op == "sparse_prefill" and c.get("num_stages", 0) != 0:
                 return "num_stages: unused by the warp-specialised schedule (same kernel as 0)"
         elif threads == 384:

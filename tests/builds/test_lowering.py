@@ -217,7 +217,10 @@ NVCC_FAMILIES = {
 #     default-producer persistent examples: the same walks, the split example's producer);
 #   tokens in M on the persistent grid: lean, two math warpgroups at h8 (h16: the same body
 #     at another register split, 4 / 4 spill bytes against h8's 28 / 64, PERF_NOTES item 50)
-#     and the default producer with one math warpgroup (the spill-free check).
+#     and the default producer with one math warpgroup (the spill-free check);
+#   the seesaw's half producer, lean: 64-token tiles at h128 C4A (the tightest producer
+#     registers of the seesaw splits, 104; the h96 32-token four-slot example: the same
+#     stream with more slots, its source checked as lowered).
 NVCC_DECODES = (
     {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
      "block_tokens": 32, "producer_lean": True},
@@ -232,6 +235,8 @@ NVCC_DECODES = (
      "producer_lean": True},
     {"num_heads": 8, "has_extra": False, "tokens_in_m": True, "heads_per_block": 8,
      "threads": 256, "block_tokens": 64, "num_stages": 2, "persistent": True},
+    {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+     "block_tokens": 64, "consumers": "seesaw", "producer_lean": True},
 )
 
 
@@ -245,7 +250,8 @@ def test_nvcc_decodes_are_examples():
     """Each decode the spill checks compile is an example of the spill checks (a renamed or
     removed example would otherwise leave its family without nvcc silently)."""
     examples = [e["kwargs"] for e in _import(DECODE).LOWERING_EXAMPLES]
-    checked = [p.values[0] for p in _producer_lean_examples() + _tim_persistent_examples()]
+    checked = [p.values[0] for p in _producer_lean_examples() + _seesaw_lean_examples()
+               + _tim_persistent_examples()]
     for kwargs in NVCC_DECODES:
         assert kwargs in examples and kwargs in checked, f"not a spill-checked example: {kwargs}"
 
@@ -307,10 +313,21 @@ def test_export_and_load(tmp_path):
 
 # ------------------------------------------------------------------ the lean FP8 producer
 def _producer_lean_examples():
-    return _examples_with(DECODE, "producer_lean", lambda k: (
+    """The lean examples of the whole-tile producer (split consumers, tokens in M)."""
+    return [p for p in _examples_with(DECODE, "producer_lean", lambda k: (
         f"lean-h{k['num_heads']}-bt{k['block_tokens']}-"
         f"{'tim' if k.get('tokens_in_m') else 'split'}-{'c4a' if k['has_extra'] else 'swa'}"
         + (f"-persistent-{k.get('balance', 'items')}" if k.get("persistent") else "")))
+        if p.values[0].get("consumers") != "seesaw"]
+
+
+def _seesaw_lean_examples():
+    """The lean examples of the seesaw's half producer."""
+    return [p for p in _examples_with(DECODE, "producer_lean", lambda k: (
+        f"lean-seesaw-h{k['num_heads']}-bt{k['block_tokens']}-"
+        f"slots{k.get('producer_slots', 2)}-{'c4a' if k['has_extra'] else 'swa'}"
+        f"-splits{k.get('num_splits', 1)}"))
+        if p.values[0].get("consumers") == "seesaw"]
 
 
 def test_producer_lean_has_examples():
@@ -355,11 +372,46 @@ def test_producer_lean_source(kwargs, tmp_path):
 LEAN_PERSISTENT_SPILLS = (300, 540)
 
 
+def test_seesaw_lean_has_examples():
+    assert {(p.values[0]["block_tokens"], p.values[0].get("producer_slots", 2))
+            for p in _seesaw_lean_examples()} == {(64, 2), (32, 4)}
+
+
+@pytest.mark.parametrize("kwargs", _seesaw_lean_examples())
+def test_seesaw_lean_source(kwargs, tmp_path):
+    """The generated CUDA of a seesaw decode with the lean half producer
+    (sparse_decode.LOWERING_EXAMPLES, the kernel test_lowering compiled): in the producer (from
+    its division magic to its last K store) no barrier that TileLang inserted, no integer
+    division, every token's bytes through ``dsv4_ldg_token_half`` (one call per branch of each
+    step's scope choice: the ``slots - 1`` steps before the loop, then the pair's steps), one
+    ``dsv4_lean_fast`` branch per step, and, for the example of ``NVCC_DECODES`` where nvcc is
+    here, no spills."""
+    kernel = _compiled_decode(kwargs)
+    source = kernel.get_kernel_source()
+    start = source.index("divm[0] = dsv4_div_mul(")
+    end = source.rindex("dsv4_st16(")
+    producer = source[start:end]
+    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\(|bar\.sync", producer)
+    assert not inserted, f"barriers inside the lean half producer: {inserted}"
+    assert not re.search(r"[/%] *\(?(main|extra)_block_size", producer), "a division by the block size"
+    assert "dsv4_ldg16(" not in producer and "dsv4_ldg8(" not in producer
+    assert "dsv4_ldg_token(" not in producer
+    steps = 4 * kwargs["block_tokens"] // 32  # the (buffer, half, round) steps of a tile pair
+    slots = kwargs.get("producer_slots", 2)
+    assert producer.count("dsv4_lean_fast(") == steps
+    calls = producer.count("dsv4_ldg_token_half<")
+    assert calls == 2 * (slots - 1 + steps), calls
+    for half in (0, 1):  # each half's loads by its own instance
+        assert f"dsv4_ldg_token_half<{half}>(" in producer
+    if _nvcc_wanted(kwargs):
+        _check_no_spills(source, tmp_path)
+
+
 @pytest.mark.parametrize("kwargs,message", [
-    ({"block_tokens": 32, "producer_lean": True, "consumers": "seesaw"},
-     "producer_lean: .*split consumers"),
     ({"block_tokens": 32, "producer_lean": True, "warp_specialized": False, "threads": 256},
-     "producer_lean: .*split consumers"),
+     "producer_lean: .*seesaw consumers"),
+    ({"block_tokens": 32, "producer_lean": True, "consumers": "seesaw", "persistent": True},
+     "consumers 'seesaw': needs"),
     ({"block_tokens": 32, "producer_lean": 1}, "producer_lean: expected True or False"),
 ])
 def test_producer_lean_refused(kwargs, message):
@@ -372,7 +424,7 @@ def test_producer_lean_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         build_sparse_decode(**{**base, **kwargs})
     config = {"heads_per_block": 64, "num_splits": 1, **base, **kwargs}
-    if kwargs["producer_lean"] is True:
+    if kwargs["producer_lean"] is True and not kwargs.get("consumers"):
         assert (prune("cuda_sm90a", "sparse_decode", config) or "").startswith("producer_lean")
 
 
@@ -394,7 +446,8 @@ def test_q_stages_refused(kwargs, message):
 
 
 def test_producer_lean_kept_by_pruning():
-    """Where the builder takes the knob (split consumers, tokens in M), the tuner keeps it."""
+    """Where the builder takes the knob (split and seesaw consumers, tokens in M), the tuner
+    keeps it."""
     from dsv4_tl.schedule_rules import prune
 
     base = {"heads_per_block": 64, "num_heads": 64, "has_extra": True, "threads": 384,
@@ -403,6 +456,8 @@ def test_producer_lean_kept_by_pruning():
     tim = {**base, "warp_specialized": False, "tokens_in_m": True, "heads_per_block": 16,
            "block_tokens": 64, "num_stages": 2, "ctas_per_sm": 1}
     assert not (prune("cuda_sm90a", "sparse_decode", tim) or "").startswith("producer_lean")
+    seesaw = {**base, "consumers": "seesaw", "block_tokens": 64}  # the half producer
+    assert not (prune("cuda_sm90a", "sparse_decode", seesaw) or "").startswith("producer_lean")
     for balance in ("items", "tiles"):  # the 64-head persistent grid (item 52)
         persistent = {**base, "persistent": True, "balance": balance}
         assert not (prune("cuda_sm90a", "sparse_decode", persistent) or "").startswith(

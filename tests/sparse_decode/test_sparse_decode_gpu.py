@@ -1018,6 +1018,125 @@ def test_decode_seesaw_edge_inputs(case, slots4, seed):
         _edge_input_case(case, gen, 64, "c4a512", poison_block0=False)
 
 
+# The seesaw schedule with the half producer's lean instruction stream (``producer_lean``:
+# tile_kernels/sparse_mla/produce_fp8.make_fp8_half_producer, fp8.FP8_LEAN_PRELUDE), forced for
+# every shape: 64-token tiles with two slots (SEESAW) and 32-token tiles with four (SLOTS4).
+SEESAW_LEAN = {"producer_lean": True}
+SEESAW_LEAN_CONFIGS = [pytest.param({}, id="tokens64-slots2", marks=[KNOB]),
+                       pytest.param(SLOTS4, id="tokens32-slots4", marks=[KNOB])]
+
+
+def _seesaw_lean(**over):
+    return _seesaw(**SEESAW_LEAN, **over)
+
+
+@pytest.mark.parametrize("config", SEESAW_LEAN_CONFIGS)
+@pytest.mark.parametrize(
+    "h,b,s_q,extra_kind,over",
+    [
+        (128, 128, 1, "c4a1024", {}),
+        (64, 128, 1, "c4a512", {}),
+        (128, 64, 1, "swa", {}),
+        (128, 37, 3, "c4a1024", {}),
+        (64, 64, 1, "c128a128", {}),
+        (128, 16, 1, "c128a8192", {"num_splits": 2}),
+        (64, 1, 1, "c4a512", {"num_splits": 8}),
+        (96, 7, 1, "swa", {"num_splits": 4}),
+    ],
+    ids=_seesaw_id,
+)
+def test_decode_seesaw_lean_matches_reference(h, b, s_q, extra_kind, over, config, seed):
+    """The lean half producer against the reference, outputs NaN-poisoned: both scopes (C4A:
+    64-token blocks; C128A: 2-token blocks, a long row), SWA-only, MTP rows, split-KV partials
+    through the combine, a padded head count (96); holes, garbage past the lengths and a
+    lonely last request come with every case."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    with _seesaw_lean(**config, **over):
+        check_decode(*decode_case(b, s_q, h, extra_kind, gen))
+
+
+@pytest.mark.parametrize("config", SEESAW_LEAN_CONFIGS)
+@pytest.mark.parametrize("num_splits", [1, 8])
+def test_decode_seesaw_lean_split_edges(num_splits, config, seed):
+    """The split-boundary lengths (padding tiles of an odd tile count, window-to-compressed
+    crossings, empty splits), unsplit and at 8 splits, with block 0's slot 0 poisoned (an
+    invalid token's bytes are read from there and must be discarded)."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
+    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
+    with _seesaw_lean(**config, num_splits=num_splits):
+        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
+            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
+            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
+            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
+
+
+@pytest.mark.parametrize("config", SEESAW_LEAN_CONFIGS)
+@pytest.mark.parametrize("case", ["lonely", "holes", "out_of_range", "sinks", "fnuz"])
+def test_decode_seesaw_lean_edge_inputs(case, config, seed):
+    """Every length 0 (out 0, lse +inf), every entry -1, slots past the cache, INT32_MAX and
+    other negatives (block 0 poisoned), the four sink kinds, FNUZ bytes (restore exponent
+    119: the fast path's other limit)."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    with _seesaw_lean(**config):
+        _edge_input_case(case, gen, 64, "c4a512", poison_block0=True)
+
+
+@pytest.mark.parametrize("config", SEESAW_LEAN_CONFIGS)
+def test_decode_seesaw_lean_block_sizes(config, seed):
+    """Block sizes 1 (the division magic's special case) in the window scope and 7 (not a
+    power of two) in the compressed scope, with garbage slots past each cache: against the
+    reference."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    b, h = 5, 64
+    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = decode_scope(b, 1, WINDOW, 1, WINDOW + 8, gen)
+    e_cache, e_idx = decode_scope(b, 1, 512, 7, 512 // 7 + 2, gen)
+    lens, e_lens = lengths(b, WINDOW, gen), lengths(b, 512, gen)
+    _garbage_slots(idx, k_cache, gen)
+    _garbage_slots(e_idx, e_cache, gen)
+    with _seesaw_lean(**config):
+        check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(h, gen))
+
+
+@pytest.mark.parametrize("config", SEESAW_LEAN_CONFIGS)
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_seesaw_lean_bitwise_default(num_splits, config, seed):
+    """The lean half producer writes bitwise the default half producer's K, so ``out`` and
+    ``lse`` are bitwise the default's (same consumers, tiles and splits): on a random C4A
+    case, and with scale bytes 140 (2^13, past the fast path's limit: those warps' steps take
+    dsv4_dequant) on tile 5 (half 1) and tile 2 (half 0) of a third of the tokens of both
+    caches (q zero on those tiles' dims, so the logits stay moderate), also against the
+    reference."""
+    from dsv4_tl.targets import parse_target
+    from dsv4_tl.tune import forcing
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    for large in (False, True):
+        q, main, extra, sink = decode_case(16, 1, 128, "c4a1024", gen)
+        if large:
+            for tile in (2, 5):
+                q[..., 64 * tile:64 * tile + 64] = 0
+                _raise_scales(main[0], tile, 1 / 3, 140, gen)
+                _raise_scales(extra[0], tile, 1 / 3, 140, gen)
+        results = []
+        for lean in (False, True):
+            forced = {**SEESAW, **config, "num_splits": num_splits, "producer_lean": lean}
+            with forcing(parse_target("cuda:sm_90a"), "sparse_decode", forced):
+                out = torch.full((16, 1, 128, 512), math.nan, dtype=torch.bfloat16, device=DEV)
+                lse = torch.full((16, 128, 1), math.nan, dtype=torch.float32, device=DEV)
+                sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse)
+                torch.cuda.synchronize()
+                results.append((out, lse))
+        (d_out, d_lse), (l_out, l_lse) = results
+        assert not bool(torch.isnan(l_out).any()), f"large {large}: NaN left in out"
+        assert torch.equal(d_out.view(torch.int16), l_out.view(torch.int16)), f"large {large}"
+        assert torch.equal(d_lse.view(torch.int32), l_lse.view(torch.int32)), f"large {large}"
+        with _seesaw_lean(**config, num_splits=num_splits):
+            check_decode(q, main, extra, sink)
+
+
 # Tokens in M (config A: two math warpgroups, 2 K buffers of 64 tokens) at 16 heads, on the
 # fixed grid, the schedule file's other knobs spelled out.
 TIM_A16_FIXED = {"block_tokens": 64, "heads_per_block": 16, "threads": 384, "num_splits": 1,

@@ -170,6 +170,17 @@ def test_decode_warp_specialized_takes_32_or_64_token_tiles():
         build_sparse_decode(64, True, warp_specialized=True, threads=384, block_tokens=128)
 
 
+def test_decode_seesaw_takes_the_tile_and_slot_pairs_its_builder_has_registers_for():
+    from dsv4_tl.schedule_rules import SEESAW_DECODE_TILE_SLOTS
+    from dsv4_tl.tile_kernels.sparse_mla.decode_seesaw import SEESAW_DECODE_REGS
+
+    assert SEESAW_DECODE_TILE_SLOTS == set(SEESAW_DECODE_REGS)
+    seesaw = {**WS, "consumers": "seesaw", "num_splits": 2}
+    assert tune.prune(SM90A, "sparse_decode", {**seesaw, "producer_slots": 4}) is None
+    assert "producer_slots" in tune.prune(SM90A, "sparse_decode",
+                                          {**seesaw, "block_tokens": 64, "producer_slots": 4})
+
+
 TIM = {"block_tokens": 64, "heads_per_block": 16, "threads": 384, "num_splits": 1,
        "warp_specialized": False, "tokens_in_m": True, "num_stages": 2, "ctas_per_sm": 1}
 

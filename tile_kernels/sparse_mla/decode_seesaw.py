@@ -4,7 +4,8 @@ The warp-specialised Hopper schedule of ``sparse_decode`` with prefill's consume
 (``consume.py``: each consumer scores alternate K tiles, the row max chained from consumer 0
 to consumer 1, each accumulating both tiles' P·V into its own half of the output) instead of
 decode's split consumers (warpgroup 0 scoring every tile, warpgroup 1 only P·V). The
-producer warpgroup (``produce_fp8.make_fp8_half_producer``) dequantises the FP8 cache into
+producer warpgroup (``produce_fp8.make_fp8_half_producer``, its default or, with knob
+``producer_lean``, its lean instruction stream) dequantises the FP8 cache into
 K buffers **by halves** (columns 0-255: FP8 quantisation tiles 0-3; columns 256-511: tiles
 4-6 and the BF16 RoPE dims), each half with its own ready / free barriers, in the order the
 consumers read them (per pair: buffer 0 left, buffer 1 right, buffer 0 right, buffer 1
@@ -19,15 +20,14 @@ for ``build_sparse_decode_combine`` otherwise.
 
 import tilelang.language as T
 
-from ..fp8 import FP8_BF16_PRELUDE
 from ..layout import HEAD_DIM
 from .consume import seesaw_consumer_0, seesaw_consumer_1, ws_load_q
 from .epilogue import store_row_splits, write_output_half
 from .produce_fp8 import (
-    HALF_PRODUCER_PRELUDE,
     CacheScope,
     TileRange,
     alloc_half_producer_registers,
+    half_producer_prelude,
     make_fp8_half_producer,
 )
 from .ring import (
@@ -54,14 +54,21 @@ from .work import split_range
 SEESAW_DECODE_REGS = {(32, 2): check_ws_regs((184, 184, 136)),
                       (32, 4): check_ws_regs((184, 184, 136)),
                       (64, 2): check_ws_regs((200, 200, 104))}
+# With the lean half producer (knob ``producer_lean``; fewer live registers) at 64-token tiles:
+# 8 of its registers to consumer 0. At 200 / 200 / 104 ptxas spilled 16 / 20 bytes in a
+# consumer (consumers' code identical to the default's) on the h64 / h128 SWA kernels, at
+# 208 / 200 / 96 none on either scope, producer included (nvcc 13.0; the default producer
+# spills the same 16 / 20 bytes at 200 / 200 / 104 on C4A). 32-token tiles keep their split.
+SEESAW_LEAN_DECODE_REGS = {(64, 2): check_ws_regs((208, 200, 96))}
 
 
 def seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
-                        shape_vars: tuple, slots: int = 2):
+                        shape_vars: tuple, slots: int = 2, lean: bool = False):
     """The prim_func (``sparse_decode.decode_prim_func`` around this schedule's body);
     ``shape_vars``: its symbolic sizes (``sparse_decode.decode_shape_vars()``); ``slots``: the
     producer's register slots of raw bytes (``slots - 1`` steps of 32 tokens x one K half in
-    flight while it dequantises one)."""
+    flight while it dequantises one); ``lean``: the half producer's lean instruction stream
+    (knob ``producer_lean``; the same loads and K)."""
     if (BI, slots) not in SEESAW_DECODE_REGS:
         raise ValueError("consumers 'seesaw': (block_tokens, producer_slots) must be one of "
                          f"{sorted(SEESAW_DECODE_REGS)}, got {(BI, slots)}")
@@ -70,8 +77,10 @@ def seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: 
     HB = 64
     head_groups = (num_heads + HB - 1) // HB
     role_regs = SEESAW_DECODE_REGS[(BI, slots)]
+    if lean:
+        role_regs = SEESAW_LEAN_DECODE_REGS.get((BI, slots), role_regs)
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shape_vars
-    produce_halves = make_fp8_half_producer(has_extra, BI, fp8_format, slots)
+    produce_halves = make_fp8_half_producer(has_extra, BI, fp8_format, slots, lean)
 
     @T.macro
     def finish(st, ss, me: int, acc_o, stage, bar_id: int, d0: int, Sink, Out, Lse, OPartial,
@@ -112,7 +121,7 @@ def seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: 
              extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
              num_ctas):
         with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
-                      prelude=FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE) as (row, hg, split):
+                      prelude=half_producer_prelude(lean)) as (row, hg, split):
             st = WarpSpecializedState(HB, BI, D, split=False)
             # A K half is filled by one plain arrival per producer thread after its stores.
             ss = SeesawState(HB, BI, ready_arrivals=128)
@@ -148,7 +157,7 @@ def seesaw_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: 
                                   main_block_stride, main_num_blocks)
                 extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
                                    extra_block_stride, extra_num_blocks)
-                regs = alloc_half_producer_registers(BI, slots)
+                regs = alloc_half_producer_registers(BI, slots, lean)
                 rng = TileRange(r_b, r_s, t_begin, t_end, main_tiles)
                 produce_halves(st, ss, regs, p, main, extra, rng, pairs)
 

@@ -31,6 +31,14 @@ token's loads, block / slot (a multiply-high by the block size's magic number, c
 once per scope) and validity in one call (``dsv4_ldg_token``), and the dequantisation with
 one multiply per bf16x2 while the round's scales allow it (``dsv4_dequant_fast``, a
 warp-uniform branch per round; ``fp8.FP8_LEAN_PRELUDE``).
+
+The seesaw decode's producer (``make_fp8_half_producer``, below) fills the K buffers by
+halves, 32 tokens x one half per step, with the same lane layout, loads and dequantisation;
+``producer_lean`` gives it the same lean stream, step by step: the division magic once per
+scope, ``dsv4_ldg_token_half`` (``dsv4_ldg_token``'s block / slot / validity code,
+``dsv4_token_slot``, with one half's loads), ``tile_token_index_lean`` for the queued index
+entries, one ``dsv4_lean_fast`` branch per step (the token's seven scale bytes, as a round's)
+to ``dsv4_dequant_fast``; its stores were ``dsv4_st16`` calls already.
 """
 
 from typing import NamedTuple
@@ -422,7 +430,8 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
 # consumers read them (per pair of tiles: buffer 0 left, buffer 1 right, buffer 0 right,
 # buffer 1 left), each half behind its own barriers (``seesaw.SeesawState``: ``k_free[b][h]``,
 # ``k_ready[b][h]`` with 128 arrivals). A step is 32 tokens x one half; ``slots`` register
-# slots hold the raw bytes of ``slots - 1`` steps in flight while one is dequantised.
+# slots hold the raw bytes of ``slots - 1`` steps in flight while one is dequantised. With
+# ``lean`` the instruction stream of ``make_fp8_producer(..., lean=True)`` (module docstring).
 HALF_TILES = ((0, 1, 2, 3), (4, 5, 6))
 HALF_ORDER = ((0, 0), (1, 1), (0, 1), (1, 0))
 # Words staged per lane, step and slot: half 1's 3 tiles x 4 words + 8 RoPE words (half 0's
@@ -444,12 +453,17 @@ __device__ __forceinline__ void dsv4_st16(void* dst, const void* src) {
 """
 
 
-def alloc_half_producer_registers(block_tokens: int, slots: int) -> ProducerRegisters:
+def alloc_half_producer_registers(block_tokens: int, slots: int,
+                                  lean: bool = False) -> ProducerRegisters:
     """The registers of the half producer: ``raw`` / ``ok`` per slot, ``nxt`` the index
-    entries [pair ahead (0, 1)][buffer][round], ``deq`` one dequantised 16-value chunk."""
+    entries [pair ahead (0, 1)][buffer][round], ``deq`` one dequantised 16-value chunk;
+    ``divm`` (``lean`` only): each scope's division magic, as ``alloc_producer_registers``."""
+    check_producer_lean(lean)
     R = block_tokens // TOKENS_PER_ROUND
     shapes = {"raw": ([slots * HALF_WORDS], T.uint32), "ok": ([slots], T.int32),
               "nxt": ([4 * R], T.int32), "deq": ([16], T.bfloat16)}
+    if lean:
+        shapes["divm"] = ([4], T.uint32)
     regs = {}
     for name, (shape, dtype) in shapes.items():
         regs[name] = T.alloc_local(shape, dtype)
@@ -466,13 +480,22 @@ def announce_half(st, ss, buf: int, half: int):
     T.barrier_arrive(ss.k_ready[buf][half])
 
 
-def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, slots: int):
+def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, slots: int,
+                           lean: bool = False):
     """The macro ``produce_halves(st, ss, regs, p, main, extra, rng, pairs)``: the ``2 *
     pairs`` tiles of ``rng`` (``TileRange``; tiles past ``t_end`` all-invalid) into the two
     K buffers of ``st`` (``WarpSpecializedState``) by halves, behind the barriers of ``ss``
-    (``SeesawState``); ``regs``: ``alloc_half_producer_registers``; ``p``: the lane. A
-    buffer's validity flags are written with its first half in ``HALF_ORDER``; each filled
-    half is announced by ``announce_half``."""
+    (``SeesawState``); ``regs``: ``alloc_half_producer_registers(block_tokens, slots,
+    lean)``; ``p``: the lane. A buffer's validity flags are written with its first half in
+    ``HALF_ORDER``; each filled half is announced by ``announce_half``.
+
+    ``lean``: the lean producer's instruction stream (``make_fp8_producer``'s, by halves;
+    the kernel's prelude: ``half_producer_prelude(lean)``): the division magic once per
+    scope, a step's block / slot, validity and loads in one call (``dsv4_ldg_token_half``),
+    the next index entries by ``tile_token_index_lean``, and per step one warp-uniform
+    branch (``dsv4_lean_fast``) to one multiply per bf16x2 (``dsv4_dequant_fast``). The
+    same loads, K bytes, validity flags and barriers as the default stream."""
+    LEAN = check_producer_lean(lean)
     BI = block_tokens
     DH = HEAD_DIM // 2
     R = BI // TOKENS_PER_ROUND  # rounds per tile (and per half)
@@ -491,7 +514,22 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
     restore_exp = FP8_RESTORE_EXP[fp8_format]
 
     def token_index(main, extra, rng, k, j):
+        if LEAN:
+            return tile_token_index_lean(main, extra, rng, k, j, BI, has_extra)
         return tile_token_index(main, extra, rng, k, j, BI, has_extra)
+
+    @T.macro
+    def load_half_lean(raw, ok, slot, q, idx, scope, magic, length, col, half: int):
+        """``load_half`` of the lean producer: one call (``dsv4_ldg_token_half``) resolves the
+        token's block and slot by ``magic`` (this scope's multiplier and shift), its validity
+        and its record address, and issues the half's loads and the scale bytes'."""
+        # col >= 0: see load_half
+        ok[slot] = T.call_extern("int32", f"dsv4_ldg_token_half<{half}>",
+                                 T.access_ptr(scope.u8[0], "r", 16), q, idx,
+                                 T.if_then_else((col >= 0) and (col < length), 1, 0),
+                                 scope.block_size, magic[0], magic[1], scope.num_blocks,
+                                 scope.block_stride,
+                                 T.access_ptr(raw[HALF_WORDS * slot], "w", HALF_WORDS))
 
     @T.macro
     def load_half(raw, ok, slot, q, idx, scope, length, col, half: int):
@@ -534,7 +572,20 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
         t = rng.t_begin + k
         j, q = lane_token(r, p)
         idx = regs.nxt[buf * R + r]
-        if t < T.min(rng.main_tiles, rng.t_end):
+        if LEAN:
+            main_magic = (regs.divm[0], regs.divm[1])
+            if t < T.min(rng.main_tiles, rng.t_end):
+                load_half_lean(regs.raw, regs.ok, slot, q, idx, main, main_magic, main.length,
+                               t * BI + j, half)
+            else:
+                if has_extra:
+                    load_half_lean(regs.raw, regs.ok, slot, q, idx, extra,
+                                   (regs.divm[2], regs.divm[3]),
+                                   T.if_then_else(t < rng.t_end, extra.length, 0),
+                                   (t - rng.main_tiles) * BI + j, half)
+                else:
+                    load_half_lean(regs.raw, regs.ok, slot, q, idx, main, main_magic, 0, 0, half)
+        elif t < T.min(rng.main_tiles, rng.t_end):
             load_half(regs.raw, regs.ok, slot, q, idx, main, main.length, t * BI + j, half)
         else:
             if has_extra:
@@ -557,6 +608,49 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
         dst = st.K_l[buf] if half == 0 else st.K_r[buf]
         T.call_extern("handle", "dsv4_st16", T.address_of(dst[j, col]),
                       T.access_ptr(deq[d0], "r", 8))
+
+    @T.macro
+    def dequant_step_lean(st, regs, slot, step, p):
+        """``dequant_step`` of the lean producer: while every scale byte of the warp's step
+        allows it (``dsv4_lean_fast``, one warp-uniform branch), one multiply per bf16x2 by a
+        multiplier that carries the validity; else ``dsv4_dequant`` as the default stream.
+        Bitwise the same K either way."""
+        buf, half, r = step
+        j, q = lane_token(r, p)
+        base = HALF_WORDS * slot
+        if half == buf and q == 0:
+            st.valid[buf][j] = regs.ok[slot] == 1
+        mk = T.if_then_else(regs.ok[slot] == 1, T.uint32(0x80), T.uint32(0))
+        ma = T.if_then_else(regs.ok[slot] == 1, T.uint32(restore_exp * 0x800080), T.uint32(0))
+        if T.call_extern("int32", "dsv4_lean_fast", regs.raw[base + SCALE_WORD],
+                         regs.raw[base + SCALE_WORD + 1], T.uint32(restore_exp)) != 0:
+            for i, g in enumerate(HALF_TILES[half]):
+                T.call_extern("handle", "dsv4_dequant_fast<4>",
+                              T.access_ptr(regs.raw[base + 4 * i], "r", 4),
+                              T.call_extern("uint32", "dsv4_fast_mult",
+                                            regs.raw[base + SCALE_WORD + g // 4],
+                                            T.uint32(0x4040 + 0x101 * (g % 4)), mk, ma),
+                              T.access_ptr(regs.deq[0], "w", 16))
+                for h in unrolled(2):
+                    store16(st, buf, half, j, g * QUANT_TILE - half * DH + 16 * q + 8 * h,
+                            regs.deq, 8 * h)
+        else:
+            for i, g in enumerate(HALF_TILES[half]):
+                scale_byte = ((regs.raw[base + SCALE_WORD + g // 4] >> T.uint32(8 * (g % 4)))
+                              & T.uint32(0xFF))
+                T.call_extern("handle", "dsv4_dequant<4>",
+                              T.access_ptr(regs.raw[base + 4 * i], "r", 4), scale_byte,
+                              T.uint32(restore_exp), regs.ok[slot],
+                              T.access_ptr(regs.deq[0], "w", 16))
+                for h in unrolled(2):
+                    store16(st, buf, half, j, g * QUANT_TILE - half * DH + 16 * q + 8 * h,
+                            regs.deq, 8 * h)
+        if half == 1:
+            T.call_extern("handle", "dsv4_copy<8>",
+                          T.access_ptr(regs.raw[base + 4 * len(HALF_TILES[1])], "r", 8),
+                          regs.ok[slot], T.access_ptr(regs.deq[0], "w", 16))
+            for h in unrolled(2):
+                store16(st, buf, 1, j, NOPE_DIM - DH + 16 * q + 8 * h, regs.deq, 8 * h)
 
     @T.macro
     def dequant_step(st, regs, slot, step, p):
@@ -588,6 +682,12 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
                       pairs):
         # (the range's fields bound once, as macro arguments: see make_fp8_producer)
         rng = TileRange(r_b, r_s, t_begin, t_end, main_tiles)
+        if LEAN:  # the division magic of each scope's block size, once
+            regs.divm[0] = T.call_extern("uint32", "dsv4_div_mul", main.block_size)
+            regs.divm[1] = T.call_extern("uint32", "dsv4_div_shr", main.block_size)
+            if has_extra:
+                regs.divm[2] = T.call_extern("uint32", "dsv4_div_mul", extra.block_size)
+                regs.divm[3] = T.call_extern("uint32", "dsv4_div_shr", extra.block_size)
         for ahead in (0, 1):
             for buf in (0, 1):
                 for r in unrolled(R):
@@ -603,7 +703,10 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
                 load_step(regs, m % NS, steps[m % L], pair + m // L, p, main, extra, rng)
                 if r == 0:
                     T.barrier_wait(ss.k_free[buf][half], (pair & 1) ^ 1)
-                dequant_step(st, regs, n % NS, step, p)
+                if LEAN:
+                    dequant_step_lean(st, regs, n % NS, step, p)
+                else:
+                    dequant_step(st, regs, n % NS, step, p)
                 if r == R - 1:
                     announce_half(st, ss, buf, half)
 
@@ -618,3 +721,10 @@ def producer_prelude(lean: bool = False) -> str:
     if lean:
         return FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE + FP8_LEAN_PRELUDE
     return FP8_BF16_PRELUDE
+
+
+def half_producer_prelude(lean: bool = False) -> str:
+    """The CUDA lines a kernel with ``make_fp8_half_producer(..., lean)`` needs."""
+    if lean:
+        return FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE + FP8_LEAN_PRELUDE
+    return FP8_BF16_PRELUDE + HALF_PRODUCER_PRELUDE

@@ -16,16 +16,17 @@ TOKENS_IN_M_STAGES = {"sparse_decode": (1, 2, 3, 4), "sparse_prefill": (2, 3)}
 def producer_lean_refusal(producer_lean, *, warp_specialized=False, consumers="split",
                           tokens_in_m=False) -> Optional[str]:
     """Why the lean FP8 producer (``producer_lean``, bench/PERF_NOTES.md item 46) cannot serve
-    this schedule, or None. It is the register path of the one FP8 producer
-    (``produce_fp8``): the split consumers of the warp-specialised schedule on the fixed
-    and the persistent grid (both balances; bench/PERF_NOTES.md item 52), and tokens in M
-    on either grid; not the seesaw's half producer."""
+    this schedule, or None. It is the register path of the FP8 producers (``produce_fp8``):
+    the split consumers of the warp-specialised schedule on the fixed and the persistent grid
+    (both balances; bench/PERF_NOTES.md item 52), the seesaw consumers' half producer (fixed
+    grid; the seesaw's own rules refuse the rest), and tokens in M on either grid; not the
+    plain (portable) schedule, which has no FP8 producer."""
     if not producer_lean:
         return None
-    if not (tokens_in_m or (warp_specialized and consumers == "split")):
-        return ("producer_lean: the lean producer serves the split consumers and tokens in M, "
-                f"got consumers {consumers!r}, warp_specialized {warp_specialized}, "
-                f"tokens_in_m {tokens_in_m}")
+    if not (tokens_in_m or (warp_specialized and consumers in ("split", "seesaw"))):
+        return ("producer_lean: the lean producer serves the split and seesaw consumers and "
+                f"tokens in M, got consumers {consumers!r}, warp_specialized "
+                f"{warp_specialized}, tokens_in_m {tokens_in_m}")
     return None
 
 

@@ -140,7 +140,7 @@ def build_sparse_decode(
             persistent grid of the 64-head schedule, its item walk shared (``work.py``;
             bench/PERF_NOTES.md item 50).
         producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
-            in M, on either grid; not with the seesaw's half producer:
+            in M, on either grid, and the seesaw's half producer; not the plain schedule:
             ``rules.producer_lean_refusal``): the same loads and K in
             fewer instructions per 32-token round (``produce_fp8``,
             ``fp8.FP8_LEAN_PRELUDE``; bench/PERF_NOTES.md items 46, 52).
@@ -217,7 +217,7 @@ def build_sparse_decode(
         persistent = persistent and num_heads % HB == 0
         if consumers == "seesaw":
             return seesaw_decode(num_heads, has_extra, fp8_format, S, BI, decode_shape_vars(),
-                                       producer_slots)
+                                 producer_slots, producer_lean)
         return warp_specialized_decode(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost, producer_lean,
                                        balance=balance,
@@ -398,6 +398,15 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "consumers": "seesaw", "producer_slots": 4}},
+    # the seesaw's half producer with the lean stream (producer_lean): 64-token tiles, h128
+    # C4A, one split; 32-token tiles with four slots, padded heads (h96), SWA-only, 4 splits
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 64, "consumers": "seesaw", "producer_lean": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 96, "has_extra": False, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "num_splits": 4, "consumers": "seesaw", "producer_slots": 4,
+                "producer_lean": True}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 128, "has_extra": True}},
     {"builder": "build_sparse_decode", "kwargs": {"num_heads": 64, "has_extra": False, "num_splits": 4}},
     {"builder": "build_sparse_decode",
