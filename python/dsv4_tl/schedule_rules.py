@@ -14,12 +14,12 @@ from typing import Optional
 
 from .targets import target_for_dirname
 from .tile_kernels.layout import HEAD_DIM
+from .tile_kernels.sparse_mla.rules import (TOKENS_IN_M_HEADS, TOKENS_IN_M_STAGES, TOKENS_IN_M_THREADS,
+                                           producer_lean_refusal, tokens_in_m_persistent_refusal)
 
 # (block_tokens, producer_slots) pairs the seesaw decode builds (a CPU test checks them against
 # decode_seesaw.SEESAW_DECODE_REGS, which needs TileLang to import)
 SEESAW_DECODE_TILE_SLOTS = frozenset({(32, 2), (32, 4), (64, 2)})
-from .tile_kernels.sparse_mla.rules import (TOKENS_IN_M_HEADS, TOKENS_IN_M_STAGES, TOKENS_IN_M_THREADS,
-                                           producer_lean_refusal, tokens_in_m_persistent_refusal)
 
 
 def arch_limits(target_dir: str):

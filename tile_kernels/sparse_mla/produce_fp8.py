@@ -150,6 +150,17 @@ def tile_token_index_lean(main, extra, rng, k, j, block_tokens: int, has_extra: 
         T.max(T.min((t - rng.main_tiles) * BI + j, extra.width - 1), 0))
 
 
+@T.macro
+def set_division_magic(regs, main, extra, has_extra: bool):
+    """The lean producers' division magic of each scope's block size, once per range
+    (``regs.divm``: the main scope's multiplier and shift, then the extra scope's)."""
+    regs.divm[0] = T.call_extern("uint32", "dsv4_div_mul", main.block_size)
+    regs.divm[1] = T.call_extern("uint32", "dsv4_div_shr", main.block_size)
+    if has_extra:
+        regs.divm[2] = T.call_extern("uint32", "dsv4_div_mul", extra.block_size)
+        regs.divm[3] = T.call_extern("uint32", "dsv4_div_shr", extra.block_size)
+
+
 def check_producer_lean(producer_lean) -> bool:
     """``producer_lean``: True or False; ValueError naming it otherwise."""
     if type(producer_lean) is not bool:
@@ -388,12 +399,8 @@ def make_fp8_producer(has_extra: bool, block_tokens: int, fp8_format: str,
         # variable (a tuple's fields would be re-evaluated at every use; on the persistent
         # grid that broke TileLang's thread-sync lowering of the producer).
         rng = TileRange(r_b, r_s, t_begin, t_end, main_tiles)
-        if LEAN:  # the division magic of each scope's block size, once
-            regs.divm[0] = T.call_extern("uint32", "dsv4_div_mul", main.block_size)
-            regs.divm[1] = T.call_extern("uint32", "dsv4_div_shr", main.block_size)
-            if has_extra:
-                regs.divm[2] = T.call_extern("uint32", "dsv4_div_mul", extra.block_size)
-                regs.divm[3] = T.call_extern("uint32", "dsv4_div_shr", extra.block_size)
+        if LEAN:
+            set_division_magic(regs, main, extra, has_extra)
         for r in unrolled(R):
             regs.nxt[r] = token_index(main, extra, rng, 0, lane_token(r, p)[0])
         load_round(regs, RegisterSlot(regs.raw, 0), 0, 0, 0, p, main, extra, rng)
@@ -610,6 +617,38 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
                       T.access_ptr(deq[d0], "r", 8))
 
     @T.macro
+    def mark_valid(st, regs, slot, buf: int, half: int, j, q):
+        """With a buffer's first half in ``HALF_ORDER``, the validity flags its scoring
+        consumer reads (one lane of the token's four)."""
+        if half == buf and q == 0:
+            st.valid[buf][j] = regs.ok[slot] == 1
+
+    @T.macro
+    def dequant_tiles(st, regs, slot, base, buf: int, half: int, j, q):
+        """The FP8 tiles of half ``half`` in register slot ``slot`` (words from ``base``) ->
+        row ``j`` of K half ``(buf, half)`` by ``dsv4_dequant`` (any scale byte; zeros for an
+        invalid token)."""
+        for i, g in enumerate(HALF_TILES[half]):
+            scale_byte = ((regs.raw[base + SCALE_WORD + g // 4] >> T.uint32(8 * (g % 4)))
+                          & T.uint32(0xFF))
+            T.call_extern("handle", "dsv4_dequant<4>",
+                          T.access_ptr(regs.raw[base + 4 * i], "r", 4), scale_byte,
+                          T.uint32(restore_exp), regs.ok[slot], T.access_ptr(regs.deq[0], "w", 16))
+            for h in unrolled(2):
+                store16(st, buf, half, j, g * QUANT_TILE - half * DH + 16 * q + 8 * h, regs.deq,
+                        8 * h)
+
+    @T.macro
+    def copy_rope(st, regs, slot, base, buf: int, j, q):
+        """The BF16 RoPE dims in register slot ``slot`` -> row ``j`` of K half ``(buf, 1)``
+        (zeros for an invalid token)."""
+        T.call_extern("handle", "dsv4_copy<8>",
+                      T.access_ptr(regs.raw[base + 4 * len(HALF_TILES[1])], "r", 8),
+                      regs.ok[slot], T.access_ptr(regs.deq[0], "w", 16))
+        for h in unrolled(2):
+            store16(st, buf, 1, j, NOPE_DIM - DH + 16 * q + 8 * h, regs.deq, 8 * h)
+
+    @T.macro
     def dequant_step_lean(st, regs, slot, step, p):
         """``dequant_step`` of the lean producer: while every scale byte of the warp's step
         allows it (``dsv4_lean_fast``, one warp-uniform branch), one multiply per bf16x2 by a
@@ -618,8 +657,7 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
         buf, half, r = step
         j, q = lane_token(r, p)
         base = HALF_WORDS * slot
-        if half == buf and q == 0:
-            st.valid[buf][j] = regs.ok[slot] == 1
+        mark_valid(st, regs, slot, buf, half, j, q)
         mk = T.if_then_else(regs.ok[slot] == 1, T.uint32(0x80), T.uint32(0))
         ma = T.if_then_else(regs.ok[slot] == 1, T.uint32(restore_exp * 0x800080), T.uint32(0))
         if T.call_extern("int32", "dsv4_lean_fast", regs.raw[base + SCALE_WORD],
@@ -635,22 +673,9 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
                     store16(st, buf, half, j, g * QUANT_TILE - half * DH + 16 * q + 8 * h,
                             regs.deq, 8 * h)
         else:
-            for i, g in enumerate(HALF_TILES[half]):
-                scale_byte = ((regs.raw[base + SCALE_WORD + g // 4] >> T.uint32(8 * (g % 4)))
-                              & T.uint32(0xFF))
-                T.call_extern("handle", "dsv4_dequant<4>",
-                              T.access_ptr(regs.raw[base + 4 * i], "r", 4), scale_byte,
-                              T.uint32(restore_exp), regs.ok[slot],
-                              T.access_ptr(regs.deq[0], "w", 16))
-                for h in unrolled(2):
-                    store16(st, buf, half, j, g * QUANT_TILE - half * DH + 16 * q + 8 * h,
-                            regs.deq, 8 * h)
+            dequant_tiles(st, regs, slot, base, buf, half, j, q)
         if half == 1:
-            T.call_extern("handle", "dsv4_copy<8>",
-                          T.access_ptr(regs.raw[base + 4 * len(HALF_TILES[1])], "r", 8),
-                          regs.ok[slot], T.access_ptr(regs.deq[0], "w", 16))
-            for h in unrolled(2):
-                store16(st, buf, 1, j, NOPE_DIM - DH + 16 * q + 8 * h, regs.deq, 8 * h)
+            copy_rope(st, regs, slot, base, buf, j, q)
 
     @T.macro
     def dequant_step(st, regs, slot, step, p):
@@ -659,35 +684,18 @@ def make_fp8_half_producer(has_extra: bool, block_tokens: int, fp8_format: str, 
         buf, half, r = step
         j, q = lane_token(r, p)
         base = HALF_WORDS * slot
-        if half == buf and q == 0:
-            st.valid[buf][j] = regs.ok[slot] == 1
-        for i, g in enumerate(HALF_TILES[half]):
-            scale_byte = ((regs.raw[base + SCALE_WORD + g // 4] >> T.uint32(8 * (g % 4)))
-                          & T.uint32(0xFF))
-            T.call_extern("handle", "dsv4_dequant<4>",
-                          T.access_ptr(regs.raw[base + 4 * i], "r", 4), scale_byte,
-                          T.uint32(restore_exp), regs.ok[slot], T.access_ptr(regs.deq[0], "w", 16))
-            for h in unrolled(2):
-                store16(st, buf, half, j, g * QUANT_TILE - half * DH + 16 * q + 8 * h, regs.deq,
-                        8 * h)
+        mark_valid(st, regs, slot, buf, half, j, q)
+        dequant_tiles(st, regs, slot, base, buf, half, j, q)
         if half == 1:
-            T.call_extern("handle", "dsv4_copy<8>",
-                          T.access_ptr(regs.raw[base + 4 * len(HALF_TILES[1])], "r", 8),
-                          regs.ok[slot], T.access_ptr(regs.deq[0], "w", 16))
-            for h in unrolled(2):
-                store16(st, buf, 1, j, NOPE_DIM - DH + 16 * q + 8 * h, regs.deq, 8 * h)
+            copy_rope(st, regs, slot, base, buf, j, q)
 
     @T.macro
     def produce_bound(st, ss, regs, p, main, extra, r_b, r_s, t_begin, t_end, main_tiles,
                       pairs):
         # (the range's fields bound once, as macro arguments: see make_fp8_producer)
         rng = TileRange(r_b, r_s, t_begin, t_end, main_tiles)
-        if LEAN:  # the division magic of each scope's block size, once
-            regs.divm[0] = T.call_extern("uint32", "dsv4_div_mul", main.block_size)
-            regs.divm[1] = T.call_extern("uint32", "dsv4_div_shr", main.block_size)
-            if has_extra:
-                regs.divm[2] = T.call_extern("uint32", "dsv4_div_mul", extra.block_size)
-                regs.divm[3] = T.call_extern("uint32", "dsv4_div_shr", extra.block_size)
+        if LEAN:
+            set_division_magic(regs, main, extra, has_extra)
         for ahead in (0, 1):
             for buf in (0, 1):
                 for r in unrolled(R):

@@ -72,7 +72,7 @@ def _dsv4_suite() -> dict:
                 decode[f"h{h}_{kind}_{tag}"] = DecodeShape(h, b, kind)
     # TP head counts on the tokens-in-M schedule: the rows of bench.tp_decode_shapes
     # (h8 in every CTA range, h16 / h32 at 1-16, 34-66 and >= 67 CTAs, h32 SWA at 17-33 (the
-    # draft rows' range): items 51, 65, 71)
+    # draft rows' range): items 51, 65, 74)
     for kind, width in (("swa", None), ("c4a", 512), ("c128a", 1024)):
         tp = {16: ("ctas1_16", "ctas34_66", "ctas67_up"),
               32: ("ctas1_16",) + (("ctas17_33",) if kind == "swa" else ())
