@@ -330,6 +330,22 @@ def _seesaw_lean_examples():
         if p.values[0].get("consumers") == "seesaw"]
 
 
+def _lean_producer_source(kwargs: dict, role: str):
+    """The generated CUDA of a lean-producer decode example and its producer's span (from its
+    division magic to its last K store), after the checks both lean producers share: no
+    barrier that TileLang inserted, no integer division by a block size, none of the default
+    producer's loads."""
+    source = _compiled_decode(kwargs).get_kernel_source()
+    start = source.index("divm[0] = dsv4_div_mul(")
+    end = source.rindex("dsv4_st16(")
+    producer = source[start:end]
+    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\(|bar\.sync", producer)
+    assert not inserted, f"barriers inside the {role}: {inserted}"
+    assert not re.search(r"[/%] *\(?(main|extra)_block_size", producer), "a division by the block size"
+    assert "dsv4_ldg16(" not in producer and "dsv4_ldg8(" not in producer
+    return source, producer
+
+
 def test_producer_lean_has_examples():
     assert len(_producer_lean_examples()) >= 3
 
@@ -343,15 +359,7 @@ def test_producer_lean_source(kwargs, tmp_path):
     round's scope choice, as the default producer's loads), one ``dsv4_lean_fast`` branch per
     round, and, for the examples of ``NVCC_DECODES`` where nvcc is here, no spills (on the
     persistent grid: no more than ``LEAN_PERSISTENT_SPILLS``, bench/PERF_NOTES.md item 52)."""
-    kernel = _compiled_decode(kwargs)
-    source = kernel.get_kernel_source()
-    start = source.index("divm[0] = dsv4_div_mul(")
-    end = source.rindex("dsv4_st16(")
-    producer = source[start:end]
-    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\(|bar\.sync", producer)
-    assert not inserted, f"barriers inside the lean producer: {inserted}"
-    assert not re.search(r"[/%] *\(?(main|extra)_block_size", producer), "a division by the block size"
-    assert "dsv4_ldg16(" not in producer and "dsv4_ldg8(" not in producer
+    source, producer = _lean_producer_source(kwargs, "lean producer")
     steps = kwargs.get("num_stages", 2) * kwargs["block_tokens"] // 32  # K buffers x rounds
     assert producer.count("dsv4_lean_fast(") == steps
     # the first round before the loop, then one per step, in each branch of the round's
@@ -386,15 +394,7 @@ def test_seesaw_lean_source(kwargs, tmp_path):
     step's scope choice: the ``slots - 1`` steps before the loop, then the pair's steps), one
     ``dsv4_lean_fast`` branch per step, and, for the example of ``NVCC_DECODES`` where nvcc is
     here, no spills."""
-    kernel = _compiled_decode(kwargs)
-    source = kernel.get_kernel_source()
-    start = source.index("divm[0] = dsv4_div_mul(")
-    end = source.rindex("dsv4_st16(")
-    producer = source[start:end]
-    inserted = re.findall(r"__syncthreads\(\)|__sync_thread_partial\(|bar\.sync", producer)
-    assert not inserted, f"barriers inside the lean half producer: {inserted}"
-    assert not re.search(r"[/%] *\(?(main|extra)_block_size", producer), "a division by the block size"
-    assert "dsv4_ldg16(" not in producer and "dsv4_ldg8(" not in producer
+    source, producer = _lean_producer_source(kwargs, "lean half producer")
     assert "dsv4_ldg_token(" not in producer
     steps = 4 * kwargs["block_tokens"] // 32  # the (buffer, half, round) steps of a tile pair
     slots = kwargs.get("producer_slots", 2)

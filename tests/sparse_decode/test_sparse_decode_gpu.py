@@ -209,6 +209,18 @@ def _poison_block0(cache, idx):
     return cache, idx
 
 
+def _split_edge_cases(h: int, gen) -> None:
+    """One request of ``h`` heads over ``SPLIT_EDGE_LENGTHS`` against the reference, block 0's
+    slot 0 poisoned in both caches, under whatever schedule the caller forces."""
+    q = torch.randn((1, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
+    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
+    for main_len, extra_len in SPLIT_EDGE_LENGTHS:
+        lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
+        e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
+        check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(h, gen))
+
+
 def _garbage_slots(idx, k_cache, gen) -> None:
     """Slots past the cache and negatives other than -1 in about a fifth of ``idx`` (in
     place): entries the kernels must skip."""
@@ -218,6 +230,20 @@ def _garbage_slots(idx, k_cache, gen) -> None:
                            dtype=torch.int32, device=DEV)
     pick = torch.randint(0, len(garbage), idx.shape, generator=gen, device=DEV)
     idx[bad] = garbage[pick][bad]
+
+
+def _block_size_case(gen) -> None:
+    """Block size 1 (the division magic's special case) in the window scope and 7 (not a
+    power of two) in the compressed scope, garbage slots past each cache, five h64 rows,
+    against the reference under whatever schedule the caller forces."""
+    b, h = 5, 64
+    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
+    k_cache, idx = decode_scope(b, 1, WINDOW, 1, WINDOW + 8, gen)
+    e_cache, e_idx = decode_scope(b, 1, 512, 7, 512 // 7 + 2, gen)
+    lens, e_lens = lengths(b, WINDOW, gen), lengths(b, 512, gen)
+    _garbage_slots(idx, k_cache, gen)
+    _garbage_slots(e_idx, e_cache, gen)
+    check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(h, gen))
 
 
 def _edge_input_case(case, gen, h_case, kind, *, poison_block0):
@@ -258,14 +284,8 @@ def test_decode_warp_specialized_split_edges(block_tokens, num_splits, seed):
     gen = torch.Generator(DEV).manual_seed(seed)
     config = {"block_tokens": block_tokens, "heads_per_block": 64, "threads": 384,
               "warp_specialized": True, "num_splits": num_splits}
-    q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
-    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
     with forcing(parse_target("cuda:sm_90a"), "sparse_decode", config):
-        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
-            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
-            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
-            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
+        _split_edge_cases(64, gen)
 
 
 def test_decode_split_scratch_streams_and_graphs(seed):
@@ -426,14 +446,8 @@ def test_decode_persistent_split_edges(block_tokens, tiles_per_split, seed):
     """Splits of 1 and 3 tiles (odd: a padding tile per split) over the split-boundary
     lengths of the fixed grid's test (empty scopes, window-to-compressed crossings)."""
     gen = torch.Generator(DEV).manual_seed(seed)
-    q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
-    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
     with _persistent(block_tokens=block_tokens, tiles_per_split_min=tiles_per_split):
-        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
-            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
-            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
-            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
+        _split_edge_cases(64, gen)
 
 
 def _rows_of(q, main, extra, sink, rows, batch_invariant):
@@ -746,14 +760,8 @@ def test_decode_tokens_in_m_split_edges(splits, seed):
     """Split boundaries of the tokens-in-M schedule (2 K buffers: the second tile of an odd
     range's last round skipped) at the lengths that caught the warp-specialised schedule."""
     gen = torch.Generator(DEV).manual_seed(seed)
-    q = torch.randn((1, 1, 16, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
-    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
     with _tokens_in_m(16, 384, 2, 1, splits):
-        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
-            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
-            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
-            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(16, gen))
+        _split_edge_cases(16, gen)
 
 
 # Split-KV of the tokens-in-M schedule (issue 24, bench/PERF_NOTES.md item 37): the sweep's
@@ -997,14 +1005,8 @@ def test_decode_seesaw_split_edges(block_tokens, producer_slots, num_splits, see
     """The split-boundary lengths of the split consumers' test (padding tiles of an odd tile
     count, window-to-compressed crossings, empty splits) with block 0's slot 0 poisoned."""
     gen = torch.Generator(DEV).manual_seed(seed)
-    q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
-    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
     with _seesaw(block_tokens=block_tokens, producer_slots=producer_slots, num_splits=num_splits):
-        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
-            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
-            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
-            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
+        _split_edge_cases(64, gen)
 
 
 @pytest.mark.parametrize("slots4", [knob(False), True], ids=["slots2", "slots4"])
@@ -1062,14 +1064,8 @@ def test_decode_seesaw_lean_split_edges(num_splits, config, seed):
     crossings, empty splits), unsplit and at 8 splits, with block 0's slot 0 poisoned (an
     invalid token's bytes are read from there and must be discarded)."""
     gen = torch.Generator(DEV).manual_seed(seed)
-    q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
-    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
     with _seesaw_lean(**config, num_splits=num_splits):
-        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
-            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
-            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
-            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
+        _split_edge_cases(64, gen)
 
 
 @pytest.mark.parametrize("config", SEESAW_LEAN_CONFIGS)
@@ -1088,16 +1084,8 @@ def test_decode_seesaw_lean_block_sizes(config, seed):
     """Block sizes 1 (the division magic's special case) in the window scope and 7 (not a
     power of two) in the compressed scope, with garbage slots past each cache: against the
     reference."""
-    gen = torch.Generator(DEV).manual_seed(seed)
-    b, h = 5, 64
-    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = decode_scope(b, 1, WINDOW, 1, WINDOW + 8, gen)
-    e_cache, e_idx = decode_scope(b, 1, 512, 7, 512 // 7 + 2, gen)
-    lens, e_lens = lengths(b, WINDOW, gen), lengths(b, 512, gen)
-    _garbage_slots(idx, k_cache, gen)
-    _garbage_slots(e_idx, e_cache, gen)
     with _seesaw_lean(**config):
-        check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(h, gen))
+        _block_size_case(torch.Generator(DEV).manual_seed(seed))
 
 
 @pytest.mark.parametrize("config", SEESAW_LEAN_CONFIGS)
@@ -1109,9 +1097,6 @@ def test_decode_seesaw_lean_bitwise_default(num_splits, config, seed):
     dsv4_dequant) on tile 5 (half 1) and tile 2 (half 0) of a third of the tokens of both
     caches (q zero on those tiles' dims, so the logits stay moderate), also against the
     reference."""
-    from dsv4_tl.targets import parse_target
-    from dsv4_tl.tune import forcing
-
     gen = torch.Generator(DEV).manual_seed(seed)
     for large in (False, True):
         q, main, extra, sink = decode_case(16, 1, 128, "c4a1024", gen)
@@ -1120,19 +1105,9 @@ def test_decode_seesaw_lean_bitwise_default(num_splits, config, seed):
                 q[..., 64 * tile:64 * tile + 64] = 0
                 _raise_scales(main[0], tile, 1 / 3, 140, gen)
                 _raise_scales(extra[0], tile, 1 / 3, 140, gen)
-        results = []
-        for lean in (False, True):
-            forced = {**SEESAW, **config, "num_splits": num_splits, "producer_lean": lean}
-            with forcing(parse_target("cuda:sm_90a"), "sparse_decode", forced):
-                out = torch.full((16, 1, 128, 512), math.nan, dtype=torch.bfloat16, device=DEV)
-                lse = torch.full((16, 128, 1), math.nan, dtype=torch.float32, device=DEV)
-                sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse)
-                torch.cuda.synchronize()
-                results.append((out, lse))
-        (d_out, d_lse), (l_out, l_lse) = results
-        assert not bool(torch.isnan(l_out).any()), f"large {large}: NaN left in out"
-        assert torch.equal(d_out.view(torch.int16), l_out.view(torch.int16)), f"large {large}"
-        assert torch.equal(d_lse.view(torch.int32), l_lse.view(torch.int32)), f"large {large}"
+        forced = {**SEESAW, **config, "num_splits": num_splits, "producer_lean": False}
+        _assert_lean_bitwise(forced, {**forced, "producer_lean": True}, q, main, extra, sink,
+                             f"large {large}")
         with _seesaw_lean(**config, num_splits=num_splits):
             check_decode(q, main, extra, sink)
 
@@ -1201,14 +1176,8 @@ def test_decode_lean_split_edges(seed):
     splits) at 8 splits with block 0's slot 0 poisoned (an invalid token's bytes are read
     from there and must be discarded)."""
     gen = torch.Generator(DEV).manual_seed(seed)
-    q = torch.randn((1, 1, 64, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
-    e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
     with _lean(num_splits=8):
-        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
-            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
-            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
-            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(64, gen))
+        _split_edge_cases(64, gen)
 
 
 @pytest.mark.parametrize("case", ["lonely", "holes", "out_of_range", "sinks", "fnuz"])
@@ -1225,16 +1194,22 @@ def test_decode_lean_block_sizes(seed):
     """Block sizes 1 (the division magic's special case) in the window scope and 7 (not a
     power of two) in the compressed scope, with garbage slots past each cache: against the
     reference."""
-    gen = torch.Generator(DEV).manual_seed(seed)
-    b, h = 5, 64
-    q = torch.randn((b, 1, h, 512), generator=gen, device=DEV).to(torch.bfloat16)
-    k_cache, idx = decode_scope(b, 1, WINDOW, 1, WINDOW + 8, gen)
-    e_cache, e_idx = decode_scope(b, 1, 512, 7, 512 // 7 + 2, gen)
-    lens, e_lens = lengths(b, WINDOW, gen), lengths(b, 512, gen)
-    _garbage_slots(idx, k_cache, gen)
-    _garbage_slots(e_idx, e_cache, gen)
     with _lean():
-        check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(h, gen))
+        _block_size_case(torch.Generator(DEV).manual_seed(seed))
+
+
+def _assert_lean_bitwise(default: dict, lean: dict, q, main, extra, sink, label: str) -> None:
+    """The call forced to ``default`` and to ``lean`` (the same schedule with the lean
+    producer) gives bitwise the same ``out`` and ``lse``, outputs NaN-poisoned first."""
+    results = []
+    for config in (default, lean):
+        with _forcing_sm90a("sparse_decode", config):
+            results.append(_rows_of(q, main, extra, sink, list(range(q.shape[0])), False))
+            torch.cuda.synchronize()
+    (d_out, d_lse), (l_out, l_lse) = results
+    assert not bool(torch.isnan(l_out).any()), f"{label}: NaN left in out"
+    assert torch.equal(d_out.view(torch.int16), l_out.view(torch.int16)), label
+    assert torch.equal(d_lse.view(torch.int32), l_lse.view(torch.int32)), label
 
 
 def _raise_scales(cache, tile: int, frac: float, byte: int, gen) -> None:
@@ -1261,21 +1236,8 @@ def test_decode_lean_bitwise_default(seed):
             q[..., 320:384] = 0
             _raise_scales(main[0], 5, 1 / 3, 140, gen)
             _raise_scales(extra[0], 5, 1 / 3, 140, gen)
-        results = []
-        for config in ({**_decode_default(), "num_splits": 1}, {**LEAN, "num_splits": 1}):
-            from dsv4_tl.targets import parse_target
-            from dsv4_tl.tune import forcing
-
-            with forcing(parse_target("cuda:sm_90a"), "sparse_decode", config):
-                out = torch.full((16, 1, 128, 512), math.nan, dtype=torch.bfloat16, device=DEV)
-                lse = torch.full((16, 128, 1), math.nan, dtype=torch.float32, device=DEV)
-                sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse)
-                torch.cuda.synchronize()
-                results.append((out, lse))
-        (d_out, d_lse), (l_out, l_lse) = results
-        assert not bool(torch.isnan(l_out).any()), f"large {large}: NaN left in out"
-        assert torch.equal(d_out.view(torch.int16), l_out.view(torch.int16)), f"large {large}"
-        assert torch.equal(d_lse.view(torch.int32), l_lse.view(torch.int32)), f"large {large}"
+        _assert_lean_bitwise({**_decode_default(), "num_splits": 1}, {**LEAN, "num_splits": 1},
+                             q, main, extra, sink, f"large {large}")
         with _lean(num_splits=1):
             check_decode(q, main, extra, sink)
 
@@ -1293,10 +1255,4 @@ def test_decode_lean_tokens_in_m(seed):
     with forcing(parse_target("cuda:sm_90a"), "sparse_decode", config):
         _case(7, 1, 16, "c4a512", gen)
         _case(3, 2, 16, "c128a256", gen)
-        q = torch.randn((1, 1, 16, 512), generator=gen, device=DEV).to(torch.bfloat16)
-        k_cache, idx = _poison_block0(*decode_scope(1, 1, WINDOW, 64, 3, gen))
-        e_cache, e_idx = _poison_block0(*decode_scope(1, 1, 544, 64, 544 // 64 + 2, gen))
-        for main_len, extra_len in SPLIT_EDGE_LENGTHS:
-            lens = torch.tensor([main_len], dtype=torch.int32, device=DEV)
-            e_lens = torch.tensor([extra_len], dtype=torch.int32, device=DEV)
-            check_decode(q, (k_cache, idx, lens), (e_cache, e_idx, e_lens), make_sink(16, gen))
+        _split_edge_cases(16, gen)
