@@ -445,6 +445,71 @@ def test_q_stages_refused(kwargs, message):
         build_sparse_decode(**{**base, **kwargs})
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    ({"plan_repeats": 2}, "plan_repeats: .* got 2 with persistent False"),
+    ({"plan_repeats": 0, "persistent": True}, "plan_repeats: 1-16 .* got 0"),
+    ({"plan_repeats": 17, "persistent": True}, "plan_repeats: 1-16 .* got 17"),
+    ({"plan_repeats": True, "persistent": True}, "plan_repeats: 1-16 .* got True"),
+    ({"plan_repeats": 2.0, "persistent": True}, "plan_repeats: 1-16 .* got 2.0"),
+])
+def test_plan_repeats_refused(kwargs, message):
+    """The plan-cost probe's knob (bench/PERF_NOTES.md item 73) off the persistent grid or
+    malformed: a ValueError naming it."""
+    from dsv4_tl.tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
+
+    base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+            "block_tokens": 32}
+    with pytest.raises(ValueError, match=message):
+        build_sparse_decode(**{**base, **kwargs})
+
+
+def _plan_prologue(source: str) -> str:
+    """The kernel's code before its roles split (the first register reallocation): the
+    barrier set-up and the persistent grid's plan, which every thread runs."""
+    body = source[source.index("sparse_decode_kernel("):]
+    body = body[body.index("{"):]
+    return body[:body.index("tl::warpgroup_reg_")]
+
+
+# One example per walk: the tile balance (64 heads, lean) and tokens in M's item balance (16
+# heads, lean), each as lowered for its other tests and with the plan traced three times.
+_PLAN_PROBE_EXAMPLES = [p for p in _examples_with(DECODE, "persistent", lambda k: (
+    f"plan-repeats-h{k['num_heads']}-{k.get('balance', 'items')}"))
+    if p.values[0].get("producer_lean") and p.values[0]["num_heads"] in (16, 64)
+    and p.values[0].get("has_extra")]
+
+
+def test_plan_probe_has_examples():
+    assert len(_PLAN_PROBE_EXAMPLES) == 2
+
+
+@pytest.mark.parametrize("kwargs", _PLAN_PROBE_EXAMPLES)
+def test_plan_repeats_source(kwargs):
+    """``plan_repeats`` 3 runs the whole plan three times before the roles split -- one
+    counted loop around every warp scan and every CTA barrier of the plan (the probe times
+    three plans, not one plan and some leftovers) -- which every thread runs through (item
+    48's hang: no barrier a thread could miss)."""
+    once = _plan_prologue(_compiled_decode(kwargs).get_kernel_source())
+    source = _compiled_decode({**kwargs, "plan_repeats": 3}).get_kernel_source()
+    thrice = _plan_prologue(source)
+    scans = once.count("__shfl_up_sync")
+    assert scans >= 5 and thrice.count("__shfl_up_sync") == scans
+    loop = re.search(r"for \(int (\w+) = 0; \1 < 3; \+\+\1\) \{", thrice)
+    assert loop, "no loop of three plans"
+    depth, end = 0, None
+    for i in range(loop.end() - 1, len(thrice)):
+        depth += {"{": 1, "}": -1}.get(thrice[i], 0)
+        if depth == 0:
+            end = i
+            break
+    inside, before = thrice[loop.end():end], thrice[:loop.start()]
+    assert inside.count("__shfl_up_sync") == scans
+    # (before the loop only the barrier after the mbarrier set-up, as in the shipped kernel)
+    assert before.count("__syncthreads()") == 1 == once.count("__syncthreads()") - \
+        inside.count("__syncthreads()")
+    assert not _divergent_cta_barriers(source)
+
+
 def test_producer_lean_kept_by_pruning():
     """Where the builder takes the knob (split and seesaw consumers, tokens in M), the tuner
     keeps it."""
@@ -505,7 +570,8 @@ _UNIFORM_WORDS = {"int", "int64_t", "uint", "uint64_t", "long", "float", "bool",
 
 def _divergent_cta_barriers(source: str) -> list:
     """The ``__syncthreads()`` lines of the CUDA kernel in ``source`` that not every thread of
-    the CTA is sure to reach: inside a loop, or inside an ``if`` / ``else`` whose condition
+    the CTA is sure to reach: inside a loop (but a counted one whose bounds read only what an
+    ``if`` may), or inside an ``if`` / ``else`` whose condition
     reads anything but the kernel's parameters, ``blockIdx`` and literals (a thread- or
     data-dependent branch). A CTA-wide barrier there hangs the CTA or pairs the wrong
     barriers: TileLang's thread-sync pass put one inside the tile balance's owner branch
@@ -522,6 +588,12 @@ def _divergent_cta_barriers(source: str) -> list:
         return "threadIdx" not in c and set(re.findall(r"\b[A-Za-z_]\w*\b", c)) <= (
             params | _UNIFORM_WORDS)
 
+    def uniform_loop(head: str) -> bool:
+        # a counted loop whose bounds every thread reads alike (the plan-cost probe's loop of
+        # plans, work.plan_cta_range's ``repeats``): each thread runs every trip
+        loop = re.match(r"for \(int (\w+) = ([^;]*); \1 < ([^;]*); \+\+\1\)", head)
+        return bool(loop) and uniform(loop.group(2)) and uniform(loop.group(3))
+
     stack, bad, last_if = [], [], ""
     for line in source[m.end():].splitlines():
         s = line.strip()
@@ -533,8 +605,8 @@ def _divergent_cta_barriers(source: str) -> list:
             head = ("else", "")  # (its if's condition: known once that if's "}" is read)
         else:
             head = ("block", "")
-        if "__syncthreads()" in s and any(kind == "loop" or not uniform(cond)
-                                          for kind, cond in stack):
+        if "__syncthreads()" in s and any(not uniform_loop(cond) if kind == "loop"
+                                          else not uniform(cond) for kind, cond in stack):
             bad.append(s)
         for ch in s:
             if ch == "}":

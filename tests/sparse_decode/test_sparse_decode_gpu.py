@@ -1256,3 +1256,56 @@ def test_decode_lean_tokens_in_m(seed):
         _case(7, 1, 16, "c4a512", gen)
         _case(3, 2, 16, "c128a256", gen)
         _split_edge_cases(16, gen)
+
+
+# The plan-cost probe of issue 35 lever 3 (``plan_repeats``, bench/PERF_NOTES.md item 73): the
+# shipped persistent buckets' schedules with each CTA's plan traced 5 times. The repeats must
+# leave the words of one plan: the same bits as the shipped kernel, and the reference's values.
+# (5: the variants scripts/lab/h35_metadata_ab.py times, so one precompile serves both.)
+PLAN_REPEATS = 5
+
+
+def _shipped_schedule(h, b, extra_kind):
+    from dsv4_tl.kernels import SPARSE_DECODE
+    from dsv4_tl.schedules import schedule_for
+
+    scope, width = ("c128a", int(extra_kind[5:])) if extra_kind.startswith("c128a") else \
+        ("c4a", int(extra_kind[3:]))
+    return schedule_for("cuda_sm90a", "sparse_decode",
+                        **SPARSE_DECODE.features("cuda_sm90a", h=h, b=b, scope=scope,
+                                                 extra_width=width))
+
+
+def _poisoned_decode(q, main, extra, sink):
+    b, s_q, h, _ = q.shape
+    out = torch.full((b, s_q, h, 512), math.nan, dtype=torch.bfloat16, device=DEV)
+    lse = torch.full((b, h, s_q), math.nan, dtype=torch.float32, device=DEV)
+    sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.parametrize("h,b,extra_kind", [
+    (64, 2, "c128a4096"),  # item balance (<= 16 CTAs)
+    (64, 20, "c128a4096"),  # tile balance, one Q stage
+    (128, 3, "c128a4096"),
+    (128, 24, "c128a4096"),
+    (8, 20, "c4a512"),  # tokens in M, persistent (17-33 CTAs)
+    (16, 40, "c4a512"),  # tokens in M, persistent (34-66 CTAs)
+], ids=lambda v: str(v))
+def test_decode_persistent_plan_repeats(h, b, extra_kind, seed):
+    """The shipped persistent schedule with every CTA planning ``PLAN_REPEATS`` times: outputs
+    poisoned, checked against the float32 reference and bitwise equal to the shipped
+    kernel's (each plan leaves the same words: the probe times the plan, nothing else)."""
+    config = _shipped_schedule(h, b, extra_kind)
+    assert config.get("persistent"), f"h{h} b{b} {extra_kind}: not a persistent bucket"
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    once = _poisoned_decode(q, main, extra, sink)
+    with _forcing_sm90a("sparse_decode", {**config, "plan_repeats": PLAN_REPEATS}):
+        out, lse = _poisoned_decode(q, main, extra, sink)
+    ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+    check_attention(max(cache_kmax(c) for c in (main[0], extra[0])), out, ref_out,
+                    lse=(lse, ref_lse))
+    assert torch.equal(out.view(torch.int16), once[0].view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), once[1].view(torch.int32))

@@ -94,7 +94,8 @@ def check_tokens_in_m_persistent(S, NB, ctas_per_sm, balance, item_cost):
 def tokens_in_m_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                        HB: int, NB: int, threads: int, ctas_per_sm: int,
                        producer_lean: bool = False, *,
-                       persistent: bool = False, item_cost: int = 3):
+                       persistent: bool = False, item_cost: int = 3,
+                       plan_repeats: int = 1):
     """Sparse decode for few heads (TP head counts, speculative drafts): the heads are
     wgmma's N dimension (``HB`` = 8 to 32) and the KV tokens its M dimension, so no head is
     padded to 64. Same arguments, math, grid and split-KV as the warp-specialised schedule.
@@ -457,7 +458,7 @@ def tokens_in_m_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                                           BI, has_extra)
             plan_cta_range("items", bounds, scratch, lambda u: tiles((u // head_groups) // s_q),
                            units, head_groups, tiles_per_split, item_cost, num_ctas, cta,
-                           threads)
+                           threads, plan_repeats)
             # (u_begin, k_begin, slot base, u_end, k_end, T: work.cta_work_range)
             span = T.alloc_local([PLAN_WORDS["items"]], T.int32)
             for i in unrolled(PLAN_WORDS["items"]):

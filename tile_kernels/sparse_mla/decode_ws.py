@@ -55,7 +55,8 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                             persistent: bool = False, item_cost: int = 3,
                             producer_lean: bool = False, *,
                             balance: str = "items",
-                            q_stages: int = 0):
+                            q_stages: int = 0,
+                            plan_repeats: int = 1):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``produce_fp8`` (raw FP8 token quarters into registers, dequantised
@@ -256,7 +257,8 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                                               BI, has_extra)
                 plan_cta_range(balance, bounds, scratch,
                                lambda u: tiles((u // head_groups) // s_q), units, head_groups,
-                               tiles_per_split, item_cost, num_ctas, cta, WS_THREADS)
+                               tiles_per_split, item_cost, num_ctas, cta, WS_THREADS,
+                               plan_repeats)
                 # (items: u_begin, k_begin, slot base, u_end, k_end, T; tiles: work.py)
                 span = T.alloc_local([PLAN_WORDS[balance]], T.int32)
                 for i in unrolled(PLAN_WORDS[balance]):

@@ -53,11 +53,20 @@ from .ring import WS_THREADS
 from .rules import producer_lean_refusal
 from .signature import decode_prim_func, decode_shape_vars
 from .softmax import LOG2E, alloc_softmax_state, attend_tile, init_softmax_state
-from .work import BALANCES
+from .work import BALANCES, MAX_PLAN_REPEATS
 
 
 # The warp-specialised schedule's consumer pairs (``consumers`` of build_sparse_decode).
 DECODE_CONSUMERS = ("split", "seesaw")
+
+
+def check_plan_repeats(plan_repeats, persistent) -> None:
+    """ValueError naming ``plan_repeats`` unless it is an int in 1..MAX_PLAN_REPEATS, more
+    than 1 only on the persistent grid (the only kernel that plans)."""
+    if (type(plan_repeats) is not int or not 1 <= plan_repeats <= MAX_PLAN_REPEATS
+            or (plan_repeats > 1 and not persistent)):
+        raise ValueError(f"plan_repeats: 1-{MAX_PLAN_REPEATS} plans per CTA, more than 1 only "
+                         f"with persistent, got {plan_repeats!r} with persistent {persistent}")
 
 
 def build_sparse_decode(
@@ -82,6 +91,7 @@ def build_sparse_decode(
     producer_lean: bool = False,
     balance: str = "items",
     q_stages: int = 0,
+    plan_repeats: int = 1,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -139,6 +149,11 @@ def build_sparse_decode(
             ``ctas_per_sm`` 1; others refused by name) the
             persistent grid of the 64-head schedule, its item walk shared (``work.py``;
             bench/PERF_NOTES.md item 50).
+        plan_repeats: a lab probe of the persistent grid, in no schedule file (1 everywhere
+            shipped: the kernel as without it): each CTA computes its plan that many times
+            (``work.plan_cta_range``), so that the time over the repeats measures one plan's
+            cost, what scheduler metadata computed once per decode step would save
+            (bench/PERF_NOTES.md item 73; ``scripts/lab/h35_metadata_ab.py``).
         producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
             in M, on either grid, and the seesaw's half producer; not the plain schedule:
             ``rules.producer_lean_refusal``): the same loads and K in
@@ -173,6 +188,7 @@ def build_sparse_decode(
                          f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}")
     if balance not in BALANCES:
         raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
+    check_plan_repeats(plan_repeats, persistent)
     D = HEAD_DIM
     BI = block_tokens
     HB = heads_per_block
@@ -199,7 +215,8 @@ def build_sparse_decode(
         return tokens_in_m_decode(num_heads, has_extra, fp8_format, S, BI, HB, num_stages,
                                   threads, ctas_per_sm, producer_lean,
                                   persistent=persistent,
-                                  item_cost=item_cost)
+                                  item_cost=item_cost,
+                                  plan_repeats=plan_repeats)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -221,7 +238,8 @@ def build_sparse_decode(
         return warp_specialized_decode(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost, producer_lean,
                                        balance=balance,
-                                       q_stages=q_stages)
+                                       q_stages=q_stages,
+                                       plan_repeats=plan_repeats)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
 

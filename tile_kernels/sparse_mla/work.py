@@ -591,11 +591,40 @@ def walk_row_pieces(span, rows, head_groups: int, s_q, row_tiles, body):
                 runs[2] += ns
 
 
+# The most times a lab build may compute the plan (``plan_cta_range``'s ``repeats``).
+MAX_PLAN_REPEATS = 16
+
+
 def plan_cta_range(balance: str, bounds, scratch, unit_tiles, units, head_groups: int,
-                   tiles_per_split, item_cost: int, num_ctas, cta, threads: int):
+                   tiles_per_split, item_cost: int, num_ctas, cta, threads: int,
+                   repeats: int = 1):
     """``cta_work_range`` (``balance`` "items") or ``cta_tile_range`` ("tiles") with the
     former's arguments (``unit_tiles(u)``, ``units``); ``bounds``: ``PLAN_WORDS[balance]``
-    shared int32 words."""
+    shared int32 words. ``repeats`` > 1 (a lab probe, never shipped: bench/PERF_NOTES.md
+    item 73): the plan runs that many times in a loop, each from the lengths again and
+    ending in its CTA barrier, every one leaving the same words, so the kernel's time over
+    ``repeats`` measures what one plan costs at the kernel's start (what scheduler metadata
+    computed once per decode step would save). A loop, not copies: five traced copies of
+    the tile balance's plan did not lower (TileLang's thread-sync pass gave up on a barrier
+    count, as in ``cta_work_range``'s note). 1: the plan once, the shipped TIR."""
+    if repeats == 1:
+        _plan_once(balance, bounds, scratch, unit_tiles, units, head_groups, tiles_per_split,
+                   item_cost, num_ctas, cta, threads)
+    else:
+        _plan_loop(balance, bounds, scratch, unit_tiles, units, head_groups, tiles_per_split,
+                   item_cost, num_ctas, cta, threads, repeats)
+
+
+@T.macro
+def _plan_loop(balance: str, bounds, scratch, unit_tiles, units, head_groups: int,
+               tiles_per_split, item_cost: int, num_ctas, cta, threads: int, repeats: int):
+    for _ in T.serial(repeats):
+        _plan_once(balance, bounds, scratch, unit_tiles, units, head_groups, tiles_per_split,
+                   item_cost, num_ctas, cta, threads)
+
+
+def _plan_once(balance, bounds, scratch, unit_tiles, units, head_groups, tiles_per_split,
+               item_cost, num_ctas, cta, threads):
     if balance == "tiles":
         return cta_tile_range(bounds, scratch, lambda r: unit_tiles(r * head_groups),
                               units // head_groups, head_groups, tiles_per_split, item_cost,
