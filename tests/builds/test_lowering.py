@@ -621,9 +621,11 @@ def _divergent_cta_barriers(source: str) -> list:
 
 
 def test_divergent_cta_barriers_found():
-    """The check above flags a CTA barrier in a loop, under a thread-dependent condition or
-    under a condition on a thread's own value (the tile balance's owner branch as it
-    lowered), and passes ones under conditions on parameters and blockIdx only."""
+    """The check above flags a CTA barrier in a loop whose trip count is a thread's own
+    value, under a thread-dependent condition or under a condition on a thread's own value
+    (the tile balance's owner branch as it lowered), and passes ones under conditions on
+    parameters and blockIdx only and in a counted loop over parameters (the plan-cost
+    probe's loop of plans, bench/PERF_NOTES.md item 73)."""
     source = """extern "C" __global__ void __launch_bounds__(384, 1) k(int n, int* __restrict__ a) {
   int x = a[threadIdx.x];
   __syncthreads();
@@ -644,8 +646,11 @@ def test_divergent_cta_barriers_found():
       __syncthreads(); // thread
     }
   }
-  for (int i = 0; i < n; ++i) {
+  for (int i = 0; i < x; ++i) {
     __syncthreads(); // loop
+  }
+  for (int j = 0; j < (n + 2); ++j) {
+    __syncthreads();
   }
   __syncthreads();
 }
