@@ -60,15 +60,17 @@ def _define(schema: str, impl: Callable, fake: Callable, doc: str) -> torch._ops
 # ---------------------------------------------------------------------------------------
 def _sparse_decode(q, k_cache, indices, topk_length=None, softmax_scale=None, attn_sink=None,
                    extra_k_cache=None, extra_indices=None, extra_topk_length=None,
-                   fp8_format="e4m3fn", batch_invariant=False):
+                   fp8_format="e4m3fn", batch_invariant=False, metadata=None):
     return ops.sparse_decode(q, k_cache, indices, topk_length, softmax_scale, attn_sink,
                              extra_k_cache, extra_indices, extra_topk_length,
-                             fp8_format=fp8_format, batch_invariant=batch_invariant)
+                             fp8_format=fp8_format, batch_invariant=batch_invariant,
+                             metadata=metadata)
 
 
 def _sparse_decode_fake(q, k_cache, indices, topk_length=None, softmax_scale=None,
                         attn_sink=None, extra_k_cache=None, extra_indices=None,
-                        extra_topk_length=None, fp8_format="e4m3fn", batch_invariant=False):
+                        extra_topk_length=None, fp8_format="e4m3fn", batch_invariant=False,
+                        metadata=None):
     b, s_q, h, *_ = check_sparse_decode_args(q, k_cache, indices, topk_length, softmax_scale,
                                              attn_sink, extra_k_cache, extra_indices,
                                              extra_topk_length, fp8_format)
@@ -80,7 +82,7 @@ sparse_decode = _define(
     "sparse_decode(Tensor q, Tensor k_cache, Tensor indices, Tensor? topk_length=None, "
     "float? softmax_scale=None, Tensor? attn_sink=None, Tensor? extra_k_cache=None, "
     "Tensor? extra_indices=None, Tensor? extra_topk_length=None, str fp8_format=\"e4m3fn\", "
-    "bool batch_invariant=False) -> (Tensor, Tensor)",
+    "bool batch_invariant=False, Tensor? metadata=None) -> (Tensor, Tensor)",
     _sparse_decode, _sparse_decode_fake,
     "Sparse FP8 decode ``(out, lse)``; arguments, shapes and results as "
     ":func:`dsv4_tl.ops.sparse_decode`.")

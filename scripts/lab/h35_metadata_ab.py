@@ -1,25 +1,25 @@
-"""Issue 35 lever 3 (scheduler metadata once per decode step), its gate: what the persistent
-grid's in-kernel plan costs per call. Every persistent-grid row runs its shipped schedule
-(``plan1``: each CTA plans its range once at its start, ``work.plan_cta_range``) and the same
-schedule with the lab knob ``plan_repeats`` R (``planR``: the plan traced R times in a row,
-each from the lengths again, every one leaving the same words), so
+"""Issue 35 lever 3 (scheduler metadata once per decode step): what the persistent grid's
+in-kernel plan costs per call, and what reading it from metadata saves. Every persistent-grid
+row runs its shipped schedule three ways:
 
-    plan_us = (t(planR) - t(plan1)) / (R - 1)
+* ``plan1``: as shipped, each CTA plans its range once at its start (``work.plan_cta_range``);
+* ``metadata``: the same schedule built with ``plan_from_metadata``, given the plan computed
+  by ``dsv4_tl.sparse_decode_metadata`` outside the timed region (once per step in an
+  engine; ``meta_op`` times that computation alone, per step);
+* ``planR`` (``--repeats R`` >= 2, off by default): the lab knob ``plan_repeats`` R, the plan
+  traced R times in a row, so ``plan_us = (t(planR) - t(plan1)) / (R - 1)`` (run 98).
 
-is one plan's time at the kernel's start, on the same inputs in the same process: the most
-that metadata computed once per step (FlashMLA's ``get_mla_metadata``) could save a layer,
-less the metadata's own load (bench/PERF_NOTES.md item 73). FlashMLA where ``PEERS_DIR`` has
-it, as the peer.
+``saved_us = t(plan1) - t(metadata)``. FlashMLA where ``PEERS_DIR`` has it, as the peer.
 
-    python scripts/lab/h35_metadata_ab.py --out $OUT [--rounds 5] [--repeats 5]
+    python scripts/lab/h35_metadata_ab.py --out $OUT [--rounds 5] [--repeats R]
         [--precompile N [--precompile-only]]
 
-Rows: C128A widths 4096 / 8192 with per-row lengths 0..width at h64 / h128, b 2 / 32 / 64 /
-128 (the ``h*_c128a_long`` buckets: the item balance at b2, the tile balance above), and C4A
+Rows: C128A widths 4096 / 8192 with per-row lengths 0..width at h64 / h128, b 2 / 32 / 128
+(the ``h*_c128a_long`` buckets: the item balance at b2, the tile balance above), and C4A
 512 at h8 b32 / b64, h16 b64, h32 b64 (the tokens-in-M persistent buckets). A row whose
 resolved schedule is not the persistent grid is reported as not applicable. Every output is
-checked against the float32 reference (``bench._check_decode``) and ``planR`` compared
-bitwise with ``plan1`` (the same plan words: the same bits); times are µs per call
+checked against the float32 reference (``bench._check_decode``) and ``metadata`` / ``planR``
+compared bitwise with ``plan1`` (the same plan words: the same bits); times are µs per call
 (CUDA-graph replay, ``bench.graph_time_us``), medians of ``--rounds`` interleaved rounds, to
 ``h35_metadata_ab.json`` and a table. ``--precompile N`` first compiles every decode /
 combine variant the rows need in N processes into ``$DSV4_TL_KERNEL_DIR``.
@@ -52,7 +52,7 @@ def rows() -> list:
     c4a = [DecodeShape(h, b, "c4a", extra_width=512) for h, b in ((8, 32), (8, 64), (16, 64),
                                                                   (32, 64))]
     long_rows = [DecodeShape(h, b, "c128a", extra_width=w, varying=True)
-                 for b in (2, 32, 64, 128) for h in (64, 128) for w in (4096, 8192)]
+                 for b in (2, 32, 128) for h in (64, 128) for w in (4096, 8192)]
     return c4a + long_rows
 
 
@@ -65,14 +65,20 @@ def shipped_schedule(shape: DecodeShape) -> dict:
     return dict(SPARSE_DECODE.variant(TARGET.dirname, **_call(shape)).schedule)
 
 
-def repeated_schedule(shape: DecodeShape, repeats: int):
-    """The row's resolved schedule with the plan traced ``repeats`` times, or None where the
-    row does not run the persistent grid."""
+def persistent_schedule(shape: DecodeShape):
+    """The row's resolved schedule, or None where the row does not run the persistent grid."""
     config = schedule_for(TARGET.dirname, "sparse_decode",
                           **SPARSE_DECODE.features(TARGET.dirname, **_call(shape)))
     if not config.get("persistent") or shape.h % config["heads_per_block"]:
         return None
-    return {**config, "plan_repeats": repeats}
+    return config
+
+
+def repeated_schedule(shape: DecodeShape, repeats: int):
+    """The row's resolved schedule with the plan traced ``repeats`` times, or None where the
+    row does not run the persistent grid."""
+    config = persistent_schedule(shape)
+    return None if config is None else {**config, "plan_repeats": repeats}
 
 
 def _combine_splits(shape: DecodeShape, config: dict) -> list:
@@ -94,12 +100,14 @@ def _variants(shapes: list, repeats: int) -> list:
     for shape in shapes:
         call = _call(shape)
         static = SPARSE_DECODE.static(**call)
-        repeated = repeated_schedule(shape, repeats)
-        if repeated is None:
+        config = persistent_schedule(shape)
+        if config is None:
             continue
         out.add(SPARSE_DECODE.variant(TARGET.dirname, **call))
-        out.add(Variant.make("sparse_decode", static, repeated))
-        for splits in _combine_splits(shape, repeated):
+        out.add(Variant.make("sparse_decode", static, {**config, "plan_from_metadata": True}))
+        if repeats:
+            out.add(Variant.make("sparse_decode", static, {**config, "plan_repeats": repeats}))
+        for splits in _combine_splits(shape, config):
             out.add(Variant.make("sparse_decode_combine", dict(num_heads=shape.h,
                                                                num_splits=splits),
                                  schedule_for(TARGET.dirname, "sparse_decode_combine")))
@@ -143,13 +151,32 @@ def _ours(x: dict):
                                  x["extra_indices"], x["extra_topk_length"])
 
 
+def _with_metadata(x: dict):
+    """Our call given the step's metadata, computed here, outside any timed region."""
+    from dsv4_tl.ops import sparse_decode, sparse_decode_metadata
+    args = (x["q"], x["k_cache"], x["indices"], x["topk_length"])
+    extra = (x["extra_k_cache"], x["extra_indices"], x["extra_topk_length"])
+    metadata = sparse_decode_metadata(*args, *extra)
+    return lambda: sparse_decode(*args, bench.SCALE, x["attn_sink"], *extra, metadata=metadata)
+
+
+def _metadata_op(x: dict):
+    from dsv4_tl.ops import sparse_decode_metadata
+    return lambda: sparse_decode_metadata(x["q"], x["k_cache"], x["indices"], x["topk_length"],
+                                          x["extra_k_cache"], x["extra_indices"],
+                                          x["extra_topk_length"])
+
+
 def _bitwise(a, b) -> bool:
     return (torch.equal(a[0].view(torch.int16), b[0].view(torch.int16))
             and torch.equal(a[1].view(torch.int32), b[1].view(torch.int32)))
 
 
-def _makers(inputs: list, repeated, repeats: int, flashmla) -> dict:
+def _makers(inputs: list, persistent: bool, repeated, repeats: int, flashmla) -> dict:
     makers = {"plan1": (_nothing, [_ours(x) for x in inputs])}
+    if persistent:
+        makers["metadata"] = (_nothing, [_with_metadata(x) for x in inputs])
+        makers["meta_op"] = (_nothing, [_metadata_op(x) for x in inputs])
     if repeated is not None:
         makers[f"plan{repeats}"] = (_forced(repeated), [_ours(x) for x in inputs])
     if flashmla is not None:
@@ -166,7 +193,8 @@ def _check_first(entry: dict, inputs: list, makers: dict) -> dict:
             try:
                 first[name] = calls[0]()
                 torch.cuda.synchronize()
-                entry["check"][name] = bench._check_decode(inputs[0], first[name])
+                entry["check"][name] = ("ok" if name == "meta_op" else
+                                        bench._check_decode(inputs[0], first[name]))
             except Exception as exc:
                 entry["check"][name] = f"{type(exc).__name__}: {exc}"[:300]
     return first
@@ -175,9 +203,12 @@ def _check_first(entry: dict, inputs: list, makers: dict) -> dict:
 def _plan_cost(entry: dict, repeats: int) -> None:
     t = entry["times"]
     name = f"plan{repeats}"
-    if "plan1" in t and name in t:
+    if repeats and "plan1" in t and name in t:
         entry["plan_us"] = (t[name] - t["plan1"]) / (repeats - 1)
         entry["plan_share"] = entry["plan_us"] / t["plan1"]
+    if "plan1" in t and "metadata" in t:
+        entry["saved_us"] = t["plan1"] - t["metadata"]
+        entry["saved_share"] = entry["saved_us"] / t["plan1"]
 
 
 def measure_rows(shapes: list, rounds: int, repeats: int, flashmla, flush=None) -> list:
@@ -188,14 +219,16 @@ def measure_rows(shapes: list, rounds: int, repeats: int, flashmla, flush=None) 
                  "width": shape.extra_topk, "times": {}, "check": {}}
         try:
             entry["schedule"] = shipped_schedule(shape)
-            repeated = repeated_schedule(shape, repeats)
-            if repeated is None:
-                entry["check"][f"plan{repeats}"] = "not applicable (not the persistent grid)"
+            persistent = persistent_schedule(shape) is not None
+            repeated = repeated_schedule(shape, repeats) if repeats else None
+            if not persistent:
+                entry["check"]["metadata"] = "not applicable (not the persistent grid)"
             inputs = decode_inputs(shape, gen, 3, "cuda")
-            makers = _makers(inputs, repeated, repeats, flashmla)
+            makers = _makers(inputs, persistent, repeated, repeats, flashmla)
             first = _check_first(entry, inputs, makers)
-            if f"plan{repeats}" in first and "plan1" in first:
-                entry["bitwise"] = _bitwise(first[f"plan{repeats}"], first["plan1"])
+            for name in ("metadata", f"plan{repeats}"):
+                if name in first and "plan1" in first:
+                    entry[f"bitwise_{name}"] = _bitwise(first[name], first["plan1"])
             times = {name: [] for name in makers}
             for _ in range(rounds):
                 for name, (ctx, calls) in makers.items():
@@ -219,16 +252,18 @@ def measure_rows(shapes: list, rounds: int, repeats: int, flashmla, flush=None) 
 
 def table(results: list, repeats: int) -> str:
     name = f"plan{repeats}"
-    lines = [f"{'row':58} {'plan1':>8} {name:>8} {'plan_us':>8} {'share':>6} {'flashmla':>9}"
-             "  bitwise  check"]
+    lines = [f"{'row':58} {'plan1':>8} {'metadata':>8} {'saved':>6} {'share':>6} "
+             f"{'meta_op':>7} {name:>8} {'plan_us':>7} {'flashmla':>9}  bitwise  check"]
     for e in results:
         t = e["times"]
-        cost = f"{e['plan_us']:8.2f} {100 * e['plan_share']:5.1f}%" if "plan_us" in e else \
-            f"{'-':>8} {'-':>6}"
-        fm = f"{t['flashmla']:9.1f}" if "flashmla" in t else f"{'-':>9}"
-        lines.append(f"{e['shape']:58} {t.get('plan1', float('nan')):8.1f} "
-                     f"{t.get(name, float('nan')):8.1f} {cost} {fm}  "
-                     f"{str(e.get('bitwise', '-')):7}  "
+        nan = float("nan")
+        saved = f"{e['saved_us']:6.2f} {100 * e['saved_share']:5.1f}%" if "saved_us" in e else \
+            f"{'-':>6} {'-':>6}"
+        plan = f"{e['plan_us']:7.2f}" if "plan_us" in e else f"{'-':>7}"
+        bits = "/".join(str(e.get(f"bitwise_{k}", "-")) for k in ("metadata", name))
+        lines.append(f"{e['shape']:58} {t.get('plan1', nan):8.1f} {t.get('metadata', nan):8.1f} "
+                     f"{saved} {t.get('meta_op', nan):7.1f} {t.get(name, nan):8.1f} {plan} "
+                     f"{t.get('flashmla', nan):9.1f}  {bits:7}  "
                      + ",".join(f"{k}:{str(v)[:24]}" for k, v in e["check"].items())
                      + (f" error:{e['error'][:80]}" if "error" in e else ""))
     return "\n".join(lines)
@@ -238,13 +273,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=5, help="plans per CTA of the probe (2-16)")
+    ap.add_argument("--repeats", type=int, default=0,
+                    help="plans per CTA of the plan-cost probe (2-16; 0: no probe column)")
     ap.add_argument("--precompile", type=int, default=0)
     ap.add_argument("--precompile-only", action="store_true")
     ap.add_argument("--rows", default="", help="comma-separated substrings of row names")
     args = ap.parse_args()
-    if not 2 <= args.repeats <= 16:
-        ap.error(f"--repeats: 2-16, got {args.repeats}")
+    if args.repeats and not 2 <= args.repeats <= 16:
+        ap.error(f"--repeats: 0 or 2-16, got {args.repeats}")
     shapes = rows()
     if args.rows:
         shapes = [s for s in shapes if any(p in s.name for p in args.rows.split(","))]

@@ -463,6 +463,23 @@ def test_plan_repeats_refused(kwargs, message):
         build_sparse_decode(**{**base, **kwargs})
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    ({"plan_from_metadata": True}, "plan_from_metadata: .* got True with persistent False"),
+    ({"plan_from_metadata": True, "persistent": True, "plan_repeats": 2},
+     "plan_from_metadata: .* plan_repeats 2"),
+    ({"plan_from_metadata": 1, "persistent": True}, "plan_from_metadata: a bool.* got 1"),
+])
+def test_plan_from_metadata_refused(kwargs, message):
+    """The metadata variant's knob off the persistent grid (nothing to plan), with the plan
+    probe (nothing would be planned to repeat) or malformed: a ValueError naming it."""
+    from dsv4_tl.tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
+
+    base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+            "block_tokens": 32}
+    with pytest.raises(ValueError, match=message):
+        build_sparse_decode(**{**base, **kwargs})
+
+
 def _plan_prologue(source: str) -> str:
     """The kernel's code before its roles split (the first register reallocation): the
     barrier set-up and the persistent grid's plan, which every thread runs."""
@@ -507,6 +524,28 @@ def test_plan_repeats_source(kwargs):
     # (before the loop only the barrier after the mbarrier set-up, as in the shipped kernel)
     assert before.count("__syncthreads()") == 1 == once.count("__syncthreads()") - \
         inside.count("__syncthreads()")
+    assert not _divergent_cta_barriers(source)
+
+
+@pytest.mark.parametrize("kwargs", _PLAN_PROBE_EXAMPLES)
+def test_plan_from_metadata_source(kwargs):
+    """``plan_from_metadata``: before the roles split no plan is left (no warp scan, the
+    set-up barrier and one more), each plan word read from the ``Plan`` argument of the
+    CTA's row, clamped, then used; the roles' walks unchanged otherwise, and every CTA
+    barrier reached by all threads."""
+    from dsv4_tl.tile_kernels.sparse_mla.work import PLAN_WORDS
+
+    words = PLAN_WORDS[kwargs.get("balance", "items")]
+    source = _compiled_decode({**kwargs, "plan_from_metadata": True}).get_kernel_source()
+    prologue = _plan_prologue(source)
+    assert "__shfl_up_sync" not in prologue
+    assert prologue.count("__syncthreads()") == 2
+    assert "int* __restrict__ Plan" in source
+    rows = re.findall(r"Plan\[\(?\(?min\(\(\(int64_t\)\(\(int\)blockIdx\.x\)\), "
+                      r"\(\(\(int64_t\)plan_ctas\) - \(int64_t\)1\)\) \* \(int64_t\)(\d+)\)"
+                      r"(?: \+ \(int64_t\)(\d+)\))?\]", prologue)
+    assert {int(n) for n, _ in rows} == {words}
+    assert {int(i or 0) for _, i in rows} == set(range(words))
     assert not _divergent_cta_barriers(source)
 
 

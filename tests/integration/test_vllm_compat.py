@@ -111,7 +111,7 @@ SCHEMAS = {
     # op: (argument names, number of returns)
     "sparse_decode": (["q", "k_cache", "indices", "topk_length", "softmax_scale", "attn_sink",
                        "extra_k_cache", "extra_indices", "extra_topk_length", "fp8_format",
-                       "batch_invariant"], 2),
+                       "batch_invariant", "metadata"], 2),
     "sparse_prefill": (["q", "kv", "indices", "sm_scale", "attn_sink", "topk_length"], 3),
     "sparse_prefill_ragged": (["q", "kv", "indices", "indptr", "sm_scale", "attn_sink"], 3),
     "dequantize_and_gather_k_cache": (["out", "k_cache", "seq_lens", "gather_lens",

@@ -1309,3 +1309,127 @@ def test_decode_persistent_plan_repeats(h, b, extra_kind, seed):
                     lse=(lse, ref_lse))
     assert torch.equal(out.view(torch.int16), once[0].view(torch.int16))
     assert torch.equal(lse.view(torch.int32), once[1].view(torch.int32))
+
+
+# Scheduler metadata (issue 35 lever 3, bench/PERF_NOTES.md item 73): the persistent grid's
+# plan computed once per step (``sparse_decode_metadata``) and read by the kernel variant
+# ``plan_from_metadata`` instead of planned by each CTA. Rows of scripts/lab/h35_metadata_ab.py
+# (their variants are the ones it times): the item balance (b2), the tile balance (b32) and
+# tokens in M's item balance.
+METADATA_ROWS = [(64, 2, "c128a4096"), (64, 32, "c128a8192"), (128, 2, "c128a8192"),
+                 (128, 32, "c128a4096"), (8, 32, "c4a512"), (16, 64, "c4a512")]
+
+
+def _with_metadata(q, main, extra, sink, metadata):
+    b, s_q, h, _ = q.shape
+    out = torch.full((b, s_q, h, 512), math.nan, dtype=torch.bfloat16, device=DEV)
+    lse = torch.full((b, h, s_q), math.nan, dtype=torch.float32, device=DEV)
+    sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse, metadata=metadata)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.parametrize("h,b,extra_kind", METADATA_ROWS, ids=lambda v: str(v))
+def test_decode_metadata_same_bits(h, b, extra_kind, seed):
+    """With ``metadata`` the shipped persistent schedule reads its plan: outputs poisoned,
+    checked against the float32 reference, bitwise equal to the kernel that plans itself
+    (the same words), the metadata's shape the grid's."""
+    from dsv4_tl.ops import sparse_decode_metadata
+
+    config = _shipped_schedule(h, b, extra_kind)
+    assert config.get("persistent"), f"h{h} b{b} {extra_kind}: not a persistent bucket"
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    metadata = sparse_decode_metadata(q, *main, *extra)
+    words = 8 if config.get("balance") == "tiles" else 6
+    assert metadata.dtype == torch.int32 and metadata.shape[1] == words
+    assert 1 <= metadata.shape[0] <= torch.cuda.get_device_properties(DEV).multi_processor_count
+    out, lse = _with_metadata(q, main, extra, sink, metadata)
+    ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+    check_attention(max(cache_kmax(c) for c in (main[0], extra[0])), out, ref_out,
+                    lse=(lse, ref_lse))
+    planned = _poisoned_decode(q, main, extra, sink)
+    assert torch.equal(out.view(torch.int16), planned[0].view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), planned[1].view(torch.int32))
+
+
+@pytest.mark.parametrize("h,b,extra_kind", [(64, 32, "c128a8192"), (16, 64, "c4a512")],
+                         ids=lambda v: str(v))
+def test_decode_metadata_in_a_cuda_graph(h, b, extra_kind, seed):
+    """One step captured: the metadata once from the step's lengths, then three layers'
+    decode calls reading it. Replayed after new lengths are written into the captured
+    length tensors, each layer's outputs are bitwise those of eager calls planning
+    themselves with the new lengths."""
+    from dsv4_tl.ops import sparse_decode_metadata
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    qs = [q] + [torch.randn(q.shape, generator=gen, device=DEV).to(torch.bfloat16)
+                for _ in range(2)]
+    sparse_decode(q, *main, SCALE, sink, *extra, metadata=sparse_decode_metadata(
+        q, *main, *extra))  # (loads the variants before the capture)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        metadata = sparse_decode_metadata(q, *main, *extra)
+        outs = [sparse_decode(x, *main, SCALE, sink, *extra, metadata=metadata) for x in qs]
+    _, new_main, new_extra, _ = decode_case(b, 1, h, extra_kind, gen)
+    assert not torch.equal(new_extra[2], extra[2])  # (the replay must follow new lengths)
+    main[2].copy_(new_main[2])
+    extra[2].copy_(new_extra[2])
+    graph.replay()
+    torch.cuda.synchronize()
+    for x, (out, lse) in zip(qs, outs):
+        want_out, want_lse = sparse_decode(x, *main, SCALE, sink, *extra)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), want_out.view(torch.int16))
+        assert torch.equal(lse.view(torch.int32), want_lse.view(torch.int32))
+
+
+@pytest.mark.parametrize("h,b,extra_kind", [(64, 2, "c128a4096"), (64, 32, "c128a8192"),
+                                            (16, 64, "c4a512")], ids=lambda v: str(v))
+def test_decode_metadata_any_values_are_safe(h, b, extra_kind, seed):
+    """Metadata that is not the step's plan (random words: negative, past every bound, the
+    plan of other lengths) gives wrong numbers at worst: every call returns, and a correct
+    call after them is still bitwise the self-planning kernel's (no fault, no hang left the
+    context broken; the kernel clamps every word, work.load_cta_plan)."""
+    from dsv4_tl.ops import sparse_decode_metadata
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    good = sparse_decode_metadata(q, *main, *extra)
+    shape = good.shape
+    other_lens = [torch.randint(0, 1 << 14, (b,), generator=gen, device=DEV, dtype=torch.int32)
+                  for _ in range(2)]
+    wrong = [torch.randint(-(1 << 31), (1 << 31) - 1, shape, generator=gen, device=DEV,
+                           dtype=torch.int32),
+             torch.randint(-3, 3 * b, shape, generator=gen, device=DEV, dtype=torch.int32),
+             sparse_decode_metadata(q, main[0], main[1], other_lens[0], extra[0], extra[1],
+                                    other_lens[1]),
+             good.flip(0).contiguous(), torch.zeros_like(good), torch.full_like(good, 1 << 30)]
+    for metadata in wrong:
+        _with_metadata(q, main, extra, sink, metadata)
+    out, lse = _with_metadata(q, main, extra, sink, good)
+    planned = _poisoned_decode(q, main, extra, sink)
+    assert torch.equal(out.view(torch.int16), planned[0].view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), planned[1].view(torch.int32))
+
+
+def test_decode_metadata_checked():
+    """``metadata`` of the wrong dtype, shape, device, layout or type: a one-line error
+    naming it, before any launch."""
+    from dsv4_tl.ops import sparse_decode_metadata
+
+    gen = torch.Generator(DEV).manual_seed(0)
+    q, main, extra, sink = decode_case(2, 1, 64, "c128a4096", gen)
+    good = sparse_decode_metadata(q, *main, *extra)
+    strided = torch.empty((good.shape[0], 2 * good.shape[1]), dtype=torch.int32,
+                          device=DEV)[:, ::2]
+    strided.copy_(good)
+    bad = [good.to(torch.int64), good[:-1], good.cpu(), strided,
+           torch.empty((0, 0), dtype=torch.int32, device=DEV)]
+    for metadata in bad:
+        with pytest.raises(ValueError, match=r"^metadata: expected a contiguous int32 "):
+            sparse_decode(q, *main, SCALE, sink, *extra, metadata=metadata)
+    with pytest.raises(TypeError, match="^metadata: expected a tensor"):
+        sparse_decode(q, *main, SCALE, sink, *extra, metadata=good.tolist())

@@ -69,6 +69,16 @@ def check_plan_repeats(plan_repeats, persistent) -> None:
                          f"with persistent, got {plan_repeats!r} with persistent {persistent}")
 
 
+def check_plan_from_metadata(plan_from_metadata, persistent, plan_repeats) -> None:
+    """ValueError naming ``plan_from_metadata`` unless it is a bool, True only on the
+    persistent grid (the only kernel with a plan) and not with the plan-cost probe."""
+    if (type(plan_from_metadata) is not bool
+            or (plan_from_metadata and (not persistent or plan_repeats != 1))):
+        raise ValueError(f"plan_from_metadata: a bool, True only with persistent and "
+                         f"plan_repeats 1, got {plan_from_metadata!r} with persistent "
+                         f"{persistent}, plan_repeats {plan_repeats}")
+
+
 def build_sparse_decode(
     num_heads: int,
     has_extra: bool,
@@ -92,6 +102,7 @@ def build_sparse_decode(
     balance: str = "items",
     q_stages: int = 0,
     plan_repeats: int = 1,
+    plan_from_metadata: bool = False,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -154,6 +165,12 @@ def build_sparse_decode(
             (``work.plan_cta_range``), so that the time over the repeats measures one plan's
             cost, what scheduler metadata computed once per decode step would save
             (bench/PERF_NOTES.md item 73; ``scripts/lab/h35_metadata_ab.py``).
+        plan_from_metadata: the persistent grid reading each CTA's plan words from one more
+            argument, ``Plan: [num_ctas, PLAN_WORDS[balance]], int32`` (scheduler metadata,
+            ``dsv4_tl.sparse_decode_metadata``, computed once per decode step) instead of
+            planning at its start; the words clamped so that any value is safe
+            (``work.load_cta_plan``). In no schedule file: the front end loads it when a
+            call passes ``metadata`` (bench/PERF_NOTES.md item 73).
         producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
             in M, on either grid, and the seesaw's half producer; not the plain schedule:
             ``rules.producer_lean_refusal``): the same loads and K in
@@ -189,6 +206,7 @@ def build_sparse_decode(
     if balance not in BALANCES:
         raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
     check_plan_repeats(plan_repeats, persistent)
+    check_plan_from_metadata(plan_from_metadata, persistent, plan_repeats)
     D = HEAD_DIM
     BI = block_tokens
     HB = heads_per_block
@@ -216,7 +234,8 @@ def build_sparse_decode(
                                   threads, ctas_per_sm, producer_lean,
                                   persistent=persistent,
                                   item_cost=item_cost,
-                                  plan_repeats=plan_repeats)
+                                  plan_repeats=plan_repeats,
+                                  plan_from_metadata=plan_from_metadata)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -239,7 +258,8 @@ def build_sparse_decode(
                                        item_cost, producer_lean,
                                        balance=balance,
                                        q_stages=q_stages,
-                                       plan_repeats=plan_repeats)
+                                       plan_repeats=plan_repeats,
+                                       plan_from_metadata=plan_from_metadata)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
 

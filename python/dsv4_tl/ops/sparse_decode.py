@@ -1,6 +1,7 @@
 """Front end of sparse FP8 decode (spec §3). Definition: ``dsv4_tl/reference/sparse_decode.py``."""
 
-from typing import Optional, Tuple
+import dataclasses
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -21,6 +22,7 @@ from ._dispatch import (Launch, PlanCache, StreamScratch, _target, aligned16, ca
                         meta_contiguous, meta_last, meta_strides, placeholder, recheck_device,
                         resolve, resolve_with, reusable_full_lengths, reusable_no_sink,
                         routed_per_call, sink_argument, stream_scratch)
+from .decode_metadata import PLAN_WORDS, plan_words, request_tiles
 
 
 def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
@@ -99,6 +101,7 @@ def sparse_decode(
     batch_invariant: bool = False,
     out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None,
+    metadata: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sparse attention of decode queries over the FP8 paged KV cache (fp8_ds_mla).
 
@@ -127,6 +130,12 @@ def sparse_decode(
             splits of a fixed ``invariant_tiles_per_split`` KV tiles (the default mode sizes
             them from the batch's work); rows of one split are stored directly.
         out, lse: optional preallocated contiguous outputs of the shapes below.
+        metadata: None, or :func:`sparse_decode_metadata` of this call's arguments and
+            lengths (computed once per decode step, shared by the step's layers): on the
+            persistent grid its CTAs read their plan from it instead of planning at their
+            start (the same plan: the same bits). Checked against the call (int32, the
+            device, the shape); its values are trusted to be this step's plan (other values
+            give wrong outputs, never an out-of-bounds access or a hang).
 
     Returns:
         out: [b, s_q, h_q, 512], bfloat16 (V = K, all 512 dims).
@@ -147,7 +156,44 @@ def sparse_decode(
                            attn_sink, extra_k_cache, extra_indices, extra_topk_length,
                            fp8_format, batch_invariant, out, lse)
     return plan(q, k_cache, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
-                extra_topk_length, out, lse)
+                extra_topk_length, out, lse, metadata)
+
+
+def sparse_decode_metadata(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: Optional[torch.Tensor] = None,
+    extra_k_cache: Optional[torch.Tensor] = None,
+    extra_indices: Optional[torch.Tensor] = None,
+    extra_topk_length: Optional[torch.Tensor] = None,
+    *,
+    fp8_format: str = "e4m3fn",
+    batch_invariant: bool = False,
+) -> torch.Tensor:
+    """Scheduler metadata of one decode step: the persistent grid's plan, computed once and
+    passed as ``metadata`` to every :func:`sparse_decode` call with these arguments (the
+    step's layers), so that no CTA plans at its start. Arguments as :func:`sparse_decode`'s
+    (only shapes, devices, the extra cache's geometry and the lengths are read; the same
+    schedule is resolved). Torch ops on the lengths' device, no host synchronisation: a CUDA
+    graph can capture it with the step's decode calls (bench/PERF_NOTES.md item 73).
+
+    Returns:
+        metadata: [num_ctas, words], int32 (``work.PLAN_WORDS``: 6 under the item balance,
+        8 under the tile balance; ``num_ctas`` the grid's); [0, 0] where the call's schedule
+        is not the persistent grid (nothing to plan: ``sparse_decode`` takes it and runs as
+        without).
+    """
+    key = (meta_last(q), meta_strides(k_cache), meta_last(indices), meta(topk_length), None,
+           None, None, meta_strides(extra_k_cache), meta_last(extra_indices),
+           meta(extra_topk_length), fp8_format, batch_invariant.__class__, batch_invariant,
+           None, None)
+    plan = _PLANS.plans.get(key)
+    if plan is None:
+        plan = _PLANS.make(key, _Plan, q, k_cache, indices, topk_length, None, None,
+                           extra_k_cache, extra_indices, extra_topk_length, fp8_format,
+                           batch_invariant, None, None)
+    return plan.metadata(topk_length, extra_topk_length)
 
 
 _PLANS = PlanCache()
@@ -185,7 +231,7 @@ class _Plan:
             if given is not None:
                 check_output(name, given, shape, dtype, dev)
                 check_aligned_output(name, given)
-        self.launch = None
+        self.launch = self.plan_args = self.planned = self.planned_launch = None
         if b == 0 or s_q == 0:
             return
         self.m_span = m_geom.flat.numel()
@@ -244,6 +290,12 @@ class _Plan:
             max_splits = -(-max_tiles // tps)
             ctas = min(sms, units * max_splits)
             grid = {"tiles_per_split": tps if fixed else -tps, "num_ctas": ctas}
+            self.plan_args = _PlanArgs(schedule.get("balance", "items"), s_q,
+                                       units // rows, bt, indices.shape[-1],
+                                       extra_indices.shape[-1] if self.has_extra else 0,
+                                       grid["tiles_per_split"], schedule["item_cost"], ctas)
+            self.planned = dict(schedule={**schedule, "plan_from_metadata": True},
+                                call=dict(call, fp8_format=fp8_format), target=target)
             splits = 1 if max_splits == 1 else pow2_ceil(max_splits)
             slots = rows * max_splits if batch_invariant else min(rows * max_splits, 2 * ctas)
             partial_shapes = ((slots, 1, 1, h, HEAD_DIM), (slots, 1, 1, h))
@@ -266,14 +318,48 @@ class _Plan:
                            placeholder(dev, torch.float32, (0, h, 0)))
             combine, _ = resolve(SPARSE_DECODE_COMBINE, target, h=h, num_splits=splits)
             self.combine = Launch(combine, SPARSE_DECODE_COMBINE, SPARSE_DECODE_COMBINE.params)
-        self.launch = Launch(
-            kernel, SPARSE_DECODE, _DYNAMIC, sm_scale=scale, main_block_size=m_geom.block_size,
-            main_block_stride=m_geom.stride0, main_num_blocks=m_geom.num_blocks,
-            extra_block_size=e_scalars[0], extra_block_stride=e_scalars[1],
-            extra_num_blocks=e_scalars[2], **grid)
+        self.fixed = dict(sm_scale=scale, main_block_size=m_geom.block_size,
+                          main_block_stride=m_geom.stride0, main_num_blocks=m_geom.num_blocks,
+                          extra_block_size=e_scalars[0], extra_block_stride=e_scalars[1],
+                          extra_num_blocks=e_scalars[2], **grid)
+        self.launch = Launch(kernel, SPARSE_DECODE, _DYNAMIC, **self.fixed)
+
+    def metadata(self, topk_length, extra_topk_length) -> torch.Tensor:
+        """:func:`sparse_decode_metadata` of this plan's calls."""
+        if self.plan_args is None:
+            return torch.empty((0, 0), dtype=torch.int32, device=self.device)
+        a = self.plan_args
+        tiles = request_tiles(self.m_len(topk_length),
+                              self.e_len(extra_topk_length) if self.has_extra else None,
+                              a.topk, a.extra_topk, a.block_tokens)
+        return plan_words(a.balance, tiles, a.s_q, a.head_groups, a.tiles_per_split,
+                          a.item_cost, a.num_ctas)
+
+    def _launch_with(self, metadata):
+        """The decode launch of a call given ``metadata``: the variant reading its plan
+        (loaded on first use), after the checks; the usual one for [0, 0] metadata where the
+        call does not run the persistent grid."""
+        if not isinstance(metadata, torch.Tensor):
+            raise TypeError(f"metadata: expected a tensor from sparse_decode_metadata, got "
+                            f"{type(metadata).__name__}")
+        a = self.plan_args
+        shape = (0, 0) if a is None else (a.num_ctas, PLAN_WORDS[a.balance])
+        if (metadata.dtype != torch.int32 or metadata.device != self.device
+                or tuple(metadata.shape) != shape or not metadata.is_contiguous()):
+            raise ValueError(f"metadata: expected a contiguous int32 {list(shape)} tensor on "
+                             f"{self.device} (sparse_decode_metadata of this call), got "
+                             f"{metadata.dtype} {list(metadata.shape)} on {metadata.device}")
+        if a is None:
+            return self.launch, ()
+        if self.planned_launch is None:
+            p = self.planned
+            kernel = resolve_with(SPARSE_DECODE, p["target"], p["schedule"], **p["call"])
+            self.planned_launch = Launch(kernel, _PLANNED_SPEC, _DYNAMIC + ("Plan",),
+                                         **self.fixed)
+        return self.planned_launch, (metadata,)
 
     def __call__(self, q, k_cache, indices, topk_length, attn_sink, extra_k_cache,
-                 extra_indices, extra_topk_length, out, lse):
+                 extra_indices, extra_topk_length, out, lse, metadata=None):
         if self.check_device:
             recheck_device("q", q)
         # (q.new_empty: cheaper to call than torch.empty, and fake under a FakeTensorMode)
@@ -287,6 +373,7 @@ class _Plan:
             check_aligned_output("lse", lse)
         if self.launch is None:
             return out, lse
+        launch, plan = (self.launch, ()) if metadata is None else self._launch_with(metadata)
         main = cache_views(k_cache, self.m_span, _VIEWS, _MAIN_MISALIGNED)
         if self.has_extra:
             extra = (*cache_views(extra_k_cache, self.e_span, _VIEWS, _EXTRA_MISALIGNED),
@@ -296,8 +383,8 @@ class _Plan:
         sink = sink_argument(attn_sink, self.sink, q.shape[2], self.device)
         q = aligned16(q)
         if self.direct:
-            self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
-                        out, lse, *self.partials)
+            launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
+                   out, lse, *self.partials, *plan)
             return out, lse
         if self.pooled:
             o_part, lse_part, row_splits = stream_scratch.views(self.device, self.partial_shapes)
@@ -305,14 +392,32 @@ class _Plan:
             o_part, lse_part, row_splits = StreamScratch.fresh(self.device, self.partial_shapes)
         row_splits = row_splits.view(torch.int32)
         if self.persistent:  # rows of one split are finished by the decode kernel
-            self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
-                        out, lse, o_part, lse_part, row_splits)
+            launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
+                   out, lse, o_part, lse_part, row_splits, *plan)
         else:
             self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
                         *self.no_out, o_part, lse_part, row_splits)
         self.combine(o_part.view(self.flat_shapes[0]), lse_part.view(self.flat_shapes[1]),
                      row_splits, sink, out, lse)
         return out, lse
+
+
+class _PlanArgs(NamedTuple):
+    """What the persistent grid's plan is computed from besides the lengths (the kernel's
+    static and run-time arguments; ``tiles_per_split`` as the kernel gets it)."""
+    balance: str
+    s_q: int
+    head_groups: int
+    block_tokens: int
+    topk: int
+    extra_topk: int
+    tiles_per_split: int
+    item_cost: int
+    num_ctas: int
+
+
+# The kernel variant reading its plan from metadata: the decode's parameters and ``Plan``.
+_PLANNED_SPEC = dataclasses.replace(SPARSE_DECODE, params=SPARSE_DECODE.params + ("Plan",))
 
 
 def persistent_split_size(knob: int, floor: int, max_tiles: int, units: int, sms: int,
