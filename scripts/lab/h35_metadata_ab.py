@@ -5,7 +5,8 @@ row runs its shipped schedule three ways:
 * ``plan1``: as shipped, each CTA plans its range once at its start (``work.plan_cta_range``);
 * ``metadata``: the same schedule built with ``plan_from_metadata``, given the plan computed
   by ``dsv4_tl.sparse_decode_metadata`` outside the timed region (once per step in an
-  engine; ``meta_op`` times that computation alone, per step);
+  engine; ``meta_op`` times that computation alone, per step: one launch of the plan-only
+  kernel, ``plan_only``);
 * ``planR`` (``--repeats R`` >= 2, off by default): the lab knob ``plan_repeats`` R, the plan
   traced R times in a row, so ``plan_us = (t(planR) - t(plan1)) / (R - 1)`` (run 98).
 
@@ -105,12 +106,16 @@ def _variants(shapes: list, repeats: int) -> list:
             continue
         out.add(SPARSE_DECODE.variant(TARGET.dirname, **call))
         out.add(Variant.make("sparse_decode", static, {**config, "plan_from_metadata": True}))
+        out.add(Variant.make("sparse_decode", static, {**config, "plan_only": True}))
         if repeats:
             out.add(Variant.make("sparse_decode", static, {**config, "plan_repeats": repeats}))
         for splits in _combine_splits(shape, config):
-            out.add(Variant.make("sparse_decode_combine", dict(num_heads=shape.h,
-                                                               num_splits=splits),
-                                 schedule_for(TARGET.dirname, "sparse_decode_combine")))
+            combine = schedule_for(TARGET.dirname, "sparse_decode_combine")
+            static = dict(num_heads=shape.h, num_splits=splits)
+            out.add(Variant.make("sparse_decode_combine", static, combine))
+            # (after a decode reading metadata the front end clamps the combine's slots)
+            out.add(Variant.make("sparse_decode_combine", static,
+                                 {**combine, "clamp_slots": True}))
     return sorted(out, key=lambda v: v.key)
 
 

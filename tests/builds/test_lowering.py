@@ -468,10 +468,15 @@ def test_plan_repeats_refused(kwargs, message):
     ({"plan_from_metadata": True, "persistent": True, "plan_repeats": 2},
      "plan_from_metadata: .* plan_repeats 2"),
     ({"plan_from_metadata": 1, "persistent": True}, "plan_from_metadata: a bool.* got 1"),
+    ({"plan_only": True}, "plan_only: .* got True with persistent False"),
+    ({"plan_only": True, "persistent": True, "plan_from_metadata": True},
+     "plan_only: .* plan_from_metadata True"),
+    ({"plan_only": True, "persistent": True, "num_heads": 96}, "plan_only: needs the "),
 ])
 def test_plan_from_metadata_refused(kwargs, message):
-    """The metadata variant's knob off the persistent grid (nothing to plan), with the plan
-    probe (nothing would be planned to repeat) or malformed: a ValueError naming it."""
+    """The metadata knobs (the variant reading the plan, the plan-only kernel writing it) off
+    the persistent grid (nothing to plan), together or with the plan probe, on padded head
+    groups or malformed: a ValueError naming the knob."""
     from dsv4_tl.tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
 
     base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
@@ -547,6 +552,49 @@ def test_plan_from_metadata_source(kwargs):
     assert {int(n) for n, _ in rows} == {words}
     assert {int(i or 0) for _, i in rows} == set(range(words))
     assert not _divergent_cta_barriers(source)
+
+
+@pytest.mark.parametrize("kwargs", _PLAN_PROBE_EXAMPLES)
+def test_plan_only_source(kwargs):
+    """``plan_only`` (the metadata kernel): the decode's plan as the decode runs it (the same
+    warp scans and CTA barriers as the shipped kernel's prologue, every one reached by all
+    threads), then each CTA's words stored into its row of ``Plan``; no decode left (no
+    wgmma, no register reallocation)."""
+    from dsv4_tl.tile_kernels.sparse_mla.work import PLAN_WORDS
+
+    words = PLAN_WORDS[kwargs.get("balance", "items")]
+    shipped = _plan_prologue(_compiled_decode(kwargs).get_kernel_source())
+    source = _compiled_decode({**kwargs, "plan_only": True}).get_kernel_source()
+    assert "wgmma" not in source and "warpgroup_reg_" not in source
+    assert source.count("__shfl_up_sync") == shipped.count("__shfl_up_sync") >= 5
+    assert source.count("__syncthreads()") == shipped.count("__syncthreads()") - 1
+    store = (r"Plan\[\(\(\(\(int64_t\)\(\(int\)blockIdx\.x\)\) \* \(int64_t\)%d\) \+ "
+             r"\(\(int64_t\)\(\(int\)threadIdx\.x\)\)\)\] = bounds\[" % words)
+    assert re.search(store, source)
+    assert not _divergent_cta_barriers(source)
+
+
+def test_combine_clamp_slots_source():
+    """``clamp_slots`` (the combine after a decode that read scheduler metadata): each row's
+    slot base clamped into the partials and its split count to the slots left, before any
+    read of a partial; without the knob the shipped reads (no clamp). A malformed value: a
+    ValueError naming it."""
+    from dsv4_tl.tile_kernels.sparse_mla.sparse_decode_combine import (
+        build_sparse_decode_combine)
+
+    example = {"num_heads": 64, "num_splits": 64, "merge": "splits"}
+
+    def source(**extra):
+        name = "sparse_mla.sparse_decode_combine"
+        return _compile(name, {"builder": "build_sparse_decode_combine",
+                               "kwargs": {**example, **extra}})[1].get_kernel_source()
+
+    clamp = re.compile(r"max\(min\(RowSplits\[[^]]*\], \(slots - 1\)\), 0\)")
+    clamped, shipped = source(clamp_slots=True), source()
+    assert clamp.search(clamped) and not clamp.search(shipped)
+    assert "(slots - base)" in clamped
+    with pytest.raises(ValueError, match="^clamp_slots: expected a bool"):
+        build_sparse_decode_combine(**example, clamp_slots=1)
 
 
 def test_producer_lean_kept_by_pruning():

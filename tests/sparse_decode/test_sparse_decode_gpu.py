@@ -1333,8 +1333,9 @@ def _with_metadata(q, main, extra, sink, metadata):
 def test_decode_metadata_same_bits(h, b, extra_kind, seed):
     """With ``metadata`` the shipped persistent schedule reads its plan: outputs poisoned,
     checked against the float32 reference, bitwise equal to the kernel that plans itself
-    (the same words), the metadata's shape the grid's."""
+    (the same words), the metadata's shape the grid's and its words the torch definition's."""
     from dsv4_tl.ops import sparse_decode_metadata
+    from dsv4_tl.ops.sparse_decode import sparse_decode_metadata_by_torch
 
     config = _shipped_schedule(h, b, extra_kind)
     assert config.get("persistent"), f"h{h} b{b} {extra_kind}: not a persistent bucket"
@@ -1344,6 +1345,8 @@ def test_decode_metadata_same_bits(h, b, extra_kind, seed):
     words = 8 if config.get("balance") == "tiles" else 6
     assert metadata.dtype == torch.int32 and metadata.shape[1] == words
     assert 1 <= metadata.shape[0] <= torch.cuda.get_device_properties(DEV).multi_processor_count
+    # (the metadata kernel's words are those of the torch definition, decode_metadata.py)
+    assert torch.equal(metadata, sparse_decode_metadata_by_torch(q, *main, *extra))
     out, lse = _with_metadata(q, main, extra, sink, metadata)
     ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
     check_attention(max(cache_kmax(c) for c in (main[0], extra[0])), out, ref_out,
@@ -1433,3 +1436,29 @@ def test_decode_metadata_checked():
             sparse_decode(q, *main, SCALE, sink, *extra, metadata=metadata)
     with pytest.raises(TypeError, match="^metadata: expected a tensor"):
         sparse_decode(q, *main, SCALE, sink, *extra, metadata=good.tolist())
+
+
+@pytest.mark.parametrize("h,b,extra_kind", METADATA_ROWS, ids=lambda v: str(v))
+def test_decode_metadata_words_follow_the_lengths(h, b, extra_kind, seed):
+    """The metadata kernel's words equal the torch definition's for many length sets of
+    one shape (empty rows, whole rows, lengths past the width and negative: clamped), and
+    differ between length sets that plan differently (the words follow the lengths)."""
+    from dsv4_tl.ops import sparse_decode_metadata
+    from dsv4_tl.ops.sparse_decode import sparse_decode_metadata_by_torch
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    seen = set()
+    for i in range(12):
+        hi = [main[1].shape[-1], extra[1].shape[-1]]
+        for lens, width in zip((main[2], extra[2]), hi):
+            lens.copy_(torch.randint(-4, width + 8, (b,), generator=gen, device=DEV,
+                                     dtype=torch.int32))
+            if i % 4 == 0:
+                lens.fill_(width)
+            if i % 4 == 1:
+                lens[: b // 2] = 0
+        words = sparse_decode_metadata(q, *main, *extra)
+        assert torch.equal(words, sparse_decode_metadata_by_torch(q, *main, *extra)), i
+        seen.add(tuple(words.flatten().tolist()))
+    assert len(seen) > 2

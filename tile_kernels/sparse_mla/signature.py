@@ -30,11 +30,11 @@ def decode_prim_func(shapes: tuple, num_heads: int, S: int, body, plan_words: in
     parameters in this order and opens the schedule's ``T.Kernel``: every schedule writes
     only its body, so the kernel's arguments are written once.
 
-    ``plan_words`` > 0 (the persistent grid reading its plan from scheduler metadata,
-    ``plan_from_metadata``): one more parameter, ``Plan: [plan_ctas, plan_words], int32``
-    (``SPARSE_DECODE_PLAN_PARAMS``), passed to ``body`` last. A second prim_func, not an
-    optional parameter: the parser takes a fixed parameter list, and every other variant's
-    signature (and TIR) stays as it was."""
+    ``plan_words`` > 0 (scheduler metadata: the decode variant ``plan_from_metadata`` reads
+    its CTA's row, the plan-only kernel writes it): one more parameter, ``Plan: [plan_ctas,
+    plan_words], int32`` (``_PLANNED_SPEC.params`` in ``dsv4_tl/ops/sparse_decode.py``),
+    passed to ``body`` last. A second prim_func, not an optional parameter: the parser takes a
+    fixed parameter list, and every other variant's signature (and TIR) stays as it was."""
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
     D = HEAD_DIM
 

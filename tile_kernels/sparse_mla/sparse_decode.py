@@ -44,6 +44,7 @@ from ..layout import (
     TOKEN_SCALE_BYTES,
 )
 from ..tile_math import check_tile_math
+from .decode_plan import plan_only_decode
 from .decode_seesaw import seesaw_decode
 from .decode_tim import check_tokens_in_m, check_tokens_in_m_persistent, tokens_in_m_decode
 from .decode_ws import warp_specialized_decode
@@ -79,6 +80,17 @@ def check_plan_from_metadata(plan_from_metadata, persistent, plan_repeats) -> No
                          f"{persistent}, plan_repeats {plan_repeats}")
 
 
+def check_plan_only(plan_only, persistent, plan_repeats, plan_from_metadata) -> None:
+    """ValueError naming ``plan_only`` unless it is a bool, True only on the persistent grid
+    (the only kernel with a plan), as planned once and not read from metadata."""
+    if (type(plan_only) is not bool
+            or (plan_only and (not persistent or plan_repeats != 1 or plan_from_metadata))):
+        raise ValueError(f"plan_only: a bool, True only with persistent, plan_repeats 1 and "
+                         f"plan_from_metadata False, got {plan_only!r} with persistent "
+                         f"{persistent}, plan_repeats {plan_repeats}, plan_from_metadata "
+                         f"{plan_from_metadata}")
+
+
 def build_sparse_decode(
     num_heads: int,
     has_extra: bool,
@@ -103,6 +115,7 @@ def build_sparse_decode(
     q_stages: int = 0,
     plan_repeats: int = 1,
     plan_from_metadata: bool = False,
+    plan_only: bool = False,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -171,6 +184,10 @@ def build_sparse_decode(
             planning at its start; the words clamped so that any value is safe
             (``work.load_cta_plan``). In no schedule file: the front end loads it when a
             call passes ``metadata`` (bench/PERF_NOTES.md item 73).
+        plan_only: not a decode: the persistent grid's plan alone, each CTA's words stored
+            into ``Plan`` (``decode_plan.plan_only_decode``; the decode's signature with
+            ``Plan``): the metadata ``plan_from_metadata`` reads, computed by the same code.
+            In no schedule file: ``dsv4_tl.sparse_decode_metadata`` loads it.
         producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
             in M, on either grid, and the seesaw's half producer; not the plain schedule:
             ``rules.producer_lean_refusal``): the same loads and K in
@@ -207,11 +224,22 @@ def build_sparse_decode(
         raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
     check_plan_repeats(plan_repeats, persistent)
     check_plan_from_metadata(plan_from_metadata, persistent, plan_repeats)
+    check_plan_only(plan_only, persistent, plan_repeats, plan_from_metadata)
     D = HEAD_DIM
     BI = block_tokens
     HB = heads_per_block
     S = num_splits
     head_groups = (num_heads + HB - 1) // HB
+    if plan_only:
+        # (the decode's plan as its builder below would take it: whole head groups, the
+        # grid's threads, tokens in M's item balance)
+        if num_heads % HB or not (warp_specialized or tokens_in_m):
+            raise ValueError("plan_only: needs the persistent grid (whole head groups, the "
+                             f"warp-specialised or tokens-in-M schedule), got {num_heads} heads "
+                             f"in groups of {HB}")
+        return plan_only_decode(num_heads, has_extra, S, BI, HB,
+                                threads if tokens_in_m else WS_THREADS,
+                                "items" if tokens_in_m else balance, item_cost)
 
     shapes = decode_shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes

@@ -1,18 +1,19 @@
-"""Scheduler metadata of the persistent decode grid: the plan words every CTA would compute
-at its start (``tile_kernels/sparse_mla/work.py``: ``cta_work_range`` under the item balance,
-``cta_tile_range`` under the tile balance), computed once per decode step by torch ops on the
-lengths' device, so that a kernel built with ``plan_from_metadata`` reads its row instead of
-planning (bench/PERF_NOTES.md item 73).
+"""Scheduler metadata of the persistent decode grid by torch ops: the plan words every CTA
+would compute at its start (``tile_kernels/sparse_mla/work.py``: ``cta_work_range`` under the
+item balance, ``cta_tile_range`` under the tile balance), the definition the metadata kernel
+(``plan_only``, ``tile_kernels/sparse_mla/decode_plan.py``, launched by
+``dsv4_tl.sparse_decode_metadata``) is held to, bitwise (bench/PERF_NOTES.md item 73).
 
 The arithmetic is the kernel's, vectorised: per unit (or row) costs, an inclusive scan, and
 each CTA boundary found by a search of the scan (the kernel: the thread whose units hold the
-boundary walks them). No host synchronisation and no data-dependent shape, so a CUDA graph
-can capture it. Integers are int64 here (the kernel's int32 sums cannot overflow at decode
+boundary walks them). No host synchronisation and no data-dependent shape (a CUDA graph
+could capture it), but 60-150 small launches: as the step's metadata a kernel of one launch
+is much cheaper. Integers are int64 here (the kernel's int32 sums cannot overflow at decode
 sizes, so the words are the same); the words are int32.
 
 Definition of the words: ``work.PLAN_WORDS``; ``work.plan_reference`` is the same plan as
-Python lists (``tests/sparse_decode/test_work_plan.py`` holds these words to the
-kernel's, emulated, and to the model)."""
+Python lists (``tests/sparse_decode/test_work_plan.py`` holds these words to the kernel's,
+emulated, and to the model)."""
 
 import torch
 

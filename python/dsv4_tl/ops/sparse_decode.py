@@ -183,7 +183,32 @@ def sparse_decode_metadata(
         8 under the tile balance; ``num_ctas`` the grid's); [0, 0] where the call's schedule
         is not the persistent grid (nothing to plan: ``sparse_decode`` takes it and runs as
         without).
+
+    One launch: the decode schedule's plan-only variant (``plan_only``,
+    ``tile_kernels/sparse_mla/decode_plan.py``), whose CTAs run the decode CTAs' own plan
+    code and store its words, so they are the in-kernel plan's by construction; definition
+    (the same words by torch ops): ``dsv4_tl/ops/decode_metadata.py``.
     """
+    plan = _metadata_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
+                          extra_topk_length, fp8_format, batch_invariant)
+    return plan.metadata(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
+                         extra_topk_length)
+
+
+def sparse_decode_metadata_by_torch(q, k_cache, indices, topk_length=None, extra_k_cache=None,
+                                    extra_indices=None, extra_topk_length=None, *,
+                                    fp8_format="e4m3fn", batch_invariant=False):
+    """:func:`sparse_decode_metadata`'s words by torch ops (``decode_metadata.py``, the
+    definition the kernel's words are tested against; many small launches)."""
+    plan = _metadata_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
+                          extra_topk_length, fp8_format, batch_invariant)
+    return plan.metadata_reference(topk_length, extra_topk_length)
+
+
+def _metadata_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
+                   extra_topk_length, fp8_format, batch_invariant):
+    """The plan of a call with these arguments (no sink, scale or outputs: they do not
+    change the schedule)."""
     key = (meta_last(q), meta_strides(k_cache), meta_last(indices), meta(topk_length), None,
            None, None, meta_strides(extra_k_cache), meta_last(extra_indices),
            meta(extra_topk_length), fp8_format, batch_invariant.__class__, batch_invariant,
@@ -193,7 +218,7 @@ def sparse_decode_metadata(
         plan = _PLANS.make(key, _Plan, q, k_cache, indices, topk_length, None, None,
                            extra_k_cache, extra_indices, extra_topk_length, fp8_format,
                            batch_invariant, None, None)
-    return plan.metadata(topk_length, extra_topk_length)
+    return plan
 
 
 _PLANS = PlanCache()
@@ -231,7 +256,8 @@ class _Plan:
             if given is not None:
                 check_output(name, given, shape, dtype, dev)
                 check_aligned_output(name, given)
-        self.launch = self.plan_args = self.planned = self.planned_launch = None
+        self.launch = self.plan_args = self.planned = None
+        self.planned_launch = self.plan_only_launch = None
         if b == 0 or s_q == 0:
             return
         self.m_span = m_geom.flat.numel()
@@ -316,16 +342,62 @@ class _Plan:
             self.pooled = dev.type == "cuda"
             self.no_out = (placeholder(dev, torch.bfloat16, (0, 0, h, HEAD_DIM)),
                            placeholder(dev, torch.float32, (0, h, 0)))
-            combine, _ = resolve(SPARSE_DECODE_COMBINE, target, h=h, num_splits=splits)
+            combine, combine_schedule = resolve(SPARSE_DECODE_COMBINE, target, h=h,
+                                                num_splits=splits)
             self.combine = Launch(combine, SPARSE_DECODE_COMBINE, SPARSE_DECODE_COMBINE.params)
+            # (after a decode reading metadata: the combine clamping its slot ranges)
+            self.clamped = dict(target=target, h=h, num_splits=splits,
+                                schedule={**combine_schedule, "clamp_slots": True})
+            self.clamped_combine = None
         self.fixed = dict(sm_scale=scale, main_block_size=m_geom.block_size,
                           main_block_stride=m_geom.stride0, main_num_blocks=m_geom.num_blocks,
                           extra_block_size=e_scalars[0], extra_block_stride=e_scalars[1],
                           extra_num_blocks=e_scalars[2], **grid)
         self.launch = Launch(kernel, SPARSE_DECODE, _DYNAMIC, **self.fixed)
 
-    def metadata(self, topk_length, extra_topk_length) -> torch.Tensor:
-        """:func:`sparse_decode_metadata` of this plan's calls."""
+    def _clamped_combine(self) -> Launch:
+        """The combine after a decode that read its plan from metadata (loaded on first
+        use): its slot ranges clamped (``clamp_slots``), since metadata that is not the
+        step's plan may leave rows' split entries unwritten this call."""
+        if self.clamped_combine is None:
+            c = self.clamped
+            kernel = resolve_with(SPARSE_DECODE_COMBINE, c["target"], c["schedule"], h=c["h"],
+                                  num_splits=c["num_splits"])
+            self.clamped_combine = Launch(kernel, SPARSE_DECODE_COMBINE,
+                                          SPARSE_DECODE_COMBINE.params)
+        return self.clamped_combine
+
+    def metadata(self, q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
+                 extra_topk_length) -> torch.Tensor:
+        """:func:`sparse_decode_metadata` of this plan's calls: the plan-only kernel's words
+        (loaded on first use), given the decode's arguments (it reads the lengths only; no
+        outputs: zero-size placeholders)."""
+        if self.plan_args is None:
+            return torch.empty((0, 0), dtype=torch.int32, device=self.device)
+        a = self.plan_args
+        if self.plan_only_launch is None:
+            p = self.planned
+            schedule = {**p["schedule"], "plan_only": True}
+            del schedule["plan_from_metadata"]
+            kernel = resolve_with(SPARSE_DECODE, p["target"], schedule, **p["call"])
+            self.plan_only_launch = Launch(kernel, _PLANNED_SPEC, _DYNAMIC + ("Plan",),
+                                           **self.fixed)
+            # (the persistent grid's kernels have one split per item: num_splits 1)
+            h, dev = q.shape[2], self.device
+            self.no_outputs = (placeholder(dev, torch.bfloat16, (0, 0, h, HEAD_DIM)),
+                               placeholder(dev, torch.float32, (0, h, 0)),
+                               placeholder(dev, torch.float32, (0, 0, 1, h, HEAD_DIM)),
+                               placeholder(dev, torch.float32, (0, 0, 1, h)),
+                               placeholder(dev, torch.int32, (0, 2)))
+        words = torch.empty((a.num_ctas, PLAN_WORDS[a.balance]), dtype=torch.int32,
+                            device=self.device)
+        self.plan_only_launch(*self._inputs(q, k_cache, indices, topk_length, None,
+                                            extra_k_cache, extra_indices, extra_topk_length),
+                              *self.no_outputs, words)
+        return words
+
+    def metadata_reference(self, topk_length, extra_topk_length) -> torch.Tensor:
+        """The same words as :meth:`metadata` by torch ops (``decode_metadata.py``)."""
         if self.plan_args is None:
             return torch.empty((0, 0), dtype=torch.int32, device=self.device)
         a = self.plan_args
@@ -334,6 +406,19 @@ class _Plan:
                               a.topk, a.extra_topk, a.block_tokens)
         return plan_words(a.balance, tiles, a.s_q, a.head_groups, a.tiles_per_split,
                           a.item_cost, a.num_ctas)
+
+    def _inputs(self, q, k_cache, indices, topk_length, attn_sink, extra_k_cache,
+                extra_indices, extra_topk_length) -> tuple:
+        """The kernels' arguments up to ``Sink``, in the signature's order."""
+        main = cache_views(k_cache, self.m_span, _VIEWS, _MAIN_MISALIGNED)
+        if self.has_extra:
+            extra = (*cache_views(extra_k_cache, self.e_span, _VIEWS, _EXTRA_MISALIGNED),
+                     extra_indices.contiguous(), self.e_len(extra_topk_length))
+        else:
+            extra = self.e_none
+        sink = sink_argument(attn_sink, self.sink, q.shape[2], self.device)
+        return (aligned16(q), *main, indices.contiguous(), self.m_len(topk_length), *extra,
+                sink)
 
     def _launch_with(self, metadata):
         """The decode launch of a call given ``metadata``: the variant reading its plan
@@ -374,17 +459,10 @@ class _Plan:
         if self.launch is None:
             return out, lse
         launch, plan = (self.launch, ()) if metadata is None else self._launch_with(metadata)
-        main = cache_views(k_cache, self.m_span, _VIEWS, _MAIN_MISALIGNED)
-        if self.has_extra:
-            extra = (*cache_views(extra_k_cache, self.e_span, _VIEWS, _EXTRA_MISALIGNED),
-                     extra_indices.contiguous(), self.e_len(extra_topk_length))
-        else:
-            extra = self.e_none
-        sink = sink_argument(attn_sink, self.sink, q.shape[2], self.device)
-        q = aligned16(q)
+        inputs = self._inputs(q, k_cache, indices, topk_length, attn_sink, extra_k_cache,
+                              extra_indices, extra_topk_length)
         if self.direct:
-            launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
-                   out, lse, *self.partials, *plan)
+            launch(*inputs, out, lse, *self.partials, *plan)
             return out, lse
         if self.pooled:
             o_part, lse_part, row_splits = stream_scratch.views(self.device, self.partial_shapes)
@@ -392,13 +470,12 @@ class _Plan:
             o_part, lse_part, row_splits = StreamScratch.fresh(self.device, self.partial_shapes)
         row_splits = row_splits.view(torch.int32)
         if self.persistent:  # rows of one split are finished by the decode kernel
-            launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
-                   out, lse, o_part, lse_part, row_splits, *plan)
+            launch(*inputs, out, lse, o_part, lse_part, row_splits, *plan)
         else:
-            self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
-                        *self.no_out, o_part, lse_part, row_splits)
-        self.combine(o_part.view(self.flat_shapes[0]), lse_part.view(self.flat_shapes[1]),
-                     row_splits, sink, out, lse)
+            self.launch(*inputs, *self.no_out, o_part, lse_part, row_splits)
+        combine = self._clamped_combine() if plan else self.combine
+        combine(o_part.view(self.flat_shapes[0]), lse_part.view(self.flat_shapes[1]),
+                row_splits, inputs[-1], out, lse)
         return out, lse
 
 
