@@ -256,7 +256,7 @@ def measure_rows(shapes: list, rounds: int, repeats: int, flashmla, flush=None) 
 
 
 def table(results: list, repeats: int) -> str:
-    name = f"plan{repeats}"
+    name = f"plan{repeats or 'R'}"
     lines = [f"{'row':58} {'plan1':>8} {'metadata':>8} {'saved':>6} {'share':>6} "
              f"{'meta_op':>7} {name:>8} {'plan_us':>7} {'flashmla':>9}  bitwise  check"]
     for e in results:
