@@ -4,8 +4,8 @@ Public functions (shapes and dtypes in their docstrings; definitions in
 ``dsv4_tl.reference``):
 
 * :func:`sparse_decode` — sparse attention over the FP8 paged KV cache (fp8_ds_mla);
-  :func:`sparse_decode_metadata` — its scheduler metadata, once per decode step (torch ops,
-  CUDA-graph capturable; not a custom op).
+  :func:`sparse_decode_metadata` — its scheduler metadata, once per decode step (one
+  launch, CUDA-graph capturable; a custom op with a fake implementation like the others).
 * :func:`sparse_prefill`, :func:`sparse_prefill_ragged` — sparse attention over a BF16
   workspace, dense or CSR index rows.
 * :func:`dequantize_and_gather_k_cache` — FP8 paged cache -> BF16 workspace rows (in place).
@@ -36,11 +36,11 @@ from .library import (
     dequantize_and_gather_k_cache,
     insert_k_cache,
     sparse_decode,
+    sparse_decode_metadata,
     sparse_prefill,
     sparse_prefill_ragged,
 )
 from .ops._dispatch import kernel_for as raw_kernel
-from .ops.sparse_decode import sparse_decode_metadata
 
 __version__ = "0.1.0"
 

@@ -1462,3 +1462,69 @@ def test_decode_metadata_words_follow_the_lengths(h, b, extra_kind, seed):
         assert torch.equal(words, sparse_decode_metadata_by_torch(q, *main, *extra)), i
         seen.add(tuple(words.flatten().tolist()))
     assert len(seen) > 2
+
+
+@pytest.mark.parametrize("h,b,extra_kind", [(64, 32, "c128a8192"), (8, 32, "c4a512")],
+                         ids=lambda v: str(v))
+def test_decode_metadata_custom_op_traced(h, b, extra_kind, seed):
+    """``dsv4_tl.sparse_decode_metadata`` is a custom op: its fake implementation gives the
+    real result's shape (static: the schedule and the SM count), and ``torch.compile(
+    fullgraph=True)`` of a step (the metadata, then two layers' decodes reading it) traces it
+    as one node and returns bitwise what eager self-planning calls return."""
+    import dsv4_tl
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    q2 = torch.randn(q.shape, generator=gen, device=DEV).to(torch.bfloat16)
+    real = dsv4_tl.sparse_decode_metadata(q, *main, *extra)
+    assert real.numel() > 0  # (a persistent row)
+    with FakeTensorMode() as mode:
+        fake = dsv4_tl.sparse_decode_metadata(*(mode.from_tensor(t) for t in (q, *main, *extra)))
+    assert tuple(fake.shape) == tuple(real.shape) and fake.dtype == real.dtype
+    nodes = []
+
+    def backend(gm, example_inputs):
+        nodes.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    def step(q, q2, main, extra, sink):
+        metadata = dsv4_tl.sparse_decode_metadata(q, *main, *extra)
+        return [dsv4_tl.sparse_decode(x, *main[:3], SCALE, sink, *extra, metadata=metadata)
+                for x in (q, q2)]
+
+    outs = torch.compile(step, fullgraph=True, backend=backend)(q, q2, main, extra, sink)
+    assert nodes.count("dsv4_tl.sparse_decode_metadata.default") == 1
+    assert nodes.count("dsv4_tl.sparse_decode.default") == 2
+    for x, (out, lse) in zip((q, q2), outs):
+        want_out, want_lse = sparse_decode(x, *main, SCALE, sink, *extra)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), want_out.view(torch.int16))
+        assert torch.equal(lse.view(torch.int32), want_lse.view(torch.int32))
+
+
+@pytest.mark.parametrize("h,b,extra_kind", [(64, 2, "c128a4096"), (16, 64, "c4a512")],
+                         ids=lambda v: str(v))
+def test_decode_metadata_through_vllm_compat(h, b, extra_kind, seed):
+    """``vllm_compat.flash_mla_with_kvcache`` maps FlashMLA's scheduler metadata onto ours:
+    the object's first call stores ``sparse_decode_metadata`` of its arguments, later calls
+    (the step's other layers) read it; outputs bitwise those of self-planning calls."""
+    from dsv4_tl import vllm_compat as vc
+    from dsv4_tl.ops import sparse_decode_metadata
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    meta = vc.get_mla_metadata()[0]
+    for i in range(3):
+        x = q if i == 0 else torch.randn(q.shape, generator=gen, device=DEV).to(torch.bfloat16)
+        out, lse = vc.flash_mla_with_kvcache(
+            x, main[0], None, None, 512, meta, softmax_scale=SCALE, is_fp8_kvcache=True,
+            indices=main[1], attn_sink=sink, extra_k_cache=extra[0],
+            extra_indices_in_kvcache=extra[1], topk_length=main[2], extra_topk_length=extra[2])
+        want_out, want_lse = sparse_decode(x, *main, SCALE, sink, *extra)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), want_out.view(torch.int16)), i
+        assert torch.equal(lse.view(torch.int32), want_lse.view(torch.int32)), i
+    plan = meta.tile_scheduler_metadata
+    assert plan is not None and plan.numel() > 0
+    assert torch.equal(plan, sparse_decode_metadata(q, *main, *extra))

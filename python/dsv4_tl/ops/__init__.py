@@ -11,9 +11,7 @@ from .indices import (
     compute_global_topk_ragged_indices_and_indptr,
 )
 from .insert_k_cache import insert_k_cache
-# (sparse_decode_metadata: a plain function of torch ops, not a custom op: not in __all__,
-# whose names are the kernels' front ends)
-from .sparse_decode import sparse_decode, sparse_decode_metadata  # noqa: F401
+from .sparse_decode import sparse_decode, sparse_decode_metadata
 from .sparse_prefill import sparse_prefill, sparse_prefill_ragged
 
 __all__ = [
@@ -24,6 +22,7 @@ __all__ = [
     "dequantize_and_gather_k_cache",
     "insert_k_cache",
     "sparse_decode",
+    "sparse_decode_metadata",
     "sparse_prefill",
     "sparse_prefill_ragged",
 ]

@@ -16,7 +16,7 @@ from ..validation import (
     check_tensor,
 )
 from ..kernels import (MAX_COMBINE_SPLITS, SPARSE_DECODE, SPARSE_DECODE_COMBINE, decode_scope,
-                       pow2_ceil)
+                       decode_runs_persistent, pow2_ceil)
 from ._dispatch import (Launch, PlanCache, StreamScratch, _target, aligned16, cache_views,
                         call_schedule, check_aligned_output, check_output, full_lengths, meta,
                         meta_contiguous, meta_last, meta_strides, placeholder, recheck_device,
@@ -175,8 +175,10 @@ def sparse_decode_metadata(
     passed as ``metadata`` to every :func:`sparse_decode` call with these arguments (the
     step's layers), so that no CTA plans at its start. Arguments as :func:`sparse_decode`'s
     (only shapes, devices, the extra cache's geometry and the lengths are read; the same
-    schedule is resolved). Torch ops on the lengths' device, no host synchronisation: a CUDA
-    graph can capture it with the step's decode calls (bench/PERF_NOTES.md item 73).
+    schedule is resolved). One launch on the lengths' device, no host synchronisation: a
+    CUDA graph can capture it with the step's decode calls (bench/PERF_NOTES.md item 73).
+    ``dsv4_tl.sparse_decode_metadata`` is this as a custom op (its fake implementation:
+    :func:`metadata_shape`), so ``torch.compile`` traces it as one node.
 
     Returns:
         metadata: [num_ctas, words], int32 (``work.PLAN_WORDS``: 6 under the item balance,
@@ -279,42 +281,17 @@ class _Plan:
 
         target = _target(dev)
         scope = decode_scope(None if e_geom is None else e_geom.block_size)
-        call = dict(h=h, b=b, s_q=s_q, scope=scope, batch_invariant=batch_invariant,
-                    extra_width=extra_indices.shape[-1] if self.has_extra else 0)
+        extra = extra_indices if self.has_extra else None
+        call = _decode_call(h, b, s_q, scope, batch_invariant, extra)
         # The schedule, resolved once for the plan; the kernel is loaded with it below.
-        schedule = call_schedule(SPARSE_DECODE, target, **call)
-        if batch_invariant and schedule.get("balance", "items") != "items":
-            # The tile balance cuts rows where the batch's work puts the CTA boundaries; a
-            # batch-invariant row needs splits of a fixed T: the item balance (the file
-            # default's value, so the variant is the one the build has for it).
-            schedule = {**schedule, "balance": "items"}
+        schedule = _decode_schedule(target, call, batch_invariant)
         kernel = resolve_with(SPARSE_DECODE, target, schedule, **call, fp8_format=fp8_format)
         rows = b * s_q
-        # (the 64/128-head schedule's and tokens in M's; whole head groups only, as the
-        # builder decides: padded ones keep the fixed grid)
-        self.persistent = bool(schedule.get("persistent")
-                               and (schedule["warp_specialized"] or schedule.get("tokens_in_m"))
-                               and h % schedule["heads_per_block"] == 0)
+        self.persistent = decode_runs_persistent(schedule, h)
         grid = {"tiles_per_split": 0, "num_ctas": 0}
         if self.persistent:
-            # The persistent grid (tile_kernels/sparse_mla/work.py): rows cut into splits of T tiles;
-            # T fixed in batch-invariant mode, else derived in the kernel from the call's
-            # tiles (at least the floor passed as -T). Partial slots: a row of n > 1 splits
-            # takes n < 2 * tiles / T, so fewer than 2 * num_ctas with a derived T.
-            bt = schedule["block_tokens"]
-            max_tiles = -(-indices.shape[-1] // bt)
-            if self.has_extra:
-                max_tiles += -(-extra_indices.shape[-1] // bt)
-            floor = -(-max_tiles // MAX_COMBINE_SPLITS)
-            knob = "invariant_tiles_per_split" if batch_invariant else "tiles_per_split_min"
-            if not (isinstance(schedule[knob], int) and schedule[knob] >= 1):
-                raise ValueError(f"schedule: {knob} must be a positive int, got {schedule[knob]!r}")
-            units = rows * -(-h // schedule["heads_per_block"])
-            sms = _sm_count(dev)
-            tps, fixed = persistent_split_size(schedule[knob], floor, max_tiles, units, sms,
-                                               batch_invariant, schedule.get("balance", "items"))
-            max_splits = -(-max_tiles // tps)
-            ctas = min(sms, units * max_splits)
+            bt, max_tiles, tps, fixed, units, max_splits, ctas = _persistent_grid(
+                schedule, h, rows, indices, extra, batch_invariant, dev)
             grid = {"tiles_per_split": tps if fixed else -tps, "num_ctas": ctas}
             self.plan_args = _PlanArgs(schedule.get("balance", "items"), s_q,
                                        units // rows, bt, indices.shape[-1],
@@ -477,6 +454,78 @@ class _Plan:
         combine(o_part.view(self.flat_shapes[0]), lse_part.view(self.flat_shapes[1]),
                 row_splits, inputs[-1], out, lse)
         return out, lse
+
+
+def _decode_call(h, b, s_q, scope, batch_invariant, extra_indices) -> dict:
+    """The decode spec's call description (its schedule's features)."""
+    return dict(h=h, b=b, s_q=s_q, scope=scope, batch_invariant=batch_invariant,
+                extra_width=extra_indices.shape[-1] if extra_indices is not None else 0)
+
+
+def _decode_schedule(target, call: dict, batch_invariant: bool) -> dict:
+    """The schedule a decode call described by ``call`` runs with on ``target``."""
+    schedule = call_schedule(SPARSE_DECODE, target, **call)
+    if batch_invariant and schedule.get("balance", "items") != "items":
+        # The tile balance cuts rows where the batch's work puts the CTA boundaries; a
+        # batch-invariant row needs splits of a fixed T: the item balance (the file
+        # default's value, so the variant is the one the build has for it).
+        schedule = {**schedule, "balance": "items"}
+    return schedule
+
+
+def _persistent_grid(schedule: dict, h: int, rows: int, indices, extra_indices,
+                     batch_invariant: bool, dev) -> tuple:
+    """The persistent grid of a call (``kernels.decode_runs_persistent``: the 64/128-head
+    schedule's and tokens in M's; whole head groups only, as the builder decides: padded ones
+    keep the fixed grid): ``(block_tokens, max_tiles, T, fixed, units, max_splits, ctas)``.
+
+    The persistent grid (tile_kernels/sparse_mla/work.py): rows cut into splits of T tiles; T
+    fixed in batch-invariant mode, else derived in the kernel from the call's tiles (at
+    least the floor passed as -T). Partial slots: a row of n > 1 splits takes
+    n < 2 * tiles / T, so fewer than 2 * num_ctas with a derived T."""
+    bt = schedule["block_tokens"]
+    max_tiles = -(-indices.shape[-1] // bt)
+    if extra_indices is not None:
+        max_tiles += -(-extra_indices.shape[-1] // bt)
+    floor = -(-max_tiles // MAX_COMBINE_SPLITS)
+    knob = "invariant_tiles_per_split" if batch_invariant else "tiles_per_split_min"
+    if not (isinstance(schedule[knob], int) and schedule[knob] >= 1):
+        raise ValueError(f"schedule: {knob} must be a positive int, got {schedule[knob]!r}")
+    units = rows * -(-h // schedule["heads_per_block"])
+    sms = _sm_count(dev)
+    tps, fixed = persistent_split_size(schedule[knob], floor, max_tiles, units, sms,
+                                       batch_invariant, schedule.get("balance", "items"))
+    max_splits = -(-max_tiles // tps)
+    return bt, max_tiles, tps, fixed, units, max_splits, min(sms, units * max_splits)
+
+
+def metadata_shape(q, k_cache, indices, topk_length=None, extra_k_cache=None,
+                   extra_indices=None, extra_topk_length=None, fp8_format="e4m3fn",
+                   batch_invariant=False, resolve=True) -> Optional[Tuple[int, int]]:
+    """The shape of :func:`sparse_decode_metadata`'s result for these arguments, from their
+    metadata only (shapes, device, the schedule files; no kernel loaded, no tensor data
+    read): the custom op's fake implementation (``dsv4_tl.library``). The same checks and
+    arithmetic as the plan's (:class:`_Plan`), so the two agree. ``resolve=False``: the
+    argument checks only (None)."""
+    b, s_q, h, _scale, _m_geom, e_geom = check_sparse_decode_args(
+        q, k_cache, indices, topk_length, None, None, extra_k_cache, extra_indices,
+        extra_topk_length, fp8_format)
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
+    if not resolve:
+        return None
+    check_kernel_device("q", q)
+    if b == 0 or s_q == 0:
+        return (0, 0)
+    target = _target(q.device)
+    scope = decode_scope(None if e_geom is None else e_geom.block_size)
+    extra = extra_indices if extra_k_cache is not None else None
+    schedule = _decode_schedule(target, _decode_call(h, b, s_q, scope, batch_invariant, extra),
+                                batch_invariant)
+    if not decode_runs_persistent(schedule, h):
+        return (0, 0)
+    ctas = _persistent_grid(schedule, h, b * s_q, indices, extra, batch_invariant, q.device)[-1]
+    return (ctas, PLAN_WORDS[schedule.get("balance", "items")])
 
 
 class _PlanArgs(NamedTuple):
