@@ -552,6 +552,27 @@ def test_plan_from_metadata_source(kwargs):
     assert {int(n) for n, _ in rows} == {words}
     assert {int(i or 0) for _, i in rows} == set(range(words))
     assert not _divergent_cta_barriers(source)
+    # The tile balance's load clamps the slots once, so its roles run the shipped kernel's
+    # code (the per-item clamps made them slower: bench/PERF_NOTES.md item 73); the item
+    # balance clamps each item's slot (any unit of its range may split).
+    roles = _roles(source)
+    if kwargs.get("balance", "items") == "tiles":
+        assert _numbering_dropped(roles) == _numbering_dropped(
+            _roles(_compiled_decode(kwargs).get_kernel_source()))
+    else:
+        assert "slot_limit" in roles
+
+
+def _roles(source: str) -> str:
+    """The decode kernel's code from its roles' split on (the first register reallocation)."""
+    body = source[source.index("sparse_decode_kernel("):]
+    return body[body.index("tl::warpgroup_reg_"):]
+
+
+def _numbering_dropped(source: str) -> str:
+    """``source`` with the numbers TileLang appends to its variable names dropped."""
+    return re.sub(r"\b([A-Za-z][A-Za-z0-9]*(?:_[A-Za-z][A-Za-z0-9]*)*)_\d+\b", r"\1",
+                  re.sub(r"\bcondval_\d+\b", "condval", source))
 
 
 @pytest.mark.parametrize("kwargs", _PLAN_PROBE_EXAMPLES)

@@ -536,12 +536,13 @@ def cta_tile_range(bounds, scratch, row_tiles, rows, head_groups: int, tiles_per
 
 
 @T.macro
-def walk_row_pieces(span, rows, head_groups: int, s_q, row_tiles, body, slot_limit=None):
+def walk_row_pieces(span, rows, head_groups: int, s_q, row_tiles, body):
     """Run ``body(item)`` (a :class:`WorkItem`) for each item of this CTA under the tile
     balance, in order: per row of the range its piece, once per head group over the same
     tiles. ``span``: a local int32 [8] copy of ``cta_tile_range``'s bounds;
     ``row_tiles(r_b)``: the KV tiles of request ``r_b``'s rows. A row strictly inside the
-    range is whole (a cut inside it would be a CTA boundary)."""
+    range is whole (a cut inside it would be a CTA boundary). No slot clamps: a plan read
+    from metadata had its slots clamped once by ``load_cta_plan``."""
     unit = T.alloc_local([3], T.int32)  # r_b, r_s, tiles (variables: no repeated divisions)
     runs = T.alloc_local([3], T.int32)  # pairs before, items before, slot base of the row
     runs[0] = 0
@@ -563,10 +564,8 @@ def walk_row_pieces(span, rows, head_groups: int, s_q, row_tiles, body, slot_lim
             pairs = T.ceildiv(t_end - t_begin, 2)
             # (an extent known only at run time, 1 whenever a row is walked)
             for g in T.serial(T.min(1, rows)):
-                body(WorkItem(r, g, unit[0], unit[1], unit[2],
-                              item_slot(runs[2], k, ns, slot_limit)[0], k, t_begin, t_end,
-                              pairs, runs[0], runs[1],
-                              item_slot(runs[2], k, ns, slot_limit)[1]))
+                body(WorkItem(r, g, unit[0], unit[1], unit[2], ns, k, t_begin, t_end,
+                              pairs, runs[0], runs[1], runs[2] + k))
                 runs[0] += pairs
                 runs[1] += 1
             if ns > 1:
@@ -588,10 +587,8 @@ def walk_row_pieces(span, rows, head_groups: int, s_q, row_tiles, body, slot_lim
                 t_begin = T.if_then_else(r == span[0], span[1], 0)
                 t_end = T.if_then_else(r == span[4], span[5], unit[2])
                 pairs = T.ceildiv(t_end - t_begin, 2)
-                body(WorkItem(r, v % head_groups, unit[0], unit[1], unit[2],
-                              item_slot(runs[2], k, ns, slot_limit)[0], k, t_begin, t_end,
-                              pairs, runs[0], runs[1],
-                              item_slot(runs[2], k, ns, slot_limit)[1]))
+                body(WorkItem(r, v % head_groups, unit[0], unit[1], unit[2], ns, k, t_begin,
+                              t_end, pairs, runs[0], runs[1], runs[2] + k))
                 runs[0] += pairs
                 runs[1] += 1
             if v % head_groups == head_groups - 1 and ns > 1:
@@ -647,7 +644,9 @@ def load_cta_plan(balance: str, bounds, Plan, unit_tiles, units, head_groups: in
     ``dsv4_tl.sparse_decode_metadata``) instead of planned: one thread loads and clamps
     them, one CTA barrier. Whatever the words hold, every range the roles walk stays inside
     the call (rows and units in ``[0, units]``, an item's tiles inside its row, ``T`` at least
-    the call's floor, slots inside ``slot_limit`` with :func:`item_slot`), and the tile
+    the call's floor, slots inside ``slot_limit``: here under the tile balance, whose split
+    rows are its range's two ends; per item with :func:`item_slot` under the item balance,
+    where any unit of the range may split), and the tile
     counts are bounded by the lengths, so a wrong plan gives wrong numbers, never an
     out-of-bounds access or a hang; the words of the kernel's own plan are unchanged by the
     clamps. Same arguments as ``plan_cta_range`` (``unit_tiles(u)``, ``units``)."""
@@ -702,15 +701,24 @@ def _load_tile_plan(bounds, Plan, row_tiles, rows, slot_limit, cta):
         # pair count would throw the roles' barrier phases apart)
         if T.And(r0 == r1, t1 > 0):
             t1 = T.max(t1, t0)
-        most = T.max(slot_limit, 1)
+        # The slots, clamped here once so that the walk needs no clamp per item (the per-item
+        # clamps of item_slot made the roles' loops spill: bench/PERF_NOTES.md item 73). Only
+        # the first and the last row of the range can be split (a cut inside a row is a CTA
+        # boundary): the first row's pieces take slots from the base, the last row's the slots
+        # after them, each row's count cut to the slots left (one piece: stored directly) and
+        # the first row's piece index to its pieces, so every slot written is in the partials.
+        base = T.max(T.min(Plan[c, 3], slot_limit - 1), 0)
+        n0 = T.max(T.min(Plan[c, 6], slot_limit - base), 1)
+        n1 = T.max(T.min(Plan[c, 7],
+                         slot_limit - base - T.if_then_else(T.And(r1 != r0, n0 > 1), n0, 0)), 1)
         bounds[0] = r0
         bounds[1] = t0
-        bounds[2] = T.max(T.min(Plan[c, 2], slot_limit), 0)
-        bounds[3] = T.max(T.min(Plan[c, 3], slot_limit), 0)
+        bounds[2] = T.max(T.min(Plan[c, 2], n0 - 1), 0)
+        bounds[3] = base
         bounds[4] = r1
         bounds[5] = t1
-        bounds[6] = T.max(T.min(Plan[c, 6], most), 1)
-        bounds[7] = T.max(T.min(Plan[c, 7], most), 1)
+        bounds[6] = n0
+        bounds[7] = n1
     T.sync_threads()
 
 
@@ -718,10 +726,11 @@ def walk_plan(balance: str, span, units, head_groups: int, s_q, row_tiles, body,
               slot_limit=None):
     """``walk_items`` ("items") or ``walk_row_pieces`` ("tiles") of ``plan_cta_range``'s
     range, with the former's arguments. ``slot_limit`` (the partial slots, with a plan read
-    from metadata: :func:`item_slot`): None, the slots as planned."""
+    from metadata: :func:`item_slot`, under the item balance; the tile balance's load clamped
+    them): None, the slots as planned."""
     if balance == "tiles":
-        return walk_row_pieces(span, units // head_groups, head_groups, s_q, row_tiles, body,
-                               slot_limit)
+        # (a plan from metadata had its slots clamped by _load_tile_plan: none per item)
+        return walk_row_pieces(span, units // head_groups, head_groups, s_q, row_tiles, body)
     return walk_items(span, units, head_groups, s_q, row_tiles, body, slot_limit)
 
 
