@@ -133,7 +133,9 @@ def sparse_decode(
         metadata: None, or :func:`sparse_decode_metadata` of this call's arguments and
             lengths (computed once per decode step, shared by the step's layers): on the
             persistent grid its CTAs read their plan from it instead of planning at their
-            start (the same plan: the same bits). Checked against the call (int32, the
+            start (the same plan: the same bits), where the rows' head groups fill at most
+            half of the SMs (beyond, the grid walks whole rows and planning them costs less
+            than reading them: checked, not read). Checked against the call (int32, the
             device, the shape); its values are trusted to be this step's plan (other values
             give wrong outputs, never an out-of-bounds access or a hang).
 
@@ -260,6 +262,7 @@ class _Plan:
                 check_aligned_output(name, given)
         self.launch = self.plan_args = self.planned = None
         self.planned_launch = self.plan_only_launch = None
+        self.reads_metadata = False
         if b == 0 or s_q == 0:
             return
         self.m_span = m_geom.flat.numel()
@@ -297,6 +300,13 @@ class _Plan:
                                        units // rows, bt, indices.shape[-1],
                                        extra_indices.shape[-1] if self.has_extra else 0,
                                        grid["tiles_per_split"], schedule["item_cost"], ctas)
+            # Where the rows' head groups fill more than half of the SMs the grid walks whole
+            # rows (persistent_split_size; the tile balance keeps them whole itself) and the
+            # plan is a short loop: the kernel reading it from metadata measured 0.8-2.1 %
+            # slower at h64 b128 long C128A and within 0.4 % at h128 b128 (run 105), while
+            # every call under that bound saved 1.1-3.6 µs. There the call plans itself and
+            # the metadata is checked and not read (bench/PERF_NOTES.md item 73).
+            self.reads_metadata = 2 * units <= _sm_count(dev)
             self.planned = dict(schedule={**schedule, "plan_from_metadata": True},
                                 call=dict(call, fp8_format=fp8_format), target=target)
             splits = 1 if max_splits == 1 else pow2_ceil(max_splits)
@@ -400,7 +410,8 @@ class _Plan:
     def _launch_with(self, metadata):
         """The decode launch of a call given ``metadata``: the variant reading its plan
         (loaded on first use), after the checks; the usual one for [0, 0] metadata where the
-        call does not run the persistent grid."""
+        call does not run the persistent grid, and (checked, not read) where the grid walks
+        whole rows (``reads_metadata``)."""
         if not isinstance(metadata, torch.Tensor):
             raise TypeError(f"metadata: expected a tensor from sparse_decode_metadata, got "
                             f"{type(metadata).__name__}")
@@ -411,7 +422,7 @@ class _Plan:
             raise ValueError(f"metadata: expected a contiguous int32 {list(shape)} tensor on "
                              f"{self.device} (sparse_decode_metadata of this call), got "
                              f"{metadata.dtype} {list(metadata.shape)} on {metadata.device}")
-        if a is None:
+        if a is None or not self.reads_metadata:
             return self.launch, ()
         if self.planned_launch is None:
             p = self.planned
