@@ -3,7 +3,9 @@
 Public functions (shapes and dtypes in their docstrings; definitions in
 ``dsv4_tl.reference``):
 
-* :func:`sparse_decode` — sparse attention over the FP8 paged KV cache (fp8_ds_mla).
+* :func:`sparse_decode` — sparse attention over the FP8 paged KV cache (fp8_ds_mla);
+  :func:`sparse_decode_metadata` — its scheduler metadata, once per decode step (one
+  launch, CUDA-graph capturable; a custom op with a fake implementation like the others).
 * :func:`sparse_prefill`, :func:`sparse_prefill_ragged` — sparse attention over a BF16
   workspace, dense or CSR index rows.
 * :func:`dequantize_and_gather_k_cache` — FP8 paged cache -> BF16 workspace rows (in place).
@@ -34,6 +36,7 @@ from .library import (
     dequantize_and_gather_k_cache,
     insert_k_cache,
     sparse_decode,
+    sparse_decode_metadata,
     sparse_prefill,
     sparse_prefill_ragged,
 )
@@ -50,6 +53,7 @@ __all__ = [
     "insert_k_cache",
     "raw_kernel",
     "sparse_decode",
+    "sparse_decode_metadata",
     "sparse_prefill",
     "sparse_prefill_ragged",
     "vllm_compat",

@@ -13,7 +13,11 @@ ragged prefill; the target's FP8 cache formats: the op's build matrix,
 :attr:`~dsv4_tl.kernels.KernelSpec.aot_statics`) times every distinct schedule of the
 target's schedule file that can serve them (default and buckets; a bucket's config is its
 logged best from ``tuning_logs/`` when one exists, see
-:meth:`~dsv4_tl.kernels.KernelSpec.schedules`). Index widths and batch sizes are run-time
+:meth:`~dsv4_tl.kernels.KernelSpec.schedules`), each with the variants the front ends derive
+from it (the persistent decode grid's scheduler-metadata variants ``plan_from_metadata`` /
+``plan_only`` and the combine's ``clamp_slots``:
+:meth:`~dsv4_tl.kernels.KernelSpec.aot_schedules`, so ``sparse_decode(metadata=)`` and
+``sparse_decode_metadata`` run with JIT off). Index widths and batch sizes are run-time
 values, so they add no variants.
 """
 
@@ -54,7 +58,7 @@ def build_variants(target: "str | Target", heads: Iterable[int] = DEFAULT_HEADS,
     for op in selected:
         spec = KERNELS[op]
         for static in spec.aot_statics(target.dirname, heads, fp8_formats):
-            for schedule in spec.schedules(target.dirname, static):
+            for schedule in spec.aot_schedules(target.dirname, static):
                 variants.append(Variant.make(op, static, schedule))
     return variants
 

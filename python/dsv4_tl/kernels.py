@@ -20,7 +20,10 @@ tuning log, of its artifacts and of its kernel symbol):
 * ``aot_statics(target_dir, heads, fp8_formats)``: the build matrix, every static parameter
   set ``dsv4-tl build`` compiles ahead of time for a deployment with those head counts and
   the target's FP8 cache formats; :meth:`KernelSpec.schedules` lists the schedules each set
-  is compiled with;
+  is compiled with, :meth:`KernelSpec.aot_schedules` those plus ``aot_twins``' (the variants
+  a front end derives from a shipped schedule, in no schedule file: the persistent decode
+  grid's ``plan_from_metadata`` / ``plan_only`` and the combine's ``clamp_slots``, which
+  ``sparse_decode(metadata=)`` and ``sparse_decode_metadata`` load);
 * ``front_ends`` / ``references``: the names of the op in ``dsv4_tl`` / ``dsv4_tl.ops`` and
   in ``dsv4_tl.reference``, which differ from the kernel's (``global_topk`` is
   ``compute_global_topk_indices_and_lens``); a test keeps them in step.
@@ -71,6 +74,10 @@ def _any_feature(static: dict) -> dict:
     return {}
 
 
+def _no_twins(target_dir: str, static: dict, config: dict) -> List[dict]:
+    return []
+
+
 # ------------------------------------------------------------------------------ the spec
 @dataclass(frozen=True)
 class KernelSpec:
@@ -96,6 +103,9 @@ class KernelSpec:
     # schedule knobs that only the front end's launch plan reads (not the builder): left out
     # of the variant, so that changing them compiles nothing
     plan_knobs: Tuple[str, ...] = ()
+    # (target_dir, static, shipped config) -> the configs a front end derives from it (knobs
+    # in no schedule file), built ahead of time with it: :meth:`aot_schedules`
+    aot_twins: Callable[[str, dict, dict], List[dict]] = _no_twins
 
     def check_static(self, static: dict) -> None:
         """ValueError/TypeError naming the parameter unless ``static`` has exactly this op's
@@ -151,6 +161,17 @@ class KernelSpec:
                 configs.append(config)
         return configs
 
+    def aot_schedules(self, target_dir: str, static: dict) -> List[dict]:
+        """The configs ``dsv4-tl build`` compiles ``static`` with: :meth:`schedules`, each
+        followed by its ``aot_twins`` (the variants the front ends derive from it at run
+        time, e.g. the persistent decode grid's metadata variants), without repeats."""
+        configs = []
+        for config in self.schedules(target_dir, static):
+            for c in (config, *self.aot_twins(target_dir, static, config)):
+                if c not in configs:
+                    configs.append(c)
+        return configs
+
 
 # ------------------------------------------------------------------------------ sparse decode
 def _build_sparse_decode(**params):
@@ -204,6 +225,23 @@ def _decode_aot_statics(target_dir: str, heads: Tuple[int, ...],
             for h in heads for e in (False, True) for f in fp8_formats]
 
 
+def decode_runs_persistent(config: dict, h: int) -> bool:
+    """Whether a decode call with ``h`` heads and schedule ``config`` runs the persistent
+    grid (the front end's test: the split or tokens-in-M consumers, whole head groups)."""
+    return bool(config.get("persistent")
+                and (config["warp_specialized"] or config.get("tokens_in_m"))
+                and h % config["heads_per_block"] == 0)
+
+
+def _decode_aot_twins(target_dir: str, static: dict, config: dict) -> List[dict]:
+    """The persistent grid's metadata variants of a shipped config (bench/PERF_NOTES.md item
+    73): ``plan_from_metadata`` (``sparse_decode(metadata=)``) and ``plan_only``
+    (``sparse_decode_metadata``), exactly the schedules ``ops/sparse_decode.py`` derives."""
+    if not decode_runs_persistent(config, static["num_heads"]):
+        return []
+    return [{**config, "plan_from_metadata": True}, {**config, "plan_only": True}]
+
+
 def _decode_feature_values(static: dict) -> dict:
     values = {}
     if "num_heads" in static:
@@ -228,11 +266,13 @@ SPARSE_DECODE = KernelSpec(
     features=_decode_features,
     feature_names=("ctas", "h", "scope", "width"),
     feature_values=_decode_feature_values,
-    front_ends=("sparse_decode",),
+    # (sparse_decode_metadata: the persistent grid's plan, by its plan_only variant)
+    front_ends=("sparse_decode", "sparse_decode_metadata"),
     references=("sparse_decode_ref",),
     static_kinds=dict(num_heads=int, has_extra=bool, fp8_format=FP8_FORMATS),
     # the persistent grid's split sizes (run-time arguments of the kernel)
     plan_knobs=("tiles_per_split_min", "invariant_tiles_per_split"),
+    aot_twins=_decode_aot_twins,
 )
 """call: ``h``, ``b``, ``s_q`` (1), ``scope`` (:func:`decode_scope`), ``batch_invariant``
 (False), ``fp8_format`` ("e4m3fn")."""
@@ -266,6 +306,19 @@ def _combine_aot_statics(target_dir: str, heads: Tuple[int, ...],
     return [dict(num_heads=h, num_splits=s) for h in heads for s in splits]
 
 
+def _combine_aot_twins(target_dir: str, static: dict, config: dict) -> List[dict]:
+    """The ``clamp_slots`` twin (the combine after a decode reading metadata) of a split
+    count a persistent decode of these heads can combine (a power of two), where one can."""
+    h, splits = static["num_heads"], static["num_splits"]
+    if splits & (splits - 1) or splits > MAX_COMBINE_SPLITS:
+        return []
+    decode = SPARSE_DECODE.schedules(target_dir, dict(num_heads=h, has_extra=True))
+    decode += SPARSE_DECODE.schedules(target_dir, dict(num_heads=h, has_extra=False))
+    if not any(decode_runs_persistent(c, h) for c in decode):
+        return []
+    return [{**config, "clamp_slots": True}]
+
+
 SPARSE_DECODE_COMBINE = KernelSpec(
     op="sparse_decode_combine",
     entry="sparse_decode_combine",
@@ -275,6 +328,7 @@ SPARSE_DECODE_COMBINE = KernelSpec(
     aot_statics=_combine_aot_statics,
     front_ends=("sparse_decode",),  # the second launch of split-KV decode
     static_kinds=dict(num_heads=int, num_splits=int),
+    aot_twins=_combine_aot_twins,
 )
 """call: ``h``, ``num_splits`` (the decode schedule's, > 1)."""
 

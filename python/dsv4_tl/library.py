@@ -18,6 +18,9 @@ costs one dispatcher pass into the front end. (``torch.library.custom_op`` would
 Python autograd and checking layers to every call: several times the host time of a launch.)
 
 Ops: ``sparse_decode``, ``sparse_prefill``, ``sparse_prefill_ragged`` (attention);
+``sparse_decode_metadata`` (the decode's scheduler metadata, once per step: its fake
+implementation resolves the call's schedule and persistent grid from the arguments' shapes
+and device, so the result's shape ``[num_ctas, words]`` is static, not data-dependent);
 ``dequantize_and_gather_k_cache`` and ``insert_k_cache`` (the mutating ops: they write their
 ``out`` / ``k_cache`` argument in place and return None);
 ``compute_global_topk_indices_and_lens``, ``combine_topk_swa_indices`` (dense index rows)
@@ -36,7 +39,8 @@ from . import ops
 from .ops.dequant_gather import check_dequantize_and_gather_args
 from .ops.indices import check_combine_args, check_global_topk_args
 from .ops.insert_k_cache import check_insert_k_cache_args
-from .ops.sparse_decode import check_sparse_decode_args
+from .ops._dispatch import _target as target_of_device
+from .ops.sparse_decode import check_sparse_decode_args, metadata_shape
 from .ops.sparse_prefill import check_sparse_prefill_args, check_sparse_prefill_ragged_args
 from .tile_kernels.layout import HEAD_DIM
 
@@ -60,18 +64,27 @@ def _define(schema: str, impl: Callable, fake: Callable, doc: str) -> torch._ops
 # ---------------------------------------------------------------------------------------
 def _sparse_decode(q, k_cache, indices, topk_length=None, softmax_scale=None, attn_sink=None,
                    extra_k_cache=None, extra_indices=None, extra_topk_length=None,
-                   fp8_format="e4m3fn", batch_invariant=False):
+                   fp8_format="e4m3fn", batch_invariant=False, metadata=None):
     return ops.sparse_decode(q, k_cache, indices, topk_length, softmax_scale, attn_sink,
                              extra_k_cache, extra_indices, extra_topk_length,
-                             fp8_format=fp8_format, batch_invariant=batch_invariant)
+                             fp8_format=fp8_format, batch_invariant=batch_invariant,
+                             metadata=metadata)
 
 
 def _sparse_decode_fake(q, k_cache, indices, topk_length=None, softmax_scale=None,
                         attn_sink=None, extra_k_cache=None, extra_indices=None,
-                        extra_topk_length=None, fp8_format="e4m3fn", batch_invariant=False):
+                        extra_topk_length=None, fp8_format="e4m3fn", batch_invariant=False,
+                        metadata=None):
     b, s_q, h, *_ = check_sparse_decode_args(q, k_cache, indices, topk_length, softmax_scale,
                                              attn_sink, extra_k_cache, extra_indices,
                                              extra_topk_length, fp8_format)
+    # (its shape is the plan's, checked when the call runs: sparse_decode_metadata's fake
+    # gives that shape where the device is known)
+    if metadata is not None and (metadata.dtype != torch.int32 or metadata.dim() != 2
+                                 or metadata.device != q.device):
+        raise ValueError(f"metadata: expected an int32 2-D tensor on {q.device} "
+                         f"(sparse_decode_metadata of this call), got {metadata.dtype} "
+                         f"{list(metadata.shape)} on {metadata.device}")
     return (q.new_empty((b, s_q, h, HEAD_DIM)),
             q.new_empty((b, h, s_q), dtype=torch.float32))
 
@@ -80,10 +93,56 @@ sparse_decode = _define(
     "sparse_decode(Tensor q, Tensor k_cache, Tensor indices, Tensor? topk_length=None, "
     "float? softmax_scale=None, Tensor? attn_sink=None, Tensor? extra_k_cache=None, "
     "Tensor? extra_indices=None, Tensor? extra_topk_length=None, str fp8_format=\"e4m3fn\", "
-    "bool batch_invariant=False) -> (Tensor, Tensor)",
+    "bool batch_invariant=False, Tensor? metadata=None) -> (Tensor, Tensor)",
     _sparse_decode, _sparse_decode_fake,
     "Sparse FP8 decode ``(out, lse)``; arguments, shapes and results as "
     ":func:`dsv4_tl.ops.sparse_decode`.")
+
+
+def _sparse_decode_metadata(q, k_cache, indices, topk_length=None, extra_k_cache=None,
+                            extra_indices=None, extra_topk_length=None, fp8_format="e4m3fn",
+                            batch_invariant=False):
+    return ops.sparse_decode_metadata(q, k_cache, indices, topk_length, extra_k_cache,
+                                      extra_indices, extra_topk_length, fp8_format=fp8_format,
+                                      batch_invariant=batch_invariant)
+
+
+def _sparse_decode_metadata_fake(q, k_cache, indices, topk_length=None, extra_k_cache=None,
+                                 extra_indices=None, extra_topk_length=None,
+                                 fp8_format="e4m3fn", batch_invariant=False):
+    # The shape from the schedule files and the device's SM count (no kernel loaded): static,
+    # so a graph holding it stays CUDA-graph capturable. Traced where the device's target is
+    # unknown (fake CUDA tensors on a machine without a GPU, CPU tensors without a SYCL
+    # device: nothing can run there) the shape is unbacked, after the same argument checks.
+    args = (q, k_cache, indices, topk_length, extra_k_cache, extra_indices, extra_topk_length,
+            fp8_format, batch_invariant)
+    metadata_shape(*args, resolve=False)
+    if not _target_known(q.device):
+        ctx = torch.library.get_ctx()
+        return q.new_empty((ctx.new_dynamic_size(), ctx.new_dynamic_size()), dtype=torch.int32)
+    return q.new_empty(metadata_shape(*args), dtype=torch.int32)
+
+
+def _target_known(device: torch.device) -> bool:
+    """Whether ``device``'s kernel target (and SM count) can be resolved in this process."""
+    if device.type == "cuda":
+        return torch.cuda.is_available()
+    try:
+        target_of_device(device)
+    except ValueError:
+        return False
+    return True
+
+
+sparse_decode_metadata = _define(
+    "sparse_decode_metadata(Tensor q, Tensor k_cache, Tensor indices, "
+    "Tensor? topk_length=None, Tensor? extra_k_cache=None, Tensor? extra_indices=None, "
+    "Tensor? extra_topk_length=None, str fp8_format=\"e4m3fn\", "
+    "bool batch_invariant=False) -> Tensor",
+    _sparse_decode_metadata, _sparse_decode_metadata_fake,
+    "Scheduler metadata of one decode step ``[num_ctas, words]`` int32, passed as "
+    "``metadata`` to the step's :func:`sparse_decode` calls; as "
+    ":func:`dsv4_tl.ops.sparse_decode_metadata`.")
 
 
 def _prefill_fake_outputs(q):

@@ -37,7 +37,19 @@ Only FlashMLA's sparse FP8 decode mode is implemented (``indices`` given,
 argument. Differences from FlashMLA, all invisible to vLLM's DSv4 code: ``lse`` is a
 contiguous ``[b, h_q, s_q]`` tensor (FlashMLA returns a transposed view of ``[b, s_q, h_q]``
 with the same values); any head count works (FlashMLA: 64 or 128); index widths need no
-multiple of 64; the scheduler metadata object carries no tensors (the kernels need none).
+multiple of 64.
+
+Scheduler metadata maps as FlashMLA's does: the first :func:`flash_mla_with_kvcache` call
+with a fresh :func:`get_mla_metadata` object computes the step's plan
+(:func:`dsv4_tl.sparse_decode_metadata` of that call: the persistent decode grid's per-CTA
+plan words, int32 ``[num_ctas, 6 or 8]``, or ``[0, 0]`` where the call's schedule is not the
+persistent grid) and keeps it as ``tile_scheduler_metadata.tile_scheduler_metadata``; later
+calls with the object (the step's other layers of that type, same shapes: checked) pass it as
+``sparse_decode(metadata=)``, so their CTAs do not plan (bench/PERF_NOTES.md item 73). As with
+FlashMLA, the object belongs to one step: the plan is of the first call's ``topk_length`` /
+``extra_topk_length``, and later calls are trusted to have the same lengths (other lengths
+give wrong outputs, never an out-of-bounds access); ``num_splits`` stays None (the plan holds
+the split counts).
 """
 
 from typing import NamedTuple, Optional, Tuple
@@ -138,11 +150,12 @@ _CONFIG_SOURCES = {
 class FlashMLASchedMeta:
     """Stand-in for FlashMLA's tile-scheduler metadata (``get_mla_metadata()[0]``).
 
-    The dsv4_tl kernels need no scheduler state, so this holds none; it only records, at its
-    first use by :func:`flash_mla_with_kvcache`, the shapes and flags of the call
-    (:class:`SchedConfig`) and rejects later calls that differ, exactly where FlashMLA's would
-    (one object per layer type, reused across the layers of one step). ``tile_scheduler_metadata``
-    and ``num_splits`` exist for code that reads them and stay None.
+    At its first use by :func:`flash_mla_with_kvcache` it records the shapes and flags of the
+    call (:class:`SchedConfig`) and the call's scheduler metadata
+    (``tile_scheduler_metadata``: :func:`dsv4_tl.sparse_decode_metadata`, see the module
+    notes), and rejects later calls that differ, exactly where FlashMLA's would (one object per
+    layer type, reused across the layers of one step); later calls read their plan from it.
+    ``num_splits`` exists for code that reads it and stays None.
     """
 
     def __init__(self) -> None:
@@ -160,7 +173,8 @@ SchedMeta = FlashMLASchedMeta
 
 def get_mla_metadata(*args, **kwargs) -> Tuple[FlashMLASchedMeta, None]:
     """FlashMLA's ``get_mla_metadata``: every argument is accepted and ignored; returns
-    ``(FlashMLASchedMeta(), None)``, a fresh object to pass as ``tile_scheduler_metadata``."""
+    ``(FlashMLASchedMeta(), None)``, a fresh object to pass as ``tile_scheduler_metadata``
+    (its first :func:`flash_mla_with_kvcache` call fills it, as FlashMLA's)."""
     return FlashMLASchedMeta(), None
 
 
@@ -180,10 +194,12 @@ def _check_sched_meta(meta: FlashMLASchedMeta, config: SchedConfig) -> None:
                 f"object per set of shapes, as with FlashMLA")
 
 
-def _record_sched_meta(meta: FlashMLASchedMeta, config: SchedConfig) -> None:
+def _record_sched_meta(meta: FlashMLASchedMeta, config: SchedConfig,
+                       metadata: Optional[Tensor]) -> None:
     if not meta.have_initialized:
         meta.have_initialized = True
         meta.config = config
+        meta.tile_scheduler_metadata = metadata
 
 
 # ---------------------------------------------------------------------------------------
@@ -219,7 +235,8 @@ def flash_mla_with_kvcache(
         block_table, cache_seqlens: must be None (sparse mode addresses global slots).
         head_dim_v: must be 512.
         tile_scheduler_metadata: the object :func:`get_mla_metadata` returned; checked for
-            consistent shapes across calls, as FlashMLA does.
+            consistent shapes across calls, as FlashMLA does; its first call computes the
+            step's scheduler metadata into it, later calls read it (module notes).
         num_splits: must be None.
         softmax_scale: float, default ``q.shape[-1] ** -0.5``.
         causal: must be False. is_fp8_kvcache: must be True.
@@ -288,15 +305,21 @@ def flash_mla_with_kvcache(
     fp8_format = typed_fp8_format(k_cache) or "e4m3fn"
     args = (q, k_cache, indices, topk_length, softmax_scale, attn_sink, extra_k_cache,
             extra_indices_in_kvcache, extra_topk_length)
+    # the step's plan: computed by the object's first call, read by the later ones
+    metadata = meta.tile_scheduler_metadata if meta.have_initialized else None
+    if metadata is None:
+        metadata = library.sparse_decode_metadata(q, k_cache, indices, topk_length,
+                                                  extra_k_cache, extra_indices_in_kvcache,
+                                                  extra_topk_length, fp8_format)
     if out is None:
-        result = library.sparse_decode(*args, fp8_format)
-    elif _eager_out_ok(*args, out):
-        result = ops.sparse_decode(*args, fp8_format=fp8_format, out=out)
+        result = library.sparse_decode(*args, fp8_format, False, metadata)
+    elif _eager_out_ok(*args, out, metadata):
+        result = ops.sparse_decode(*args, fp8_format=fp8_format, out=out, metadata=metadata)
     else:
-        full, lse = library.sparse_decode(*args, fp8_format)
+        full, lse = library.sparse_decode(*args, fp8_format, False, metadata)
         out.copy_(full)
         result = (out, lse)
-    _record_sched_meta(meta, config)
+    _record_sched_meta(meta, config, metadata)
     return result
 
 

@@ -48,9 +48,18 @@ def test_manifest_records_every_variant_with_hashes(built):
     target_dir = parse_target(TARGET).dirname
     configs = KERNELS["sparse_decode"].schedules(target_dir)
     splits = {c["num_splits"] for c in configs} - {1}
+    powers = {1 << i for i in range(1, MAX_COMBINE_SPLITS.bit_length())}
     if any(c.get("persistent") for c in configs):
-        splits |= {1 << i for i in range(1, MAX_COMBINE_SPLITS.bit_length())}
-    assert len(expected) == len(splits) + 2 * len(KERNELS["global_topk"].schedules(target_dir))
+        splits |= powers
+    # ... and each power of two's clamp_slots twin (the combine after a decode reading
+    # scheduler metadata, bench/PERF_NOTES.md item 73) when a 64-head decode schedule runs
+    # the persistent grid (sm_90a: the C128A long-row buckets)
+    h64 = KERNELS["sparse_decode"].schedules(target_dir, dict(num_heads=64, has_extra=True))
+    assert any(c.get("persistent") for c in h64)
+    twins = [v for v in expected if dict(v.schedule).get("clamp_slots")]
+    assert sorted(dict(v.static)["num_splits"] for v in twins) == sorted(powers)
+    assert len(expected) == (len(splits) + len(powers)
+                             + 2 * len(KERNELS["global_topk"].schedules(target_dir)))
     assert sorted(e["key"] for e in manifest["kernels"]) == sorted(v.key for v in expected)
     assert manifest["target"] == TARGET
     assert manifest["toolchain"]["tilelang"] == "0.1.15"

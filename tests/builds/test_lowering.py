@@ -445,6 +445,179 @@ def test_q_stages_refused(kwargs, message):
         build_sparse_decode(**{**base, **kwargs})
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    ({"plan_repeats": 2}, "plan_repeats: .* got 2 with persistent False"),
+    ({"plan_repeats": 0, "persistent": True}, "plan_repeats: 1-16 .* got 0"),
+    ({"plan_repeats": 17, "persistent": True}, "plan_repeats: 1-16 .* got 17"),
+    ({"plan_repeats": True, "persistent": True}, "plan_repeats: 1-16 .* got True"),
+    ({"plan_repeats": 2.0, "persistent": True}, "plan_repeats: 1-16 .* got 2.0"),
+])
+def test_plan_repeats_refused(kwargs, message):
+    """The plan-cost probe's knob (bench/PERF_NOTES.md item 73) off the persistent grid or
+    malformed: a ValueError naming it."""
+    from dsv4_tl.tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
+
+    base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+            "block_tokens": 32}
+    with pytest.raises(ValueError, match=message):
+        build_sparse_decode(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"plan_from_metadata": True}, "plan_from_metadata: .* got True with persistent False"),
+    ({"plan_from_metadata": True, "persistent": True, "plan_repeats": 2},
+     "plan_from_metadata: .* plan_repeats 2"),
+    ({"plan_from_metadata": 1, "persistent": True}, "plan_from_metadata: a bool.* got 1"),
+    ({"plan_only": True}, "plan_only: .* got True with persistent False"),
+    ({"plan_only": True, "persistent": True, "plan_from_metadata": True},
+     "plan_only: .* plan_from_metadata True"),
+    ({"plan_only": True, "persistent": True, "num_heads": 96}, "plan_only: needs the "),
+])
+def test_plan_from_metadata_refused(kwargs, message):
+    """The metadata knobs (the variant reading the plan, the plan-only kernel writing it) off
+    the persistent grid (nothing to plan), together or with the plan probe, on padded head
+    groups or malformed: a ValueError naming the knob."""
+    from dsv4_tl.tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
+
+    base = {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+            "block_tokens": 32}
+    with pytest.raises(ValueError, match=message):
+        build_sparse_decode(**{**base, **kwargs})
+
+
+def _plan_prologue(source: str) -> str:
+    """The kernel's code before its roles split (the first register reallocation): the
+    barrier set-up and the persistent grid's plan, which every thread runs."""
+    body = source[source.index("sparse_decode_kernel("):]
+    body = body[body.index("{"):]
+    return body[:body.index("tl::warpgroup_reg_")]
+
+
+# One example per walk: the tile balance (64 heads, lean) and tokens in M's item balance (16
+# heads, lean), each as lowered for its other tests and with the plan traced three times.
+_PLAN_PROBE_EXAMPLES = [p for p in _examples_with(DECODE, "persistent", lambda k: (
+    f"plan-repeats-h{k['num_heads']}-{k.get('balance', 'items')}"))
+    if p.values[0].get("producer_lean") and p.values[0]["num_heads"] in (16, 64)
+    and p.values[0].get("has_extra")]
+
+
+def test_plan_probe_has_examples():
+    assert len(_PLAN_PROBE_EXAMPLES) == 2
+
+
+@pytest.mark.parametrize("kwargs", _PLAN_PROBE_EXAMPLES)
+def test_plan_repeats_source(kwargs):
+    """``plan_repeats`` 3 runs the whole plan three times before the roles split -- one
+    counted loop around every warp scan and every CTA barrier of the plan (the probe times
+    three plans, not one plan and some leftovers) -- which every thread runs through (item
+    48's hang: no barrier a thread could miss)."""
+    once = _plan_prologue(_compiled_decode(kwargs).get_kernel_source())
+    source = _compiled_decode({**kwargs, "plan_repeats": 3}).get_kernel_source()
+    thrice = _plan_prologue(source)
+    scans = once.count("__shfl_up_sync")
+    assert scans >= 5 and thrice.count("__shfl_up_sync") == scans
+    loop = re.search(r"for \(int (\w+) = 0; \1 < 3; \+\+\1\) \{", thrice)
+    assert loop, "no loop of three plans"
+    depth, end = 0, None
+    for i in range(loop.end() - 1, len(thrice)):
+        depth += {"{": 1, "}": -1}.get(thrice[i], 0)
+        if depth == 0:
+            end = i
+            break
+    inside, before = thrice[loop.end():end], thrice[:loop.start()]
+    assert inside.count("__shfl_up_sync") == scans
+    # (before the loop only the barrier after the mbarrier set-up, as in the shipped kernel)
+    assert before.count("__syncthreads()") == 1 == once.count("__syncthreads()") - \
+        inside.count("__syncthreads()")
+    assert not _divergent_cta_barriers(source)
+
+
+@pytest.mark.parametrize("kwargs", _PLAN_PROBE_EXAMPLES)
+def test_plan_from_metadata_source(kwargs):
+    """``plan_from_metadata``: before the roles split no plan is left (no warp scan, the
+    set-up barrier and one more), each plan word read from the ``Plan`` argument of the
+    CTA's row, clamped, then used; the roles' walks unchanged otherwise, and every CTA
+    barrier reached by all threads."""
+    from dsv4_tl.tile_kernels.sparse_mla.work import PLAN_WORDS
+
+    words = PLAN_WORDS[kwargs.get("balance", "items")]
+    source = _compiled_decode({**kwargs, "plan_from_metadata": True}).get_kernel_source()
+    prologue = _plan_prologue(source)
+    assert "__shfl_up_sync" not in prologue
+    assert prologue.count("__syncthreads()") == 2
+    assert "int* __restrict__ Plan" in source
+    rows = re.findall(r"Plan\[\(?\(?min\(\(\(int64_t\)\(\(int\)blockIdx\.x\)\), "
+                      r"\(\(\(int64_t\)plan_ctas\) - \(int64_t\)1\)\) \* \(int64_t\)(\d+)\)"
+                      r"(?: \+ \(int64_t\)(\d+)\))?\]", prologue)
+    assert {int(n) for n, _ in rows} == {words}
+    assert {int(i or 0) for _, i in rows} == set(range(words))
+    assert not _divergent_cta_barriers(source)
+    # The tile balance's load clamps the slots once, so its roles run the shipped kernel's
+    # code (the per-item clamps made them slower: bench/PERF_NOTES.md item 73); the item
+    # balance clamps each item's slot (any unit of its range may split).
+    roles = _roles(source)
+    if kwargs.get("balance", "items") == "tiles":
+        assert _numbering_dropped(roles) == _numbering_dropped(
+            _roles(_compiled_decode(kwargs).get_kernel_source()))
+    else:
+        assert "slot_limit" in roles
+
+
+def _roles(source: str) -> str:
+    """The decode kernel's code from its roles' split on (the first register reallocation)."""
+    body = source[source.index("sparse_decode_kernel("):]
+    return body[body.index("tl::warpgroup_reg_"):]
+
+
+def _numbering_dropped(source: str) -> str:
+    """``source`` with the numbers TileLang appends to its variable names dropped."""
+    return re.sub(r"\b([A-Za-z][A-Za-z0-9]*(?:_[A-Za-z][A-Za-z0-9]*)*)_\d+\b", r"\1",
+                  re.sub(r"\bcondval_\d+\b", "condval", source))
+
+
+@pytest.mark.parametrize("kwargs", _PLAN_PROBE_EXAMPLES)
+def test_plan_only_source(kwargs):
+    """``plan_only`` (the metadata kernel): the decode's plan as the decode runs it (the same
+    warp scans and CTA barriers as the shipped kernel's prologue, every one reached by all
+    threads), then each CTA's words stored into its row of ``Plan``; no decode left (no
+    wgmma, no register reallocation)."""
+    from dsv4_tl.tile_kernels.sparse_mla.work import PLAN_WORDS
+
+    words = PLAN_WORDS[kwargs.get("balance", "items")]
+    shipped = _plan_prologue(_compiled_decode(kwargs).get_kernel_source())
+    source = _compiled_decode({**kwargs, "plan_only": True}).get_kernel_source()
+    assert "wgmma" not in source and "warpgroup_reg_" not in source
+    assert source.count("__shfl_up_sync") == shipped.count("__shfl_up_sync") >= 5
+    assert source.count("__syncthreads()") == shipped.count("__syncthreads()") - 1
+    store = (r"Plan\[\(\(\(\(int64_t\)\(\(int\)blockIdx\.x\)\) \* \(int64_t\)%d\) \+ "
+             r"\(\(int64_t\)\(\(int\)threadIdx\.x\)\)\)\] = bounds\[" % words)
+    assert re.search(store, source)
+    assert not _divergent_cta_barriers(source)
+
+
+def test_combine_clamp_slots_source():
+    """``clamp_slots`` (the combine after a decode that read scheduler metadata): each row's
+    slot base clamped into the partials and its split count to the slots left, before any
+    read of a partial; without the knob the shipped reads (no clamp). A malformed value: a
+    ValueError naming it."""
+    from dsv4_tl.tile_kernels.sparse_mla.sparse_decode_combine import (
+        build_sparse_decode_combine)
+
+    example = {"num_heads": 64, "num_splits": 64, "merge": "splits"}
+
+    def source(**extra):
+        name = "sparse_mla.sparse_decode_combine"
+        return _compile(name, {"builder": "build_sparse_decode_combine",
+                               "kwargs": {**example, **extra}})[1].get_kernel_source()
+
+    clamp = re.compile(r"max\(min\(RowSplits\[[^]]*\], \(slots - 1\)\), 0\)")
+    clamped, shipped = source(clamp_slots=True), source()
+    assert clamp.search(clamped) and not clamp.search(shipped)
+    assert "(slots - base)" in clamped
+    with pytest.raises(ValueError, match="^clamp_slots: expected a bool"):
+        build_sparse_decode_combine(**example, clamp_slots=1)
+
+
 def test_producer_lean_kept_by_pruning():
     """Where the builder takes the knob (split and seesaw consumers, tokens in M), the tuner
     keeps it."""
@@ -505,7 +678,8 @@ _UNIFORM_WORDS = {"int", "int64_t", "uint", "uint64_t", "long", "float", "bool",
 
 def _divergent_cta_barriers(source: str) -> list:
     """The ``__syncthreads()`` lines of the CUDA kernel in ``source`` that not every thread of
-    the CTA is sure to reach: inside a loop, or inside an ``if`` / ``else`` whose condition
+    the CTA is sure to reach: inside a loop (but a counted one whose bounds read only what an
+    ``if`` may), or inside an ``if`` / ``else`` whose condition
     reads anything but the kernel's parameters, ``blockIdx`` and literals (a thread- or
     data-dependent branch). A CTA-wide barrier there hangs the CTA or pairs the wrong
     barriers: TileLang's thread-sync pass put one inside the tile balance's owner branch
@@ -522,6 +696,12 @@ def _divergent_cta_barriers(source: str) -> list:
         return "threadIdx" not in c and set(re.findall(r"\b[A-Za-z_]\w*\b", c)) <= (
             params | _UNIFORM_WORDS)
 
+    def uniform_loop(head: str) -> bool:
+        # a counted loop whose bounds every thread reads alike (the plan-cost probe's loop of
+        # plans, work.plan_cta_range's ``repeats``): each thread runs every trip
+        loop = re.match(r"for \(int (\w+) = ([^;]*); \1 < ([^;]*); \+\+\1\)", head)
+        return bool(loop) and uniform(loop.group(2)) and uniform(loop.group(3))
+
     stack, bad, last_if = [], [], ""
     for line in source[m.end():].splitlines():
         s = line.strip()
@@ -533,8 +713,8 @@ def _divergent_cta_barriers(source: str) -> list:
             head = ("else", "")  # (its if's condition: known once that if's "}" is read)
         else:
             head = ("block", "")
-        if "__syncthreads()" in s and any(kind == "loop" or not uniform(cond)
-                                          for kind, cond in stack):
+        if "__syncthreads()" in s and any(not uniform_loop(cond) if kind == "loop"
+                                          else not uniform(cond) for kind, cond in stack):
             bad.append(s)
         for ch in s:
             if ch == "}":
@@ -549,9 +729,11 @@ def _divergent_cta_barriers(source: str) -> list:
 
 
 def test_divergent_cta_barriers_found():
-    """The check above flags a CTA barrier in a loop, under a thread-dependent condition or
-    under a condition on a thread's own value (the tile balance's owner branch as it
-    lowered), and passes ones under conditions on parameters and blockIdx only."""
+    """The check above flags a CTA barrier in a loop whose trip count is a thread's own
+    value, under a thread-dependent condition or under a condition on a thread's own value
+    (the tile balance's owner branch as it lowered), and passes ones under conditions on
+    parameters and blockIdx only and in a counted loop over parameters (the plan-cost
+    probe's loop of plans, bench/PERF_NOTES.md item 73)."""
     source = """extern "C" __global__ void __launch_bounds__(384, 1) k(int n, int* __restrict__ a) {
   int x = a[threadIdx.x];
   __syncthreads();
@@ -572,8 +754,11 @@ def test_divergent_cta_barriers_found():
       __syncthreads(); // thread
     }
   }
-  for (int i = 0; i < n; ++i) {
+  for (int i = 0; i < x; ++i) {
     __syncthreads(); // loop
+  }
+  for (int j = 0; j < (n + 2); ++j) {
+    __syncthreads();
   }
   __syncthreads();
 }

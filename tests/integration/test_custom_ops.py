@@ -30,6 +30,8 @@ def _calls():
                torch.tensor([5], dtype=I32), torch.tensor([5], dtype=I32), 4, 4, 8, 16, 8)
     return {
         "torch.ops.dsv4_tl.sparse_decode": lambda: torch.ops.dsv4_tl.sparse_decode(q, cache, idx),
+        "torch.ops.dsv4_tl.sparse_decode_metadata":
+            lambda: torch.ops.dsv4_tl.sparse_decode_metadata(q, cache, idx),
         "dsv4_tl.sparse_prefill": lambda: dsv4_tl.sparse_prefill(
             torch.zeros(2, 64, 512, dtype=BF16), torch.zeros(4, 1, 512, dtype=BF16),
             torch.zeros(2, 1, 8, dtype=I32), 0.04),

@@ -111,7 +111,10 @@ SCHEMAS = {
     # op: (argument names, number of returns)
     "sparse_decode": (["q", "k_cache", "indices", "topk_length", "softmax_scale", "attn_sink",
                        "extra_k_cache", "extra_indices", "extra_topk_length", "fp8_format",
-                       "batch_invariant"], 2),
+                       "batch_invariant", "metadata"], 2),
+    "sparse_decode_metadata": (["q", "k_cache", "indices", "topk_length", "extra_k_cache",
+                                "extra_indices", "extra_topk_length", "fp8_format",
+                                "batch_invariant"], 1),
     "sparse_prefill": (["q", "kv", "indices", "sm_scale", "attn_sink", "topk_length"], 3),
     "sparse_prefill_ragged": (["q", "kv", "indices", "indptr", "sm_scale", "attn_sink"], 3),
     "dequantize_and_gather_k_cache": (["out", "k_cache", "seq_lens", "gather_lens",
@@ -173,6 +176,101 @@ def test_fake_sparse_decode(fake, extra):
                      torch.ops.dsv4_tl.sparse_decode.default(d["q"], d["k_cache"], d["indices"])):
         _meta(out, (3, 2, 48, 512), BF16)
         _meta(lse, (3, 48, 2), F32)
+
+
+@pytest.fixture
+def sm90a(monkeypatch):
+    """Fake CUDA tensors resolve as on an H200 (cuda:sm_90a, 132 SMs): the metadata's fake
+    implementation then gives its exact shape (on this machine, without a GPU, unbacked)."""
+    import importlib
+
+    from dsv4_tl import library
+    from dsv4_tl.targets import parse_target
+
+    sd = importlib.import_module("dsv4_tl.ops.sparse_decode")  # (the module, not the function)
+
+    monkeypatch.setattr(library, "_target_known", lambda device: True)
+    monkeypatch.setattr(sd, "_target", lambda device: parse_target("cuda:sm_90a"))
+    monkeypatch.setattr(sd, "_sm_count", lambda device: 132)
+
+
+def _metadata_args(b, h=64, s_q=1, scope="c128a", width=4096, topk=128):
+    """sparse_decode_metadata's arguments: C128A = extra blocks of 2 tokens, C4A of 64."""
+    args = [_t((b, s_q, h, 512), BF16), _t((8, 64, 1, 584), U8), _t((b, s_q, topk), I32),
+            _t((b,), I32)]
+    if scope != "swa":
+        bs = 2 if scope == "c128a" else 64
+        args += [_t((64, bs, 1, 584), U8), _t((b, s_q, width), I32), _t((b,), I32)]
+    return args
+
+
+def _persistent_ctas(b, s_q, h, hpb, topk, width, bt, knob, balance, invariant=False):
+    """The grid the front end sizes (ops/sparse_decode.py, _persistent_grid), 132 SMs."""
+    from dsv4_tl.ops.sparse_decode import persistent_split_size
+
+    max_tiles = -(-topk // bt) + -(-width // bt)
+    units = b * s_q * -(-h // hpb)
+    tps, _ = persistent_split_size(knob, -(-max_tiles // 128), max_tiles, units, 132,
+                                   invariant, balance)
+    return min(132, units * -(-max_tiles // tps))
+
+
+@pytest.mark.filterwarnings("ignore:schedule. no tuning log entry")
+def test_fake_sparse_decode_metadata(fake, sm90a):
+    # the sm_90a schedule file's persistent buckets: h64 / h128 C128A width >= 4096 (items at
+    # 1-16 CTAs, tiles above: 6 / 8 words), h8 / h16 / h32 C4A at 17-66 CTAs (items)
+    op = torch.ops.dsv4_tl.sparse_decode_metadata
+    cases = [
+        (dict(b=4), (_persistent_ctas(4, 1, 64, 64, 128, 4096, 32, 4, "items"), 6)),
+        (dict(b=32), (_persistent_ctas(32, 1, 64, 64, 128, 4096, 32, 4, "tiles"), 8)),
+        (dict(b=2, h=128, s_q=2), (_persistent_ctas(2, 2, 128, 64, 128, 8192, 32, 4,
+                                                    "items"), 6)),
+        (dict(b=20, h=8, scope="c4a", width=512), (_persistent_ctas(20, 1, 8, 8, 128, 512, 64,
+                                                                    2, "items"), 6)),
+        (dict(b=4, scope="c4a", width=512), (0, 0)),  # h64 C4A: split-KV, no plan
+        (dict(b=4, width=1024), (0, 0)),  # C128A below width 4096: the fixed grid
+        (dict(b=64, scope="swa"), (0, 0)),
+        (dict(b=0), (0, 0)),
+    ]
+    for kw, shape in cases:
+        if kw.get("h") == 128:
+            kw = dict(kw, width=8192)
+        args = _metadata_args(**kw)
+        m = op(*args)
+        _meta(m, shape, I32)
+        assert shape[0] <= 132
+        _meta(torch.ops.dsv4_tl.sparse_decode_metadata.default(*args[:3]),
+              # (no extra scope: SWA-only)
+              (0, 0), I32)
+    # batch-invariant calls resolve with width 0 and 1 CTA: the small-batch split-KV bucket
+    _meta(op(*_metadata_args(b=32), "e4m3fn", True), (0, 0), I32)
+    # the decode fake takes it (and checks its dtype / rank / device)
+    args = _metadata_args(b=32)
+    out, lse = torch.ops.dsv4_tl.sparse_decode(*args[:4], SCALE, None, *args[4:],
+                                               metadata=op(*args))
+    _meta(out, (32, 1, 64, 512), BF16)
+    for bad in (_t((132, 8), torch.int64), _t((132,), I32), _t((132, 8), I32, "cpu")):
+        _raises(ValueError, "metadata", lambda: torch.ops.dsv4_tl.sparse_decode(
+            *args[:4], SCALE, None, *args[4:], metadata=bad))
+    # the argument checks are the decode's (the argument named first)
+    _raises(TypeError, "indices", lambda: op(args[0], args[1], _t((32, 1, 128), F32)))
+    _raises(ValueError, "extra_topk_length", lambda: op(*args[:6], _t((31,), I32)))
+    _raises(ValueError, "fp8_format", lambda: op(*args, "e5m2"))
+
+
+def test_fake_sparse_decode_metadata_without_a_gpu(fake):
+    # fake CUDA tensors on a machine without a GPU: the target is unknown, the shape unbacked
+    # (after the argument checks), and the decode takes it
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the shape is exact (test_fake_sparse_decode_metadata)")
+    args = _metadata_args(b=32)
+    m = torch.ops.dsv4_tl.sparse_decode_metadata(*args)
+    assert m.dim() == 2 and all(isinstance(n, torch.SymInt) for n in m.shape)
+    assert m.dtype == I32 and m.device.type == "cuda"
+    out, _ = torch.ops.dsv4_tl.sparse_decode(*args[:4], SCALE, None, *args[4:], metadata=m)
+    _meta(out, (32, 1, 64, 512), BF16)
+    _raises(ValueError, "extra_topk_length",
+            lambda: torch.ops.dsv4_tl.sparse_decode_metadata(*args[:6], _t((31,), I32)))
 
 
 def test_fake_sparse_prefill(fake):
@@ -246,7 +344,62 @@ def test_flash_mla_with_kvcache_fake(fake, extra):
     # type, reused across the layers of a step), the vLLM 3-D cache view included
     for _ in range(2):
         _fm_decode(d, meta, k_cache=d["k_cache"].squeeze(2), softmax_scale=None)
-    assert meta.tile_scheduler_metadata is None and meta.num_splits is None
+    # its first call computed the step's scheduler metadata into it (here without a GPU:
+    # an unbacked shape); num_splits stays None
+    plan = meta.tile_scheduler_metadata
+    assert isinstance(plan, FakeTensor) and plan.dtype == I32 and plan.dim() == 2
+    assert meta.num_splits is None
+
+
+def test_flash_mla_with_kvcache_metadata_once_per_object(monkeypatch):
+    # FlashMLA's scheduler-metadata semantics: the object's first call computes the plan
+    # (dsv4_tl.sparse_decode_metadata of that call), every later call passes it as
+    # sparse_decode(metadata=); a fresh object computes it again. The ops are recorders.
+    calls = []
+
+    def meta_op(*args):
+        calls.append(("metadata", args))
+        return torch.full((3, 6), len(calls), dtype=I32)
+
+    def decode_op(*args):
+        calls.append(("decode", args))
+        return "out", "lse"
+
+    def front_end(*args, **kwargs):
+        calls.append(("ops", args, kwargs))
+        return kwargs["out"], "lse"
+
+    monkeypatch.setattr(vc.library, "sparse_decode_metadata", meta_op)
+    monkeypatch.setattr(vc.library, "sparse_decode", decode_op)
+    monkeypatch.setattr(vc.ops, "sparse_decode", front_end)
+    d = {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in _decode_inputs(dev="cpu").items()}
+    meta = vc.get_mla_metadata()[0]
+    for _ in range(3):
+        assert _fm_decode(d, meta) == ("out", "lse")
+    out = torch.zeros((4, 1, 64, 512), dtype=BF16)
+    assert _fm_decode(d, meta, out=out) == (out, "lse")  # the eager out= path
+    assert [c[0] for c in calls] == ["metadata", "decode", "decode", "decode", "ops"]
+    plan = calls[0][1]
+    # the metadata of the first call's q, caches, indices and lengths, in its FP8 format
+    assert plan[0] is d["q"] and plan[2] is d["indices"] and plan[3] is d["topk_length"]
+    assert plan[4] is d["extra_k_cache"] and plan[5] is d["extra_indices_in_kvcache"]
+    assert plan[6] is d["extra_topk_length"] and plan[7] == "e4m3fn"
+    stored = meta.tile_scheduler_metadata
+    assert stored.shape == (3, 6) and int(stored[0, 0]) == 1
+    for c in calls[1:4]:
+        assert c[1][-1] is stored and c[1][-2] is False and c[1][-3] == "e4m3fn"
+    assert calls[4][2]["metadata"] is stored and calls[4][2]["out"] is out
+    meta2 = vc.get_mla_metadata()[0]
+    _fm_decode(d, meta2)
+    assert [c[0] for c in calls[5:]] == ["metadata", "decode"]
+    assert meta2.tile_scheduler_metadata is not stored
+    # a first call that fails records nothing (the next call computes the plan again)
+    meta3 = vc.get_mla_metadata()[0]
+    monkeypatch.setattr(vc.library, "sparse_decode",
+                        lambda *a: (_ for _ in ()).throw(ValueError("attn_sink: no")))
+    with pytest.raises(ValueError, match="^attn_sink"):
+        _fm_decode(d, meta3)
+    assert not meta3.have_initialized and meta3.tile_scheduler_metadata is None
 
 
 def test_wrappers_preallocated_outputs_traced(fake):
@@ -302,6 +455,8 @@ def test_eager_out_path_goes_straight_to_the_front_end(monkeypatch):
 
     monkeypatch.setattr(vc.ops, "sparse_decode",
                         recorder("decode", lambda kw: (kw["out"], "lse")))
+    monkeypatch.setattr(vc.library, "sparse_decode_metadata",
+                        lambda *args: torch.zeros((0, 0), dtype=I32))
     monkeypatch.setattr(vc.ops, "sparse_prefill",
                         recorder("prefill", lambda kw: (kw["out"], "ml", "lse")))
     monkeypatch.setattr(vc.ops, "compute_global_topk_indices_and_lens",
@@ -365,6 +520,7 @@ def test_compile_fullgraph_traces_wrappers():
 
     def step(d, meta, out, p, p_out, g_ws, g, gl_args, gl_bufs, cb_args, cb_bufs):
         o, lse = _fm_decode(d, meta, out=out, softmax_scale=None)
+        o2, _ = _fm_decode(d, meta)  # a later layer: reads the metadata the first computed
         po, pml, plse = vc.flash_mla_sparse_fwd(**p, out=p_out)
         vc.dequantize_and_gather_k_cache(g_ws[:, 4:], g["k_cache"], g["seq_lens"], None,
                                          g["block_table"], 64, 2, use_fnuz=True)
@@ -375,7 +531,7 @@ def test_compile_fullgraph_traces_wrappers():
         r_out = torch.ops.dsv4_tl.sparse_prefill_ragged(p["q"][:7], p["kv"], flat, indptr,
                                                         SCALE)[0]
         gflat, gptr = torch.ops.dsv4_tl.compute_global_topk_ragged_indices_and_indptr(*gl_args)
-        return o, lse, po, pml, plse, gi, gl, ci, cl, r_out, gflat, gptr
+        return o, lse, o2, po, pml, plse, gi, gl, ci, cl, r_out, gflat, gptr
 
     def real(x):
         return torch.zeros(x.shape, dtype=x.dtype) if isinstance(x, torch.Tensor) else x
@@ -396,7 +552,8 @@ def test_compile_fullgraph_traces_wrappers():
     by_op = {str(n.target).removesuffix(".default"): n for n in nodes
              if n.op == "call_function" and str(n.target).startswith("dsv4_tl.")}
     assert list(by_op) == [f"dsv4_tl.{name}" for name in (
-        "sparse_decode", "sparse_prefill", "dequantize_and_gather_k_cache",
+        "sparse_decode_metadata", "sparse_decode", "sparse_prefill",
+        "dequantize_and_gather_k_cache",
         "compute_global_topk_indices_and_lens", "combine_topk_swa_indices",
         "combine_topk_swa_ragged_indices", "sparse_prefill_ragged",
         "compute_global_topk_ragged_indices_and_indptr")]
@@ -404,6 +561,11 @@ def test_compile_fullgraph_traces_wrappers():
     copies = [n for n in nodes if str(n.target).endswith("copy_")]
     assert len(copies) == 6
     assert by_op["dsv4_tl.sparse_decode"].args[4] == 512 ** -0.5  # softmax_scale default
+    # the scheduler metadata: one node (the first call's), read by both decode calls
+    plan = by_op["dsv4_tl.sparse_decode_metadata"]
+    decodes = [n for n in nodes if str(n.target) == "dsv4_tl.sparse_decode.default"]
+    assert len(decodes) == 2 and all(n.args[-1] is plan for n in decodes)
+    assert sum(str(n.target).startswith("dsv4_tl.sparse_decode_metadata") for n in nodes) == 1
     assert by_op["dsv4_tl.dequantize_and_gather_k_cache"].args[7] == "e4m3fnuz"  # use_fnuz
 
 

@@ -53,3 +53,102 @@ def test_batch_invariant_calls_take_one_schedule_whatever_the_batch(h):
             else:
                 small = call_schedule(SPARSE_DECODE, target, h=h, b=1, s_q=1, scope=scope)
                 assert config == json.loads(json.dumps(small)), (config, small)
+
+
+# ------------------------------------------------------------------------------ metadata
+# Every kernel the scheduler-metadata path loads (sparse_decode_metadata's plan_only variant,
+# sparse_decode(metadata=)'s plan_from_metadata variant and its clamp_slots combine) is one
+# `dsv4-tl build` ships (kernels.KernelSpec.aot_schedules), so the path runs with JIT off
+# (bench/PERF_NOTES.md item 73). The front end runs on CPU tensors here, as on an H200
+# (cuda:sm_90a, 132 SMs), its kernel loads recorded instead of made.
+_METADATA_CALLS = [
+    # (h, b, s_q, scope, extra width): the sm_90a persistent buckets, item and tile balance
+    (64, 2, 1, "c128a", 4096), (64, 32, 1, "c128a", 4096), (128, 2, 1, "c128a", 8192),
+    (128, 128, 1, "c128a", 8192), (64, 3, 2, "c128a", 8192), (8, 20, 1, "c4a", 512),
+    (16, 40, 1, "c4a", 512), (32, 48, 1, "c4a", 1024),
+    # no persistent grid: [0, 0] metadata, the plain kernels
+    (64, 4, 1, "c4a", 512), (64, 64, 1, "swa", 0), (8, 4, 1, "c128a", 1024),
+]
+
+
+@pytest.fixture
+def recorded_loads(monkeypatch):
+    import importlib
+
+    import torch
+
+    from dsv4_tl import loader as L
+    from dsv4_tl.kernels import Variant
+    from dsv4_tl.ops._dispatch import call_schedule
+    from dsv4_tl.targets import parse_target
+
+    sd = importlib.import_module("dsv4_tl.ops.sparse_decode")
+    loads, launches = [], []
+
+    def resolve_with(spec, target, schedule, **call):
+        variant = Variant.make(spec.op, spec.static(**call), schedule)
+        loads.append(variant)
+        return lambda *args: launches.append((variant, args))
+
+    def resolve(spec, target, **call):
+        schedule = call_schedule(spec, target, **call)
+        return resolve_with(spec, target, schedule, **call), schedule
+
+    monkeypatch.setattr(sd, "_target", lambda device: parse_target("cuda:sm_90a"))
+    monkeypatch.setattr(sd, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(sd, "check_kernel_device", lambda name, t: None)
+    monkeypatch.setattr(sd, "recheck_device", lambda name, t: None)
+    monkeypatch.setattr(sd, "resolve_with", resolve_with)
+    monkeypatch.setattr(sd, "resolve", resolve)
+    L.clear_loaders()  # (and the memoised plans)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # schedule-file fallbacks
+        yield sd, loads, launches, torch
+    L.clear_loaders()
+
+
+def test_metadata_path_loads_only_built_variants(recorded_loads):
+    from dsv4_tl.build import build_variants
+
+    sd, loads, launches, torch = recorded_loads
+    built = {v.key for v in build_variants("cuda:sm_90a", (8, 16, 32, 64, 128))}
+    default_built = {v.key for v in build_variants("cuda:sm_90a")}  # heads 64 and 128
+    kinds, whole_rows = set(), 0
+    for h, b, s_q, scope, width in _METADATA_CALLS:
+        u8, i32 = torch.uint8, torch.int32
+        q = torch.zeros((b, s_q, h, 512), dtype=torch.bfloat16)
+        args = [q, torch.zeros((8, 64, 1, 584), dtype=u8),
+                torch.zeros((b, s_q, 128), dtype=i32), torch.full((b,), 100, dtype=i32)]
+        if scope != "swa":
+            args += [torch.zeros((64, 2 if scope == "c128a" else 64, 1, 584), dtype=u8),
+                     torch.zeros((b, s_q, width), dtype=i32), torch.full((b,), width, dtype=i32)]
+        del loads[:], launches[:]
+        words = sd.sparse_decode_metadata(*args)
+        persistent = words.numel() > 0
+        assert words.dtype == torch.int32 and words.dim() == 2
+        sd.sparse_decode(*args[:4], None, None, *args[4:], metadata=words)
+        for v in loads:
+            assert v.key in built, f"{(h, b, s_q, scope, width)}: {v.key} {dict(v.schedule)}"
+            if h in (64, 128):
+                assert v.key in default_built
+            s = dict(v.schedule)
+            kind = ("plan_only" if s.get("plan_only") else "plan_from_metadata"
+                    if s.get("plan_from_metadata") else "clamp_slots"
+                    if s.get("clamp_slots") else "plain")
+            kinds.add(kind)
+            # the metadata variants only on the persistent grid
+            assert persistent or kind == "plain"
+        if persistent:
+            ops_loaded = [dict(v.schedule) for v in loads]
+            assert any(s.get("plan_only") for s in ops_loaded)
+            decode = [v for v, _ in launches if v.op == "sparse_decode"]
+            # the plan-only launch, then the decode reading the metadata where the rows'
+            # head groups fill at most half of the 132 SMs; beyond, the decode that plans
+            # itself (the grid walks whole rows: run 105, bench/PERF_NOTES.md item 73)
+            assert [dict(v.schedule).get("plan_only", False) for v in decode] == [True, False]
+            reads = 2 * b * s_q * -(-h // 64) <= 132
+            assert bool(dict(decode[1].schedule).get("plan_from_metadata")) == reads
+            assert any(args[-1] is words for _, args in launches[-2:]) == reads
+            whole_rows += not reads
+    assert kinds == {"plain", "plan_only", "plan_from_metadata", "clamp_slots"}
+    assert whole_rows == 1  # (h128 b128: the metadata checked and not read)

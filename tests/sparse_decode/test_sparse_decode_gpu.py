@@ -1256,3 +1256,275 @@ def test_decode_lean_tokens_in_m(seed):
         _case(7, 1, 16, "c4a512", gen)
         _case(3, 2, 16, "c128a256", gen)
         _split_edge_cases(16, gen)
+
+
+# The plan-cost probe of issue 35 lever 3 (``plan_repeats``, bench/PERF_NOTES.md item 73): the
+# shipped persistent buckets' schedules with each CTA's plan traced 5 times. The repeats must
+# leave the words of one plan: the same bits as the shipped kernel, and the reference's values.
+# (5: the variants scripts/lab/h35_metadata_ab.py times, so one precompile serves both.)
+PLAN_REPEATS = 5
+
+
+def _shipped_schedule(h, b, extra_kind):
+    from dsv4_tl.kernels import SPARSE_DECODE
+    from dsv4_tl.schedules import schedule_for
+
+    scope, width = ("c128a", int(extra_kind[5:])) if extra_kind.startswith("c128a") else \
+        ("c4a", int(extra_kind[3:]))
+    return schedule_for("cuda_sm90a", "sparse_decode",
+                        **SPARSE_DECODE.features("cuda_sm90a", h=h, b=b, scope=scope,
+                                                 extra_width=width))
+
+
+def _poisoned_decode(q, main, extra, sink):
+    b, s_q, h, _ = q.shape
+    out = torch.full((b, s_q, h, 512), math.nan, dtype=torch.bfloat16, device=DEV)
+    lse = torch.full((b, h, s_q), math.nan, dtype=torch.float32, device=DEV)
+    sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.parametrize("h,b,extra_kind", [
+    (64, 2, "c128a4096"),  # item balance (<= 16 CTAs)
+    (64, 20, "c128a4096"),  # tile balance, one Q stage
+    (128, 3, "c128a4096"),
+    (128, 24, "c128a4096"),
+    (8, 20, "c4a512"),  # tokens in M, persistent (17-33 CTAs)
+    (16, 40, "c4a512"),  # tokens in M, persistent (34-66 CTAs)
+], ids=lambda v: str(v))
+def test_decode_persistent_plan_repeats(h, b, extra_kind, seed):
+    """The shipped persistent schedule with every CTA planning ``PLAN_REPEATS`` times: outputs
+    poisoned, checked against the float32 reference and bitwise equal to the shipped
+    kernel's (each plan leaves the same words: the probe times the plan, nothing else)."""
+    config = _shipped_schedule(h, b, extra_kind)
+    assert config.get("persistent"), f"h{h} b{b} {extra_kind}: not a persistent bucket"
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    once = _poisoned_decode(q, main, extra, sink)
+    with _forcing_sm90a("sparse_decode", {**config, "plan_repeats": PLAN_REPEATS}):
+        out, lse = _poisoned_decode(q, main, extra, sink)
+    ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+    check_attention(max(cache_kmax(c) for c in (main[0], extra[0])), out, ref_out,
+                    lse=(lse, ref_lse))
+    assert torch.equal(out.view(torch.int16), once[0].view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), once[1].view(torch.int32))
+
+
+# Scheduler metadata (issue 35 lever 3, bench/PERF_NOTES.md item 73): the persistent grid's
+# plan computed once per step (``sparse_decode_metadata``) and read by the kernel variant
+# ``plan_from_metadata`` instead of planned by each CTA. Rows of scripts/lab/h35_metadata_ab.py
+# (their variants are the ones it times): the item balance (b2), the tile balance (b32) and
+# tokens in M's item balance.
+METADATA_ROWS = [(64, 2, "c128a4096"), (64, 32, "c128a8192"), (128, 2, "c128a8192"),
+                 (128, 32, "c128a4096"), (8, 32, "c4a512"), (16, 64, "c4a512")]
+
+
+def _with_metadata(q, main, extra, sink, metadata):
+    b, s_q, h, _ = q.shape
+    out = torch.full((b, s_q, h, 512), math.nan, dtype=torch.bfloat16, device=DEV)
+    lse = torch.full((b, h, s_q), math.nan, dtype=torch.float32, device=DEV)
+    sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse, metadata=metadata)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.parametrize("h,b,extra_kind", METADATA_ROWS, ids=lambda v: str(v))
+def test_decode_metadata_same_bits(h, b, extra_kind, seed):
+    """With ``metadata`` the shipped persistent schedule reads its plan: outputs poisoned,
+    checked against the float32 reference, bitwise equal to the kernel that plans itself
+    (the same words), the metadata's shape the grid's and its words the torch definition's."""
+    from dsv4_tl.ops import sparse_decode_metadata
+    from dsv4_tl.ops.sparse_decode import sparse_decode_metadata_by_torch
+
+    config = _shipped_schedule(h, b, extra_kind)
+    assert config.get("persistent"), f"h{h} b{b} {extra_kind}: not a persistent bucket"
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    metadata = sparse_decode_metadata(q, *main, *extra)
+    words = 8 if config.get("balance") == "tiles" else 6
+    assert metadata.dtype == torch.int32 and metadata.shape[1] == words
+    assert 1 <= metadata.shape[0] <= torch.cuda.get_device_properties(DEV).multi_processor_count
+    # (the metadata kernel's words are those of the torch definition, decode_metadata.py)
+    assert torch.equal(metadata, sparse_decode_metadata_by_torch(q, *main, *extra))
+    out, lse = _with_metadata(q, main, extra, sink, metadata)
+    ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+    check_attention(max(cache_kmax(c) for c in (main[0], extra[0])), out, ref_out,
+                    lse=(lse, ref_lse))
+    planned = _poisoned_decode(q, main, extra, sink)
+    assert torch.equal(out.view(torch.int16), planned[0].view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), planned[1].view(torch.int32))
+
+
+@pytest.mark.parametrize("h,b,extra_kind", [(64, 32, "c128a8192"), (16, 64, "c4a512")],
+                         ids=lambda v: str(v))
+def test_decode_metadata_in_a_cuda_graph(h, b, extra_kind, seed):
+    """One step captured: the metadata once from the step's lengths, then three layers'
+    decode calls reading it. Replayed after new lengths are written into the captured
+    length tensors, each layer's outputs are bitwise those of eager calls planning
+    themselves with the new lengths."""
+    from dsv4_tl.ops import sparse_decode_metadata
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    qs = [q] + [torch.randn(q.shape, generator=gen, device=DEV).to(torch.bfloat16)
+                for _ in range(2)]
+    sparse_decode(q, *main, SCALE, sink, *extra, metadata=sparse_decode_metadata(
+        q, *main, *extra))  # (loads the variants before the capture)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        metadata = sparse_decode_metadata(q, *main, *extra)
+        outs = [sparse_decode(x, *main, SCALE, sink, *extra, metadata=metadata) for x in qs]
+    _, new_main, new_extra, _ = decode_case(b, 1, h, extra_kind, gen)
+    assert not torch.equal(new_extra[2], extra[2])  # (the replay must follow new lengths)
+    main[2].copy_(new_main[2])
+    extra[2].copy_(new_extra[2])
+    graph.replay()
+    torch.cuda.synchronize()
+    for x, (out, lse) in zip(qs, outs):
+        want_out, want_lse = sparse_decode(x, *main, SCALE, sink, *extra)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), want_out.view(torch.int16))
+        assert torch.equal(lse.view(torch.int32), want_lse.view(torch.int32))
+
+
+@pytest.mark.parametrize("h,b,extra_kind", [(64, 2, "c128a4096"), (64, 32, "c128a8192"),
+                                            (16, 64, "c4a512")], ids=lambda v: str(v))
+def test_decode_metadata_any_values_are_safe(h, b, extra_kind, seed):
+    """Metadata that is not the step's plan (random words: negative, past every bound, the
+    plan of other lengths) gives wrong numbers at worst: every call returns, and a correct
+    call after them is still bitwise the self-planning kernel's (no fault, no hang left the
+    context broken; the kernel clamps every word, work.load_cta_plan)."""
+    from dsv4_tl.ops import sparse_decode_metadata
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    good = sparse_decode_metadata(q, *main, *extra)
+    shape = good.shape
+    other_lens = [torch.randint(0, 1 << 14, (b,), generator=gen, device=DEV, dtype=torch.int32)
+                  for _ in range(2)]
+    wrong = [torch.randint(-(1 << 31), (1 << 31) - 1, shape, generator=gen, device=DEV,
+                           dtype=torch.int32),
+             torch.randint(-3, 3 * b, shape, generator=gen, device=DEV, dtype=torch.int32),
+             sparse_decode_metadata(q, main[0], main[1], other_lens[0], extra[0], extra[1],
+                                    other_lens[1]),
+             good.flip(0).contiguous(), torch.zeros_like(good), torch.full_like(good, 1 << 30)]
+    for metadata in wrong:
+        _with_metadata(q, main, extra, sink, metadata)
+    out, lse = _with_metadata(q, main, extra, sink, good)
+    planned = _poisoned_decode(q, main, extra, sink)
+    assert torch.equal(out.view(torch.int16), planned[0].view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), planned[1].view(torch.int32))
+
+
+def test_decode_metadata_checked():
+    """``metadata`` of the wrong dtype, shape, device, layout or type: a one-line error
+    naming it, before any launch."""
+    from dsv4_tl.ops import sparse_decode_metadata
+
+    gen = torch.Generator(DEV).manual_seed(0)
+    q, main, extra, sink = decode_case(2, 1, 64, "c128a4096", gen)
+    good = sparse_decode_metadata(q, *main, *extra)
+    strided = torch.empty((good.shape[0], 2 * good.shape[1]), dtype=torch.int32,
+                          device=DEV)[:, ::2]
+    strided.copy_(good)
+    bad = [good.to(torch.int64), good[:-1], good.cpu(), strided,
+           torch.empty((0, 0), dtype=torch.int32, device=DEV)]
+    for metadata in bad:
+        with pytest.raises(ValueError, match=r"^metadata: expected a contiguous int32 "):
+            sparse_decode(q, *main, SCALE, sink, *extra, metadata=metadata)
+    with pytest.raises(TypeError, match="^metadata: expected a tensor"):
+        sparse_decode(q, *main, SCALE, sink, *extra, metadata=good.tolist())
+
+
+@pytest.mark.parametrize("h,b,extra_kind", METADATA_ROWS, ids=lambda v: str(v))
+def test_decode_metadata_words_follow_the_lengths(h, b, extra_kind, seed):
+    """The metadata kernel's words equal the torch definition's for many length sets of
+    one shape (empty rows, whole rows, lengths past the width and negative: clamped), and
+    differ between length sets that plan differently (the words follow the lengths)."""
+    from dsv4_tl.ops import sparse_decode_metadata
+    from dsv4_tl.ops.sparse_decode import sparse_decode_metadata_by_torch
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    seen = set()
+    for i in range(12):
+        hi = [main[1].shape[-1], extra[1].shape[-1]]
+        for lens, width in zip((main[2], extra[2]), hi):
+            lens.copy_(torch.randint(-4, width + 8, (b,), generator=gen, device=DEV,
+                                     dtype=torch.int32))
+            if i % 4 == 0:
+                lens.fill_(width)
+            if i % 4 == 1:
+                lens[: b // 2] = 0
+        words = sparse_decode_metadata(q, *main, *extra)
+        assert torch.equal(words, sparse_decode_metadata_by_torch(q, *main, *extra)), i
+        seen.add(tuple(words.flatten().tolist()))
+    assert len(seen) > 2
+
+
+@pytest.mark.parametrize("h,b,extra_kind", [(64, 32, "c128a8192"), (8, 32, "c4a512")],
+                         ids=lambda v: str(v))
+def test_decode_metadata_custom_op_traced(h, b, extra_kind, seed):
+    """``dsv4_tl.sparse_decode_metadata`` is a custom op: its fake implementation gives the
+    real result's shape (static: the schedule and the SM count), and ``torch.compile(
+    fullgraph=True)`` of a step (the metadata, then two layers' decodes reading it) traces it
+    as one node and returns bitwise what eager self-planning calls return."""
+    import dsv4_tl
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    q2 = torch.randn(q.shape, generator=gen, device=DEV).to(torch.bfloat16)
+    real = dsv4_tl.sparse_decode_metadata(q, *main, *extra)
+    assert real.numel() > 0  # (a persistent row)
+    with FakeTensorMode() as mode:
+        fake = dsv4_tl.sparse_decode_metadata(*(mode.from_tensor(t) for t in (q, *main, *extra)))
+    assert tuple(fake.shape) == tuple(real.shape) and fake.dtype == real.dtype
+    nodes = []
+
+    def backend(gm, example_inputs):
+        nodes.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    def step(q, q2, main, extra, sink):
+        metadata = dsv4_tl.sparse_decode_metadata(q, *main, *extra)
+        return [dsv4_tl.sparse_decode(x, *main[:3], SCALE, sink, *extra, metadata=metadata)
+                for x in (q, q2)]
+
+    outs = torch.compile(step, fullgraph=True, backend=backend)(q, q2, main, extra, sink)
+    assert nodes.count("dsv4_tl.sparse_decode_metadata.default") == 1
+    assert nodes.count("dsv4_tl.sparse_decode.default") == 2
+    for x, (out, lse) in zip((q, q2), outs):
+        want_out, want_lse = sparse_decode(x, *main, SCALE, sink, *extra)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), want_out.view(torch.int16))
+        assert torch.equal(lse.view(torch.int32), want_lse.view(torch.int32))
+
+
+@pytest.mark.parametrize("h,b,extra_kind", [(64, 2, "c128a4096"), (16, 64, "c4a512")],
+                         ids=lambda v: str(v))
+def test_decode_metadata_through_vllm_compat(h, b, extra_kind, seed):
+    """``vllm_compat.flash_mla_with_kvcache`` maps FlashMLA's scheduler metadata onto ours:
+    the object's first call stores ``sparse_decode_metadata`` of its arguments, later calls
+    (the step's other layers) read it; outputs bitwise those of self-planning calls."""
+    from dsv4_tl import vllm_compat as vc
+    from dsv4_tl.ops import sparse_decode_metadata
+
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, 1, h, extra_kind, gen)
+    meta = vc.get_mla_metadata()[0]
+    for i in range(3):
+        x = q if i == 0 else torch.randn(q.shape, generator=gen, device=DEV).to(torch.bfloat16)
+        out, lse = vc.flash_mla_with_kvcache(
+            x, main[0], None, None, 512, meta, softmax_scale=SCALE, is_fp8_kvcache=True,
+            indices=main[1], attn_sink=sink, extra_k_cache=extra[0],
+            extra_indices_in_kvcache=extra[1], topk_length=main[2], extra_topk_length=extra[2])
+        want_out, want_lse = sparse_decode(x, *main, SCALE, sink, *extra)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), want_out.view(torch.int16)), i
+        assert torch.equal(lse.view(torch.int32), want_lse.view(torch.int32)), i
+    plan = meta.tile_scheduler_metadata
+    assert plan is not None and plan.numel() > 0
+    assert torch.equal(plan, sparse_decode_metadata(q, *main, *extra))

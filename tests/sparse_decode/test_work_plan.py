@@ -378,3 +378,107 @@ def test_tile_balance_kernel_words_match_the_model(seed):
         c = rng.randrange(g)
         words[c][0] += 1
         assert [m[0] for m in _plan_word_mismatches(words, plan)] == [c]
+
+
+# ------------------------------------------------------------------ scheduler metadata
+# ``dsv4_tl.ops.decode_metadata``: the plan words the persistent grid's CTAs compute,
+# computed once by torch ops (bench/PERF_NOTES.md item 73); the kernel built with
+# ``plan_from_metadata`` reads them instead of planning, so they must be the kernel's own.
+
+
+def _item_words_of_model(plan: dict, s_q: int, hg: int) -> list:
+    """The words ``cta_work_range`` leaves for each CTA, from ``plan_reference``'s ``plan``:
+    ``(u_begin, k_begin, slot base of u_begin's row, u_end, k_end, T)``."""
+    rs, units = plan["row_splits"], len(plan["row_splits"]) * hg
+    bounds = plan["bounds"]
+    return [[u0, k0, rs[u0 // hg][0] if u0 < units else 0, u1, k1, plan["tps"]]
+            for (u0, k0), (u1, k1) in zip(bounds[:-1], bounds[1:])]
+
+
+def _random_lengths(rng, b: int, width: int, block: int) -> list:
+    """Per-request lengths in tokens: mostly 0..width, some past it or negative (the kernel
+    clamps them), some whole rows."""
+    out = []
+    for _ in range(b):
+        kind = rng.random()
+        if kind < 0.1:
+            out.append(rng.choice([-5, width + 7, (1 << 31) - 1]))
+        elif kind < 0.3:
+            out.append(width)
+        else:
+            out.append(rng.randint(0, width))
+    return out
+
+
+def _tiles_of(lengths: list, width: int, block: int) -> list:
+    return [-(-min(max(n, 0), width) // block) for n in lengths]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_metadata_item_words_match_the_model(seed):
+    """``item_plan_words`` equals the item balance's words of ``plan_reference`` (derived and
+    fixed T, several rows per request, one or two head groups, grids of 1 to 132 CTAs)."""
+    import torch
+
+    from dsv4_tl.ops.decode_metadata import item_plan_words, request_tiles
+
+    rng = random.Random(3000 + seed)
+    for _ in range(40):
+        b = rng.choice([1, 2, 3, 32, 64, 128, 300])
+        s_q, hg = rng.choice([1, 2]), rng.choice([1, 2])
+        width, block = rng.choice([(512, 64), (4096, 32), (8192, 32), (128, 64)])
+        lengths = _random_lengths(rng, b, width, block)
+        tps = rng.choice([-1, -4, 8, 36])
+        g = rng.choice([1, 7, 66, 132])
+        ic = rng.choice([2, 3])
+        tiles = request_tiles(torch.tensor(lengths, dtype=torch.int32), None, width, 0, block)
+        assert tiles.tolist() == _tiles_of(lengths, width, block)
+        words = item_plan_words(tiles, s_q, hg, tps, ic, g)
+        assert words.dtype == torch.int32 and words.shape == (g, 6)
+        plan = plan_reference(tiles.tolist(), s_q, hg, tps, ic, g)
+        assert words.tolist() == _item_words_of_model(plan, s_q, hg), (lengths, s_q, hg, tps, g)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_metadata_tile_words_match_the_kernel(seed):
+    """``tile_plan_words`` equals ``cta_tile_range``'s words as the kernel leaves them (the
+    line-by-line emulation above, every word, also those the model leaves undefined) and the
+    model's where it defines them; two scopes' tiles summed."""
+    import torch
+
+    from dsv4_tl.ops.decode_metadata import request_tiles, tile_plan_words
+
+    rng = random.Random(4000 + seed)
+    for _ in range(40):
+        b = rng.choice([1, 2, 3, 8, 32, 128, 400])
+        s_q, hg = rng.choice([1, 1, 2]), rng.choice([1, 2])
+        main = _random_lengths(rng, b, 128, 32)
+        extra = _random_lengths(rng, b, 8192, 32)
+        if rng.random() < 0.3:
+            extra = [4096] * b
+        q = rng.choice([1, 3, 4])
+        g = rng.choice([1, 7, 66, 132])
+        tiles = request_tiles(torch.tensor(main, dtype=torch.int32),
+                              torch.tensor(extra, dtype=torch.int32), 128, 8192, 32)
+        expect = [m + e for m, e in zip(_tiles_of(main, 128, 32), _tiles_of(extra, 8192, 32))]
+        assert tiles.tolist() == expect
+        words = tile_plan_words(tiles, s_q, hg, -q, ITEM_COST, g)
+        assert words.dtype == torch.int32 and words.shape == (g, 8)
+        rows = [t for t in expect for _ in range(s_q)]
+        assert words.tolist() == _kernel_tile_range_words(rows, hg, -q, ITEM_COST, g)
+        plan = plan_reference(expect, s_q, hg, -q, ITEM_COST, g, balance="tiles")
+        assert _plan_word_mismatches(words.tolist(), plan) == []
+
+
+def test_metadata_plan_words_are_the_kernels():
+    """The front end's word counts are the kernel's (``work.PLAN_WORDS``, which it does not
+    import), and ``plan_words`` picks the balance's words."""
+    import torch
+
+    from dsv4_tl.ops.decode_metadata import PLAN_WORDS, plan_words
+    from dsv4_tl.tile_kernels.sparse_mla.work import PLAN_WORDS as KERNEL_WORDS
+
+    assert PLAN_WORDS == KERNEL_WORDS
+    tiles = torch.tensor([5, 0, 36], dtype=torch.int64)
+    for balance, n in PLAN_WORDS.items():
+        assert plan_words(balance, tiles, 1, 1, -2, ITEM_COST, 4).shape == (4, n)

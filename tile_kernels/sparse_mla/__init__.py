@@ -16,6 +16,7 @@ picks a schedule body, which composes the roles below inside the one signature.
 ``decode_ws``          64-head Hopper decode (fixed or persistent grid)
 ``decode_seesaw``      64-head Hopper decode on the seesaw consumers
 ``decode_tim``         8-32-head Hopper decode (tokens in M)
+``decode_plan``        the persistent grid's plan alone: the metadata kernel (``plan_only``)
 ``sparse_decode``      the decode builder and its portable body
 ``sparse_decode_combine``  the split-KV combine
 ``sparse_prefill``     the prefill builder and its bodies

@@ -31,7 +31,7 @@ from .rules import TOKENS_IN_M_THREADS, tokens_in_m_persistent_refusal
 from .rules import TOKENS_IN_M_HEADS as TOKENS_IN_M_HEADS_BY_OP
 from .signature import decode_prim_func, decode_shape_vars
 from .softmax import LOG2E, M_SENTINEL, tim_softmax_step
-from .work import PLAN_WORDS, plan_cta_range, row_lengths, row_tiles, walk_plan
+from .work import PLAN_WORDS, load_cta_plan, plan_cta_range, row_lengths, row_tiles, walk_plan
 
 
 # Tokens-in-M schedule (``tokens_in_m=True``). Threads: one or two math warpgroups, then the
@@ -94,7 +94,8 @@ def check_tokens_in_m_persistent(S, NB, ctas_per_sm, balance, item_cost):
 def tokens_in_m_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int, BI: int,
                        HB: int, NB: int, threads: int, ctas_per_sm: int,
                        producer_lean: bool = False, *,
-                       persistent: bool = False, item_cost: int = 3):
+                       persistent: bool = False, item_cost: int = 3,
+                       plan_repeats: int = 1, plan_from_metadata: bool = False):
     """Sparse decode for few heads (TP head counts, speculative drafts): the heads are
     wgmma's N dimension (``HB`` = 8 to 32) and the KV tokens its M dimension, so no head is
     padded to 64. Same arguments, math, grid and split-KV as the warp-specialised schedule.
@@ -132,6 +133,8 @@ def tokens_in_m_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int,
     buffers = tuple(range(NB))
     shapes = decode_shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
+    # (a plan read from metadata is clamped to the partials' slots: work.item_slot)
+    slot_limit = pb if plan_from_metadata else None
     produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, NB, producer_lean)
 
     def alloc_math_fragments():
@@ -440,7 +443,7 @@ def tokens_in_m_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                         ExtraBf16, ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse, OPartial,
                         LsePartial, RowSplits, sm_scale, main_block_size, main_block_stride,
                         main_num_blocks, extra_block_size, extra_block_stride, extra_num_blocks,
-                        tiles_per_split, num_ctas):
+                        tiles_per_split, num_ctas, Plan=None):
         with T.Kernel(num_ctas, threads=threads,
                       prelude=producer_prelude(producer_lean)) as cta:
             regs_split = tokens_in_m_persistent_regs(HB)
@@ -448,16 +451,21 @@ def tokens_in_m_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int,
             rg = TokensInMRing(HB, BI, D, NB, threads, q_arrivals=128)
             f = alloc_math_fragments()
             bounds = T.alloc_shared([PLAN_WORDS["items"]], T.int32, scope="shared")
-            scratch = T.alloc_shared([threads // 32, 3], T.int32, scope="shared")
             tx = T.get_thread_binding()
             scale_log2 = sm_scale * LOG2E
             units = b * s_q * head_groups
             lens = (MainLength, ExtraLength, topk, ew)
             tiles = lambda r_b: row_tiles(*row_lengths(*lens, r_b, has_extra),  # noqa: E731
                                           BI, has_extra)
-            plan_cta_range("items", bounds, scratch, lambda u: tiles((u // head_groups) // s_q),
-                           units, head_groups, tiles_per_split, item_cost, num_ctas, cta,
-                           threads)
+            if plan_from_metadata:
+                load_cta_plan("items", bounds, Plan, lambda u: tiles((u // head_groups) // s_q),
+                              units, head_groups, tiles_per_split, slot_limit, cta)
+            else:
+                scratch = T.alloc_shared([threads // 32, 3], T.int32, scope="shared")
+                plan_cta_range("items", bounds, scratch,
+                               lambda u: tiles((u // head_groups) // s_q), units, head_groups,
+                               tiles_per_split, item_cost, num_ctas, cta, threads,
+                               plan_repeats)
             # (u_begin, k_begin, slot base, u_end, k_end, T: work.cta_work_range)
             span = T.alloc_local([PLAN_WORDS["items"]], T.int32)
             for i in unrolled(PLAN_WORDS["items"]):
@@ -468,11 +476,11 @@ def tokens_in_m_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                 walk_plan("items", span, units, head_groups, s_q, tiles,
                           lambda item: score_item(
                     rg, f, item, tx, Q, Sink, Out, Lse, OPartial, LsePartial, RowSplits,
-                    sm_scale, scale_log2, rs))
+                    sm_scale, scale_log2, rs), slot_limit)
             elif two and tx < 256:
                 ws_set_regs(regs_split[1])
                 walk_plan("items", span, units, head_groups, s_q, tiles,
-                          lambda item: right_item(rg, f, item, Out, OPartial))
+                          lambda item: right_item(rg, f, item, Out, OPartial), slot_limit)
             else:
                 if two:
                     ws_set_regs(regs_split[2])
@@ -484,6 +492,7 @@ def tokens_in_m_decode(num_heads: int, has_extra: bool, fp8_format: str, S: int,
                     (MainU8, MainIndices, MainLength, topk, main_block_size, main_block_stride,
                      main_num_blocks),
                     (ExtraU8, ExtraIndices, ExtraLength, ew, extra_block_size,
-                     extra_block_stride, extra_num_blocks)))
+                     extra_block_stride, extra_num_blocks)), slot_limit)
 
-    return decode_prim_func(shapes, num_heads, S, persistent_body if persistent else body)
+    return decode_prim_func(shapes, num_heads, S, persistent_body if persistent else body,
+                            PLAN_WORDS["items"] if plan_from_metadata else 0)

@@ -30,7 +30,8 @@ from .ring import (
 )
 from .signature import decode_prim_func, decode_shape_vars
 from .softmax import LOG2E
-from .work import PLAN_WORDS, plan_cta_range, row_lengths, row_tiles, split_range, walk_plan
+from .work import (PLAN_WORDS, load_cta_plan, plan_cta_range, row_lengths, row_tiles,
+                   split_range, walk_plan)
 
 
 # Registers of the warp-specialised roles (softmax consumer, PV consumer, producer; rules in
@@ -55,7 +56,9 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                             persistent: bool = False, item_cost: int = 3,
                             producer_lean: bool = False, *,
                             balance: str = "items",
-                            q_stages: int = 0):
+                            q_stages: int = 0,
+                            plan_repeats: int = 1,
+                            plan_from_metadata: bool = False):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``produce_fp8`` (raw FP8 token quarters into registers, dequantised
@@ -69,6 +72,8 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
     head_groups = (num_heads + HB - 1) // HB
     shapes = decode_shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
+    # (a plan read from metadata is clamped to the partials' slots: work.item_slot)
+    slot_limit = pb if plan_from_metadata else None
     produce_tiles = make_fp8_producer(has_extra, BI, fp8_format, lean=producer_lean)
 
     @T.macro
@@ -231,7 +236,7 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
              ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse, OPartial, LsePartial,
              RowSplits, sm_scale, main_block_size, main_block_stride, main_num_blocks,
              extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
-             num_ctas):
+             num_ctas, Plan=None):
         if persistent:
             with T.Kernel(num_ctas, threads=WS_THREADS,
                           prelude=producer_prelude(producer_lean)) as cta:
@@ -247,16 +252,22 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                                T.alloc_barrier(arrive_count=128),
                                T.alloc_barrier(arrive_count=256)))
                 bounds = T.alloc_shared([PLAN_WORDS[balance]], T.int32, scope="shared")
-                scratch = T.alloc_shared([WS_THREADS // 32, 3], T.int32, scope="shared")
                 tx = T.get_thread_binding()
                 scale_log2 = sm_scale * LOG2E
                 units = b * s_q * head_groups
                 lens = (MainLength, ExtraLength, topk, ew)
                 tiles = lambda r_b: row_tiles(*row_lengths(*lens, r_b, has_extra),  # noqa: E731
                                               BI, has_extra)
-                plan_cta_range(balance, bounds, scratch,
-                               lambda u: tiles((u // head_groups) // s_q), units, head_groups,
-                               tiles_per_split, item_cost, num_ctas, cta, WS_THREADS)
+                if plan_from_metadata:
+                    load_cta_plan(balance, bounds, Plan,
+                                  lambda u: tiles((u // head_groups) // s_q), units,
+                                  head_groups, tiles_per_split, slot_limit, cta)
+                else:
+                    scratch = T.alloc_shared([WS_THREADS // 32, 3], T.int32, scope="shared")
+                    plan_cta_range(balance, bounds, scratch,
+                                   lambda u: tiles((u // head_groups) // s_q), units,
+                                   head_groups, tiles_per_split, item_cost, num_ctas, cta,
+                                   WS_THREADS, plan_repeats)
                 # (items: u_begin, k_begin, slot base, u_end, k_end, T; tiles: work.py)
                 span = T.alloc_local([PLAN_WORDS[balance]], T.int32)
                 for i in unrolled(PLAN_WORDS[balance]):
@@ -268,12 +279,13 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
                               lambda item: softmax_item(
                         st, qs, item, inv, tx, Q, Sink, Out, Lse, OPartial, LsePartial,
-                        RowSplits, sm_scale, scale_log2, rs))
+                        RowSplits, sm_scale, scale_log2, rs), slot_limit)
                 elif tx < 256:
                     ws_set_regs(regs_p[1])
                     inv = T.alloc_fragment([HB], T.float32)
                     walk_plan(balance, span, units, head_groups, s_q, tiles,
-                              lambda item: pv_item(st, qs, item, inv, Out, OPartial))
+                              lambda item: pv_item(st, qs, item, inv, Out, OPartial),
+                              slot_limit)
                 else:
                     ws_set_regs(regs_p[2])
                     p = tx - 256
@@ -285,7 +297,7 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                         (MainU8, MainIndices, MainLength, topk, main_block_size, main_block_stride,
                          main_num_blocks),
                         (ExtraU8, ExtraIndices, ExtraLength, ew, extra_block_size,
-                         extra_block_stride, extra_num_blocks)))
+                         extra_block_stride, extra_num_blocks)), slot_limit)
         else:
             with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
                           prelude=producer_prelude(producer_lean)) as (row, hg, split):
@@ -335,4 +347,5 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                     produce_tiles(st, regs, p, main, extra,
                                   TileRange(r_b, r_s, t_begin, t_end, main_tiles), pairs, 0)
 
-    return decode_prim_func(shapes, num_heads, S, body)
+    return decode_prim_func(shapes, num_heads, S, body,
+                            PLAN_WORDS[balance] if plan_from_metadata else 0)

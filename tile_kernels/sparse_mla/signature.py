@@ -23,14 +23,61 @@ def decode_shape_vars() -> tuple:
             T.dynamic("pb"), T.dynamic("ps"), T.dynamic("rs"))
 
 
-def decode_prim_func(shapes: tuple, num_heads: int, S: int, body):
+def decode_prim_func(shapes: tuple, num_heads: int, S: int, body, plan_words: int = 0):
     """The sparse decode kernel around ``body``: its one signature (``SPARSE_DECODE.params``
     in kernels.py lists it in this order; sizes from ``shapes``, :func:`decode_shape_vars`, the
     tuple the schedule's body was written with). ``body`` is a macro that takes the
     parameters in this order and opens the schedule's ``T.Kernel``: every schedule writes
-    only its body, so the kernel's arguments are written once."""
+    only its body, so the kernel's arguments are written once.
+
+    ``plan_words`` > 0 (scheduler metadata: the decode variant ``plan_from_metadata`` reads
+    its CTA's row, the plan-only kernel writes it): one more parameter, ``Plan: [plan_ctas,
+    plan_words], int32`` (``_PLANNED_SPEC.params`` in ``dsv4_tl/ops/sparse_decode.py``),
+    passed to ``body`` last. A second prim_func, not an optional parameter: the parser takes a
+    fixed parameter list, and every other variant's signature (and TIR) stays as it was."""
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
     D = HEAD_DIM
+
+    if plan_words:
+        plan_ctas = T.dynamic("plan_ctas")
+
+        @T.prim_func
+        def sparse_decode(
+            Q: T.Tensor([b, s_q, num_heads, D], T.bfloat16),
+            MainFp8: T.Tensor([m_bytes], T.float8_e4m3fn),
+            MainBf16: T.Tensor([m_half], T.bfloat16),
+            MainU8: T.Tensor([m_bytes], T.uint8),
+            MainIndices: T.Tensor([b, s_q, topk], T.int32),
+            MainLength: T.Tensor([b], T.int32),
+            ExtraFp8: T.Tensor([e_bytes], T.float8_e4m3fn),
+            ExtraBf16: T.Tensor([e_half], T.bfloat16),
+            ExtraU8: T.Tensor([e_bytes], T.uint8),
+            ExtraIndices: T.Tensor([eb, es, ew], T.int32),
+            ExtraLength: T.Tensor([eb], T.int32),
+            Sink: T.Tensor([num_heads], T.float32),
+            Out: T.Tensor([ob, os_, num_heads, D], T.bfloat16),
+            Lse: T.Tensor([ob, num_heads, os_], T.float32),
+            OPartial: T.Tensor([pb, ps, S, num_heads, D], T.float32),
+            LsePartial: T.Tensor([pb, ps, S, num_heads], T.float32),
+            RowSplits: T.Tensor([rs, 2], T.int32),
+            sm_scale: T.float32,
+            main_block_size: T.int32,
+            main_block_stride: T.int64,
+            main_num_blocks: T.int32,
+            extra_block_size: T.int32,
+            extra_block_stride: T.int64,
+            extra_num_blocks: T.int32,
+            tiles_per_split: T.int32,
+            num_ctas: T.int32,
+            Plan: T.Tensor([plan_ctas, plan_words], T.int32),
+        ):
+            body(Q, MainFp8, MainBf16, MainU8, MainIndices, MainLength, ExtraFp8, ExtraBf16,
+                 ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse, OPartial, LsePartial,
+                 RowSplits, sm_scale, main_block_size, main_block_stride, main_num_blocks,
+                 extra_block_size, extra_block_stride, extra_num_blocks, tiles_per_split,
+                 num_ctas, Plan)
+
+        return sparse_decode.with_attr("tilelang_pass_configs", NO_AUTO_BOUNDS_GUARDS)
 
     @T.prim_func
     def sparse_decode(

@@ -44,6 +44,7 @@ from ..layout import (
     TOKEN_SCALE_BYTES,
 )
 from ..tile_math import check_tile_math
+from .decode_plan import plan_only_decode
 from .decode_seesaw import seesaw_decode
 from .decode_tim import check_tokens_in_m, check_tokens_in_m_persistent, tokens_in_m_decode
 from .decode_ws import warp_specialized_decode
@@ -53,11 +54,41 @@ from .ring import WS_THREADS
 from .rules import producer_lean_refusal
 from .signature import decode_prim_func, decode_shape_vars
 from .softmax import LOG2E, alloc_softmax_state, attend_tile, init_softmax_state
-from .work import BALANCES
+from .work import BALANCES, MAX_PLAN_REPEATS
 
 
 # The warp-specialised schedule's consumer pairs (``consumers`` of build_sparse_decode).
 DECODE_CONSUMERS = ("split", "seesaw")
+
+
+def check_plan_repeats(plan_repeats, persistent) -> None:
+    """ValueError naming ``plan_repeats`` unless it is an int in 1..MAX_PLAN_REPEATS, more
+    than 1 only on the persistent grid (the only kernel that plans)."""
+    if (type(plan_repeats) is not int or not 1 <= plan_repeats <= MAX_PLAN_REPEATS
+            or (plan_repeats > 1 and not persistent)):
+        raise ValueError(f"plan_repeats: 1-{MAX_PLAN_REPEATS} plans per CTA, more than 1 only "
+                         f"with persistent, got {plan_repeats!r} with persistent {persistent}")
+
+
+def check_plan_from_metadata(plan_from_metadata, persistent, plan_repeats) -> None:
+    """ValueError naming ``plan_from_metadata`` unless it is a bool, True only on the
+    persistent grid (the only kernel with a plan) and not with the plan-cost probe."""
+    if (type(plan_from_metadata) is not bool
+            or (plan_from_metadata and (not persistent or plan_repeats != 1))):
+        raise ValueError(f"plan_from_metadata: a bool, True only with persistent and "
+                         f"plan_repeats 1, got {plan_from_metadata!r} with persistent "
+                         f"{persistent}, plan_repeats {plan_repeats}")
+
+
+def check_plan_only(plan_only, persistent, plan_repeats, plan_from_metadata) -> None:
+    """ValueError naming ``plan_only`` unless it is a bool, True only on the persistent grid
+    (the only kernel with a plan), as planned once and not read from metadata."""
+    if (type(plan_only) is not bool
+            or (plan_only and (not persistent or plan_repeats != 1 or plan_from_metadata))):
+        raise ValueError(f"plan_only: a bool, True only with persistent, plan_repeats 1 and "
+                         f"plan_from_metadata False, got {plan_only!r} with persistent "
+                         f"{persistent}, plan_repeats {plan_repeats}, plan_from_metadata "
+                         f"{plan_from_metadata}")
 
 
 def build_sparse_decode(
@@ -82,6 +113,9 @@ def build_sparse_decode(
     producer_lean: bool = False,
     balance: str = "items",
     q_stages: int = 0,
+    plan_repeats: int = 1,
+    plan_from_metadata: bool = False,
+    plan_only: bool = False,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -139,6 +173,21 @@ def build_sparse_decode(
             ``ctas_per_sm`` 1; others refused by name) the
             persistent grid of the 64-head schedule, its item walk shared (``work.py``;
             bench/PERF_NOTES.md item 50).
+        plan_repeats: a lab probe of the persistent grid, in no schedule file (1 everywhere
+            shipped: the kernel as without it): each CTA computes its plan that many times
+            (``work.plan_cta_range``), so that the time over the repeats measures one plan's
+            cost, what scheduler metadata computed once per decode step would save
+            (bench/PERF_NOTES.md item 73; ``scripts/lab/h35_metadata_ab.py``).
+        plan_from_metadata: the persistent grid reading each CTA's plan words from one more
+            argument, ``Plan: [num_ctas, PLAN_WORDS[balance]], int32`` (scheduler metadata,
+            ``dsv4_tl.sparse_decode_metadata``, computed once per decode step) instead of
+            planning at its start; the words clamped so that any value is safe
+            (``work.load_cta_plan``). In no schedule file: the front end loads it when a
+            call passes ``metadata`` (bench/PERF_NOTES.md item 73).
+        plan_only: not a decode: the persistent grid's plan alone, each CTA's words stored
+            into ``Plan`` (``decode_plan.plan_only_decode``; the decode's signature with
+            ``Plan``): the metadata ``plan_from_metadata`` reads, computed by the same code.
+            In no schedule file: ``dsv4_tl.sparse_decode_metadata`` loads it.
         producer_lean: the FP8 producer's lean instruction stream (split consumers and tokens
             in M, on either grid, and the seesaw's half producer; not the plain schedule:
             ``rules.producer_lean_refusal``): the same loads and K in
@@ -173,11 +222,24 @@ def build_sparse_decode(
                          f"warp_specialized {warp_specialized}, tokens_in_m {tokens_in_m}")
     if balance not in BALANCES:
         raise ValueError(f"balance: expected one of {BALANCES}, got {balance!r}")
+    check_plan_repeats(plan_repeats, persistent)
+    check_plan_from_metadata(plan_from_metadata, persistent, plan_repeats)
+    check_plan_only(plan_only, persistent, plan_repeats, plan_from_metadata)
     D = HEAD_DIM
     BI = block_tokens
     HB = heads_per_block
     S = num_splits
     head_groups = (num_heads + HB - 1) // HB
+    if plan_only:
+        # (the decode's plan as its builder below would take it: whole head groups, the
+        # grid's threads, tokens in M's item balance)
+        if num_heads % HB or not (warp_specialized or tokens_in_m):
+            raise ValueError("plan_only: needs the persistent grid (whole head groups, the "
+                             f"warp-specialised or tokens-in-M schedule), got {num_heads} heads "
+                             f"in groups of {HB}")
+        return plan_only_decode(num_heads, has_extra, S, BI, HB,
+                                threads if tokens_in_m else WS_THREADS,
+                                "items" if tokens_in_m else balance, item_cost)
 
     shapes = decode_shape_vars()
     b, s_q, topk, ew, m_bytes, m_half, e_bytes, e_half, eb, es, ob, os_, pb, ps, rs = shapes
@@ -199,7 +261,9 @@ def build_sparse_decode(
         return tokens_in_m_decode(num_heads, has_extra, fp8_format, S, BI, HB, num_stages,
                                   threads, ctas_per_sm, producer_lean,
                                   persistent=persistent,
-                                  item_cost=item_cost)
+                                  item_cost=item_cost,
+                                  plan_repeats=plan_repeats,
+                                  plan_from_metadata=plan_from_metadata)
     if warp_specialized:
         if tile_math != "tensor_core":
             raise ValueError("warp_specialized: needs tile_math 'tensor_core'")
@@ -221,7 +285,9 @@ def build_sparse_decode(
         return warp_specialized_decode(num_heads, has_extra, fp8_format, S, BI, persistent,
                                        item_cost, producer_lean,
                                        balance=balance,
-                                       q_stages=q_stages)
+                                       q_stages=q_stages,
+                                       plan_repeats=plan_repeats,
+                                       plan_from_metadata=plan_from_metadata)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
 

@@ -15,7 +15,8 @@ COMBINE_MERGES = ("elements", "splits")
 
 
 def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_block: int = 8,
-                                threads: int = 128, merge: str = "elements"):
+                                threads: int = 128, merge: str = "elements",
+                                clamp_slots: bool = False):
     """Merge split-KV partials of ``build_sparse_decode`` and apply the attention sink.
 
     Row ``r`` (``b * s_q`` rows) has ``n = row_splits[r, 1]`` partials at slots
@@ -34,9 +35,17 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
     37). "splits": the CTA's ``[heads_per_block, 512]`` outputs accumulate in a register
     fragment, one split at a time; the loads of a split are independent and vectorised, so
     a thread has all of them in flight and the merge waits about one latency per split.
+
+    ``clamp_slots`` (in no schedule file; the front end's choice after a decode that read
+    its plan from scheduler metadata, bench/PERF_NOTES.md item 73): a row's slot range is
+    clamped into ``[0, slots)``, so a ``row_splits`` entry no decode CTA wrote this call (a
+    plan that is not the step's may leave rows out) cannot read past the partials. Entries
+    the decode wrote are unchanged by it.
     """
     if merge not in COMBINE_MERGES:
         raise ValueError(f"merge: expected one of {COMBINE_MERGES}, got {merge!r}")
+    if type(clamp_slots) is not bool:
+        raise ValueError(f"clamp_slots: expected a bool, got {clamp_slots!r}")
     D = HEAD_DIM
     S = num_splits
     HB = heads_per_block
@@ -64,8 +73,12 @@ def build_sparse_decode_combine(num_heads: int, num_splits: int, *, heads_per_bl
             r_b = row // s_q
             r_s = row % s_q
             h0 = hg * HB
-            base = RowSplits[row, 0]
-            n = T.min(RowSplits[row, 1], S)
+            if clamp_slots:
+                base = T.max(T.min(RowSplits[row, 0], slots - 1), 0)
+                n = T.min(T.min(RowSplits[row, 1], S), slots - base)
+            else:
+                base = RowSplits[row, 0]
+                n = T.min(RowSplits[row, 1], S)
             if n > 1:
                 for i in T.Parallel(HB):
                     h = T.min(h0 + i, num_heads - 1)

@@ -316,7 +316,7 @@ def cta_work_range(bounds, scratch, unit_tiles, units, head_groups: int, tiles_p
 
 
 @T.macro
-def walk_items(span, units, head_groups: int, s_q, row_tiles, body):
+def walk_items(span, units, head_groups: int, s_q, row_tiles, body, slot_limit=None):
     """Run ``body(item)`` (a :class:`WorkItem`) for each item of this CTA, in order. ``span``:
     a local int32 [6] copy of ``cta_work_range``'s bounds; ``row_tiles(r_b)``: the KV tiles
     of request ``r_b``'s rows (an int32 expression). Every role of the CTA walks the same
@@ -337,8 +337,11 @@ def walk_items(span, units, head_groups: int, s_q, row_tiles, body):
             t_begin = k * span[5]
             t_end = T.min(t_begin + span[5], unit[2])
             pairs = T.ceildiv(t_end - t_begin, 2)
-            body(WorkItem(row, u % head_groups, unit[0], unit[1], unit[2], ns, k, t_begin,
-                          t_end, pairs, runs[0], runs[1], runs[2] + k))
+            # (expressions, not names: a name assigned here would be a new variable in
+            # every variant's TIR)
+            body(WorkItem(row, u % head_groups, unit[0], unit[1], unit[2],
+                          item_slot(runs[2], k, ns, slot_limit)[0], k, t_begin, t_end, pairs,
+                          runs[0], runs[1], item_slot(runs[2], k, ns, slot_limit)[1]))
             runs[0] += pairs
             runs[1] += 1
         if u % head_groups == head_groups - 1 and ns > 1:
@@ -538,7 +541,8 @@ def walk_row_pieces(span, rows, head_groups: int, s_q, row_tiles, body):
     balance, in order: per row of the range its piece, once per head group over the same
     tiles. ``span``: a local int32 [8] copy of ``cta_tile_range``'s bounds;
     ``row_tiles(r_b)``: the KV tiles of request ``r_b``'s rows. A row strictly inside the
-    range is whole (a cut inside it would be a CTA boundary)."""
+    range is whole (a cut inside it would be a CTA boundary). No slot clamps: a plan read
+    from metadata had its slots clamped once by ``load_cta_plan``."""
     unit = T.alloc_local([3], T.int32)  # r_b, r_s, tiles (variables: no repeated divisions)
     runs = T.alloc_local([3], T.int32)  # pairs before, items before, slot base of the row
     runs[0] = 0
@@ -560,8 +564,8 @@ def walk_row_pieces(span, rows, head_groups: int, s_q, row_tiles, body):
             pairs = T.ceildiv(t_end - t_begin, 2)
             # (an extent known only at run time, 1 whenever a row is walked)
             for g in T.serial(T.min(1, rows)):
-                body(WorkItem(r, g, unit[0], unit[1], unit[2], ns, k, t_begin, t_end, pairs,
-                              runs[0], runs[1], runs[2] + k))
+                body(WorkItem(r, g, unit[0], unit[1], unit[2], ns, k, t_begin, t_end,
+                              pairs, runs[0], runs[1], runs[2] + k))
                 runs[0] += pairs
                 runs[1] += 1
             if ns > 1:
@@ -591,11 +595,40 @@ def walk_row_pieces(span, rows, head_groups: int, s_q, row_tiles, body):
                 runs[2] += ns
 
 
+# The most times a lab build may compute the plan (``plan_cta_range``'s ``repeats``).
+MAX_PLAN_REPEATS = 16
+
+
 def plan_cta_range(balance: str, bounds, scratch, unit_tiles, units, head_groups: int,
-                   tiles_per_split, item_cost: int, num_ctas, cta, threads: int):
+                   tiles_per_split, item_cost: int, num_ctas, cta, threads: int,
+                   repeats: int = 1):
     """``cta_work_range`` (``balance`` "items") or ``cta_tile_range`` ("tiles") with the
     former's arguments (``unit_tiles(u)``, ``units``); ``bounds``: ``PLAN_WORDS[balance]``
-    shared int32 words."""
+    shared int32 words. ``repeats`` > 1 (a lab probe, never shipped: bench/PERF_NOTES.md
+    item 73): the plan runs that many times in a loop, each from the lengths again and
+    ending in its CTA barrier, every one leaving the same words, so the kernel's time over
+    ``repeats`` measures what one plan costs at the kernel's start (what scheduler metadata
+    computed once per decode step would save). A loop, not copies: five traced copies of
+    the tile balance's plan did not lower (TileLang's thread-sync pass gave up on a barrier
+    count, as in ``cta_work_range``'s note). 1: the plan once, the shipped TIR."""
+    if repeats == 1:
+        _plan_once(balance, bounds, scratch, unit_tiles, units, head_groups, tiles_per_split,
+                   item_cost, num_ctas, cta, threads)
+    else:
+        _plan_loop(balance, bounds, scratch, unit_tiles, units, head_groups, tiles_per_split,
+                   item_cost, num_ctas, cta, threads, repeats)
+
+
+@T.macro
+def _plan_loop(balance: str, bounds, scratch, unit_tiles, units, head_groups: int,
+               tiles_per_split, item_cost: int, num_ctas, cta, threads: int, repeats: int):
+    for _ in T.serial(repeats):
+        _plan_once(balance, bounds, scratch, unit_tiles, units, head_groups, tiles_per_split,
+                   item_cost, num_ctas, cta, threads)
+
+
+def _plan_once(balance, bounds, scratch, unit_tiles, units, head_groups, tiles_per_split,
+               item_cost, num_ctas, cta, threads):
     if balance == "tiles":
         return cta_tile_range(bounds, scratch, lambda r: unit_tiles(r * head_groups),
                               units // head_groups, head_groups, tiles_per_split, item_cost,
@@ -604,12 +637,117 @@ def plan_cta_range(balance: str, bounds, scratch, unit_tiles, units, head_groups
                           item_cost, num_ctas, cta, threads)
 
 
-def walk_plan(balance: str, span, units, head_groups: int, s_q, row_tiles, body):
-    """``walk_items`` ("items") or ``walk_row_pieces`` ("tiles") of ``plan_cta_range``'s
-    range, with the former's arguments."""
+def load_cta_plan(balance: str, bounds, Plan, unit_tiles, units, head_groups: int,
+                  tiles_per_split, slot_limit, cta):
+    """This CTA's ``bounds`` words read from scheduler metadata (``Plan``: int32 [CTAs,
+    ``PLAN_WORDS[balance]``], row ``cta``, what ``plan_cta_range`` would compute; built by
+    ``dsv4_tl.sparse_decode_metadata``) instead of planned: one thread loads and clamps
+    them, one CTA barrier. Whatever the words hold, every range the roles walk stays inside
+    the call (rows and units in ``[0, units]``, an item's tiles inside its row, ``T`` at least
+    the call's floor, slots inside ``slot_limit``: here under the tile balance, whose split
+    rows are its range's two ends; per item with :func:`item_slot` under the item balance,
+    where any unit of the range may split), and the tile
+    counts are bounded by the lengths, so a wrong plan gives wrong numbers, never an
+    out-of-bounds access or a hang; the words of the kernel's own plan are unchanged by the
+    clamps. Same arguments as ``plan_cta_range`` (``unit_tiles(u)``, ``units``)."""
     if balance == "tiles":
+        return _load_tile_plan(bounds, Plan, lambda r: unit_tiles(r * head_groups),
+                               units // head_groups, slot_limit, cta)
+    return _load_item_plan(bounds, Plan, unit_tiles, units, tiles_per_split, slot_limit, cta)
+
+
+@T.macro
+def _load_item_plan(bounds, Plan, unit_tiles, units, tiles_per_split, slot_limit, cta):
+    tx = T.get_thread_binding()
+    if tx == 0:
+        c = T.min(cta, Plan.shape[0] - 1)
+        # (T: at least the call's fixed T or derived floor, as the kernel's own plan)
+        tps = T.max(Plan[c, 5], T.max(T.if_then_else(tiles_per_split > 0, tiles_per_split,
+                                                     -tiles_per_split), 1))
+        u0 = T.alloc_var(T.int32, init=T.max(T.min(Plan[c, 0], units), 0))
+        u1 = T.alloc_var(T.int32, init=T.max(T.min(Plan[c, 3], units), 0))
+        # (a split index past its unit's splits would start past the unit's tiles)
+        k0 = T.alloc_var(T.int32, init=0)
+        k1 = T.alloc_var(T.int32, init=0)
+        if u0 < units:
+            k0 = T.max(T.min(Plan[c, 1], unit_splits(unit_tiles(u0), tps)), 0)
+        if u1 < units:
+            k1 = T.max(T.min(Plan[c, 4], unit_splits(unit_tiles(u1), tps)), 0)
+        # (each word stored once: TileLang's thread-sync pass takes two stores of one
+        # shared word in this branch for a race and hoists a barrier out of it)
+        bounds[0] = u0
+        bounds[1] = k0
+        bounds[2] = T.max(T.min(Plan[c, 2], slot_limit), 0)
+        bounds[3] = u1
+        bounds[4] = k1
+        bounds[5] = tps
+    T.sync_threads()
+
+
+@T.macro
+def _load_tile_plan(bounds, Plan, row_tiles, rows, slot_limit, cta):
+    tx = T.get_thread_binding()
+    if tx == 0:
+        c = T.min(cta, Plan.shape[0] - 1)
+        r0 = T.alloc_var(T.int32, init=T.max(T.min(Plan[c, 0], rows), 0))
+        r1 = T.alloc_var(T.int32, init=T.max(T.min(Plan[c, 4], rows), 0))
+        t0 = T.alloc_var(T.int32, init=0)
+        t1 = T.alloc_var(T.int32, init=0)
+        if r0 < rows:
+            t0 = T.max(T.min(Plan[c, 1], row_tiles(r0)), 0)
+        if r1 < rows:
+            t1 = T.max(T.min(Plan[c, 5], row_tiles(r1)), 0)
+        # (one row cut at both ends: its piece must not end before it starts, a negative
+        # pair count would throw the roles' barrier phases apart)
+        if T.And(r0 == r1, t1 > 0):
+            t1 = T.max(t1, t0)
+        # The slots, clamped here once so that the walk needs no clamp per item (the per-item
+        # clamps of item_slot made the roles' loops spill: bench/PERF_NOTES.md item 73). Only
+        # the first and the last row of the range can be split (a cut inside a row is a CTA
+        # boundary): the first row's pieces take slots from the base, the last row's the slots
+        # after them, each row's count cut to the slots left (one piece: stored directly) and
+        # the first row's piece index to its pieces, so every slot written is in the partials.
+        base = T.max(T.min(Plan[c, 3], slot_limit - 1), 0)
+        n0 = T.max(T.min(Plan[c, 6], slot_limit - base), 1)
+        n1 = T.max(T.min(Plan[c, 7],
+                         slot_limit - base - T.if_then_else(T.And(r1 != r0, n0 > 1), n0, 0)), 1)
+        bounds[0] = r0
+        bounds[1] = t0
+        bounds[2] = T.max(T.min(Plan[c, 2], n0 - 1), 0)
+        bounds[3] = base
+        bounds[4] = r1
+        bounds[5] = t1
+        bounds[6] = n0
+        bounds[7] = n1
+    T.sync_threads()
+
+
+def walk_plan(balance: str, span, units, head_groups: int, s_q, row_tiles, body,
+              slot_limit=None):
+    """``walk_items`` ("items") or ``walk_row_pieces`` ("tiles") of ``plan_cta_range``'s
+    range, with the former's arguments. ``slot_limit`` (the partial slots, with a plan read
+    from metadata: :func:`item_slot`, under the item balance; the tile balance's load clamped
+    them): None, the slots as planned."""
+    if balance == "tiles":
+        # (a plan from metadata had its slots clamped by _load_tile_plan: none per item)
         return walk_row_pieces(span, units // head_groups, head_groups, s_q, row_tiles, body)
-    return walk_items(span, units, head_groups, s_q, row_tiles, body)
+    return walk_items(span, units, head_groups, s_q, row_tiles, body, slot_limit)
+
+
+def item_slot(base, k, ns, slot_limit) -> tuple:
+    """An item's ``(splits, slot)``: its row's split count and partial slot ``base + k``
+    (``base``: the row's first slot). ``slot_limit`` None (the plan computed in the kernel):
+    as planned. Otherwise the partials' slot count, and the plan came from scheduler
+    metadata, which may hold anything: the row's slots are clamped into ``[0, slot_limit)``
+    and its split count to the slots left from its base (one split: the row is stored
+    directly, no partial written), so neither the partial stores nor the combine's reads of
+    ``RowSplits`` leave the partials. A plan the kernel would compute itself fits: both
+    unchanged."""
+    if slot_limit is None:
+        return ns, base + k
+    last = T.max(slot_limit - 1, 0)
+    first = T.max(T.min(base, last), 0)
+    return T.max(1, T.min(ns, slot_limit - first)), T.min(first + k, last)
 
 
 def row_lengths(MainLength, ExtraLength, topk, ew, r_b, has_extra: bool) -> tuple:

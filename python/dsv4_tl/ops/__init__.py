@@ -11,7 +11,7 @@ from .indices import (
     compute_global_topk_ragged_indices_and_indptr,
 )
 from .insert_k_cache import insert_k_cache
-from .sparse_decode import sparse_decode
+from .sparse_decode import sparse_decode, sparse_decode_metadata
 from .sparse_prefill import sparse_prefill, sparse_prefill_ragged
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "dequantize_and_gather_k_cache",
     "insert_k_cache",
     "sparse_decode",
+    "sparse_decode_metadata",
     "sparse_prefill",
     "sparse_prefill_ragged",
 ]

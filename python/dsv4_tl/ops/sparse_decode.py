@@ -1,6 +1,7 @@
 """Front end of sparse FP8 decode (spec §3). Definition: ``dsv4_tl/reference/sparse_decode.py``."""
 
-from typing import Optional, Tuple
+import dataclasses
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -15,12 +16,13 @@ from ..validation import (
     check_tensor,
 )
 from ..kernels import (MAX_COMBINE_SPLITS, SPARSE_DECODE, SPARSE_DECODE_COMBINE, decode_scope,
-                       pow2_ceil)
+                       decode_runs_persistent, pow2_ceil)
 from ._dispatch import (Launch, PlanCache, StreamScratch, _target, aligned16, cache_views,
                         call_schedule, check_aligned_output, check_output, full_lengths, meta,
                         meta_contiguous, meta_last, meta_strides, placeholder, recheck_device,
                         resolve, resolve_with, reusable_full_lengths, reusable_no_sink,
                         routed_per_call, sink_argument, stream_scratch)
+from .decode_metadata import PLAN_WORDS, plan_words, request_tiles
 
 
 def _check_scope(names: Tuple[str, str, str], k_cache: torch.Tensor, indices: torch.Tensor,
@@ -99,6 +101,7 @@ def sparse_decode(
     batch_invariant: bool = False,
     out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None,
+    metadata: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sparse attention of decode queries over the FP8 paged KV cache (fp8_ds_mla).
 
@@ -127,6 +130,14 @@ def sparse_decode(
             splits of a fixed ``invariant_tiles_per_split`` KV tiles (the default mode sizes
             them from the batch's work); rows of one split are stored directly.
         out, lse: optional preallocated contiguous outputs of the shapes below.
+        metadata: None, or :func:`sparse_decode_metadata` of this call's arguments and
+            lengths (computed once per decode step, shared by the step's layers): on the
+            persistent grid its CTAs read their plan from it instead of planning at their
+            start (the same plan: the same bits), where the rows' head groups fill at most
+            half of the SMs (beyond, the grid walks whole rows and planning them costs less
+            than reading them: checked, not read). Checked against the call (int32, the
+            device, the shape); its values are trusted to be this step's plan (other values
+            give wrong outputs, never an out-of-bounds access or a hang).
 
     Returns:
         out: [b, s_q, h_q, 512], bfloat16 (V = K, all 512 dims).
@@ -147,7 +158,71 @@ def sparse_decode(
                            attn_sink, extra_k_cache, extra_indices, extra_topk_length,
                            fp8_format, batch_invariant, out, lse)
     return plan(q, k_cache, indices, topk_length, attn_sink, extra_k_cache, extra_indices,
-                extra_topk_length, out, lse)
+                extra_topk_length, out, lse, metadata)
+
+
+def sparse_decode_metadata(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: Optional[torch.Tensor] = None,
+    extra_k_cache: Optional[torch.Tensor] = None,
+    extra_indices: Optional[torch.Tensor] = None,
+    extra_topk_length: Optional[torch.Tensor] = None,
+    *,
+    fp8_format: str = "e4m3fn",
+    batch_invariant: bool = False,
+) -> torch.Tensor:
+    """Scheduler metadata of one decode step: the persistent grid's plan, computed once and
+    passed as ``metadata`` to every :func:`sparse_decode` call with these arguments (the
+    step's layers), so that no CTA plans at its start. Arguments as :func:`sparse_decode`'s
+    (only shapes, devices, the extra cache's geometry and the lengths are read; the same
+    schedule is resolved). One launch on the lengths' device, no host synchronisation: a
+    CUDA graph can capture it with the step's decode calls (bench/PERF_NOTES.md item 73).
+    ``dsv4_tl.sparse_decode_metadata`` is this as a custom op (its fake implementation:
+    :func:`metadata_shape`), so ``torch.compile`` traces it as one node.
+
+    Returns:
+        metadata: [num_ctas, words], int32 (``work.PLAN_WORDS``: 6 under the item balance,
+        8 under the tile balance; ``num_ctas`` the grid's); [0, 0] where the call's schedule
+        is not the persistent grid (nothing to plan: ``sparse_decode`` takes it and runs as
+        without).
+
+    One launch: the decode schedule's plan-only variant (``plan_only``,
+    ``tile_kernels/sparse_mla/decode_plan.py``), whose CTAs run the decode CTAs' own plan
+    code and store its words, so they are the in-kernel plan's by construction; definition
+    (the same words by torch ops): ``dsv4_tl/ops/decode_metadata.py``.
+    """
+    plan = _metadata_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
+                          extra_topk_length, fp8_format, batch_invariant)
+    return plan.metadata(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
+                         extra_topk_length)
+
+
+def sparse_decode_metadata_by_torch(q, k_cache, indices, topk_length=None, extra_k_cache=None,
+                                    extra_indices=None, extra_topk_length=None, *,
+                                    fp8_format="e4m3fn", batch_invariant=False):
+    """:func:`sparse_decode_metadata`'s words by torch ops (``decode_metadata.py``, the
+    definition the kernel's words are tested against; many small launches)."""
+    plan = _metadata_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
+                          extra_topk_length, fp8_format, batch_invariant)
+    return plan.metadata_reference(topk_length, extra_topk_length)
+
+
+def _metadata_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
+                   extra_topk_length, fp8_format, batch_invariant):
+    """The plan of a call with these arguments (no sink, scale or outputs: they do not
+    change the schedule)."""
+    key = (meta_last(q), meta_strides(k_cache), meta_last(indices), meta(topk_length), None,
+           None, None, meta_strides(extra_k_cache), meta_last(extra_indices),
+           meta(extra_topk_length), fp8_format, batch_invariant.__class__, batch_invariant,
+           None, None)
+    plan = _PLANS.plans.get(key)
+    if plan is None:
+        plan = _PLANS.make(key, _Plan, q, k_cache, indices, topk_length, None, None,
+                           extra_k_cache, extra_indices, extra_topk_length, fp8_format,
+                           batch_invariant, None, None)
+    return plan
 
 
 _PLANS = PlanCache()
@@ -185,7 +260,9 @@ class _Plan:
             if given is not None:
                 check_output(name, given, shape, dtype, dev)
                 check_aligned_output(name, given)
-        self.launch = None
+        self.launch = self.plan_args = self.planned = None
+        self.planned_launch = self.plan_only_launch = None
+        self.reads_metadata = False
         if b == 0 or s_q == 0:
             return
         self.m_span = m_geom.flat.numel()
@@ -207,43 +284,31 @@ class _Plan:
 
         target = _target(dev)
         scope = decode_scope(None if e_geom is None else e_geom.block_size)
-        call = dict(h=h, b=b, s_q=s_q, scope=scope, batch_invariant=batch_invariant,
-                    extra_width=extra_indices.shape[-1] if self.has_extra else 0)
+        extra = extra_indices if self.has_extra else None
+        call = _decode_call(h, b, s_q, scope, batch_invariant, extra)
         # The schedule, resolved once for the plan; the kernel is loaded with it below.
-        schedule = call_schedule(SPARSE_DECODE, target, **call)
-        if batch_invariant and schedule.get("balance", "items") != "items":
-            # The tile balance cuts rows where the batch's work puts the CTA boundaries; a
-            # batch-invariant row needs splits of a fixed T: the item balance (the file
-            # default's value, so the variant is the one the build has for it).
-            schedule = {**schedule, "balance": "items"}
+        schedule = _decode_schedule(target, call, batch_invariant)
         kernel = resolve_with(SPARSE_DECODE, target, schedule, **call, fp8_format=fp8_format)
         rows = b * s_q
-        # (the 64/128-head schedule's and tokens in M's; whole head groups only, as the
-        # builder decides: padded ones keep the fixed grid)
-        self.persistent = bool(schedule.get("persistent")
-                               and (schedule["warp_specialized"] or schedule.get("tokens_in_m"))
-                               and h % schedule["heads_per_block"] == 0)
+        self.persistent = decode_runs_persistent(schedule, h)
         grid = {"tiles_per_split": 0, "num_ctas": 0}
         if self.persistent:
-            # The persistent grid (tile_kernels/sparse_mla/work.py): rows cut into splits of T tiles;
-            # T fixed in batch-invariant mode, else derived in the kernel from the call's
-            # tiles (at least the floor passed as -T). Partial slots: a row of n > 1 splits
-            # takes n < 2 * tiles / T, so fewer than 2 * num_ctas with a derived T.
-            bt = schedule["block_tokens"]
-            max_tiles = -(-indices.shape[-1] // bt)
-            if self.has_extra:
-                max_tiles += -(-extra_indices.shape[-1] // bt)
-            floor = -(-max_tiles // MAX_COMBINE_SPLITS)
-            knob = "invariant_tiles_per_split" if batch_invariant else "tiles_per_split_min"
-            if not (isinstance(schedule[knob], int) and schedule[knob] >= 1):
-                raise ValueError(f"schedule: {knob} must be a positive int, got {schedule[knob]!r}")
-            units = rows * -(-h // schedule["heads_per_block"])
-            sms = _sm_count(dev)
-            tps, fixed = persistent_split_size(schedule[knob], floor, max_tiles, units, sms,
-                                               batch_invariant, schedule.get("balance", "items"))
-            max_splits = -(-max_tiles // tps)
-            ctas = min(sms, units * max_splits)
+            bt, max_tiles, tps, fixed, units, max_splits, ctas = _persistent_grid(
+                schedule, h, rows, indices, extra, batch_invariant, dev)
             grid = {"tiles_per_split": tps if fixed else -tps, "num_ctas": ctas}
+            self.plan_args = _PlanArgs(schedule.get("balance", "items"), s_q,
+                                       units // rows, bt, indices.shape[-1],
+                                       extra_indices.shape[-1] if self.has_extra else 0,
+                                       grid["tiles_per_split"], schedule["item_cost"], ctas)
+            # Where the rows' head groups fill more than half of the SMs the grid walks whole
+            # rows (persistent_split_size; the tile balance keeps them whole itself) and the
+            # plan is a short loop: the kernel reading it from metadata measured 0.8-2.1 %
+            # slower at h64 b128 long C128A and within 0.4 % at h128 b128 (run 105), while
+            # every call under that bound saved 1.1-3.6 µs. There the call plans itself and
+            # the metadata is checked and not read (bench/PERF_NOTES.md item 73).
+            self.reads_metadata = 2 * units <= _sm_count(dev)
+            self.planned = dict(schedule={**schedule, "plan_from_metadata": True},
+                                call=dict(call, fp8_format=fp8_format), target=target)
             splits = 1 if max_splits == 1 else pow2_ceil(max_splits)
             slots = rows * max_splits if batch_invariant else min(rows * max_splits, 2 * ctas)
             partial_shapes = ((slots, 1, 1, h, HEAD_DIM), (slots, 1, 1, h))
@@ -264,16 +329,110 @@ class _Plan:
             self.pooled = dev.type == "cuda"
             self.no_out = (placeholder(dev, torch.bfloat16, (0, 0, h, HEAD_DIM)),
                            placeholder(dev, torch.float32, (0, h, 0)))
-            combine, _ = resolve(SPARSE_DECODE_COMBINE, target, h=h, num_splits=splits)
+            combine, combine_schedule = resolve(SPARSE_DECODE_COMBINE, target, h=h,
+                                                num_splits=splits)
             self.combine = Launch(combine, SPARSE_DECODE_COMBINE, SPARSE_DECODE_COMBINE.params)
-        self.launch = Launch(
-            kernel, SPARSE_DECODE, _DYNAMIC, sm_scale=scale, main_block_size=m_geom.block_size,
-            main_block_stride=m_geom.stride0, main_num_blocks=m_geom.num_blocks,
-            extra_block_size=e_scalars[0], extra_block_stride=e_scalars[1],
-            extra_num_blocks=e_scalars[2], **grid)
+            # (after a decode reading metadata: the combine clamping its slot ranges)
+            self.clamped = dict(target=target, h=h, num_splits=splits,
+                                schedule={**combine_schedule, "clamp_slots": True})
+            self.clamped_combine = None
+        self.fixed = dict(sm_scale=scale, main_block_size=m_geom.block_size,
+                          main_block_stride=m_geom.stride0, main_num_blocks=m_geom.num_blocks,
+                          extra_block_size=e_scalars[0], extra_block_stride=e_scalars[1],
+                          extra_num_blocks=e_scalars[2], **grid)
+        self.launch = Launch(kernel, SPARSE_DECODE, _DYNAMIC, **self.fixed)
+
+    def _clamped_combine(self) -> Launch:
+        """The combine after a decode that read its plan from metadata (loaded on first
+        use): its slot ranges clamped (``clamp_slots``), since metadata that is not the
+        step's plan may leave rows' split entries unwritten this call."""
+        if self.clamped_combine is None:
+            c = self.clamped
+            kernel = resolve_with(SPARSE_DECODE_COMBINE, c["target"], c["schedule"], h=c["h"],
+                                  num_splits=c["num_splits"])
+            self.clamped_combine = Launch(kernel, SPARSE_DECODE_COMBINE,
+                                          SPARSE_DECODE_COMBINE.params)
+        return self.clamped_combine
+
+    def metadata(self, q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
+                 extra_topk_length) -> torch.Tensor:
+        """:func:`sparse_decode_metadata` of this plan's calls: the plan-only kernel's words
+        (loaded on first use), given the decode's arguments (it reads the lengths only; no
+        outputs: zero-size placeholders)."""
+        if self.plan_args is None:
+            return torch.empty((0, 0), dtype=torch.int32, device=self.device)
+        a = self.plan_args
+        if self.plan_only_launch is None:
+            p = self.planned
+            schedule = {**p["schedule"], "plan_only": True}
+            del schedule["plan_from_metadata"]
+            kernel = resolve_with(SPARSE_DECODE, p["target"], schedule, **p["call"])
+            self.plan_only_launch = Launch(kernel, _PLANNED_SPEC, _DYNAMIC + ("Plan",),
+                                           **self.fixed)
+            # (the persistent grid's kernels have one split per item: num_splits 1)
+            h, dev = q.shape[2], self.device
+            self.no_outputs = (placeholder(dev, torch.bfloat16, (0, 0, h, HEAD_DIM)),
+                               placeholder(dev, torch.float32, (0, h, 0)),
+                               placeholder(dev, torch.float32, (0, 0, 1, h, HEAD_DIM)),
+                               placeholder(dev, torch.float32, (0, 0, 1, h)),
+                               placeholder(dev, torch.int32, (0, 2)))
+        words = torch.empty((a.num_ctas, PLAN_WORDS[a.balance]), dtype=torch.int32,
+                            device=self.device)
+        self.plan_only_launch(*self._inputs(q, k_cache, indices, topk_length, None,
+                                            extra_k_cache, extra_indices, extra_topk_length),
+                              *self.no_outputs, words)
+        return words
+
+    def metadata_reference(self, topk_length, extra_topk_length) -> torch.Tensor:
+        """The same words as :meth:`metadata` by torch ops (``decode_metadata.py``)."""
+        if self.plan_args is None:
+            return torch.empty((0, 0), dtype=torch.int32, device=self.device)
+        a = self.plan_args
+        tiles = request_tiles(self.m_len(topk_length),
+                              self.e_len(extra_topk_length) if self.has_extra else None,
+                              a.topk, a.extra_topk, a.block_tokens)
+        return plan_words(a.balance, tiles, a.s_q, a.head_groups, a.tiles_per_split,
+                          a.item_cost, a.num_ctas)
+
+    def _inputs(self, q, k_cache, indices, topk_length, attn_sink, extra_k_cache,
+                extra_indices, extra_topk_length) -> tuple:
+        """The kernels' arguments up to ``Sink``, in the signature's order."""
+        main = cache_views(k_cache, self.m_span, _VIEWS, _MAIN_MISALIGNED)
+        if self.has_extra:
+            extra = (*cache_views(extra_k_cache, self.e_span, _VIEWS, _EXTRA_MISALIGNED),
+                     extra_indices.contiguous(), self.e_len(extra_topk_length))
+        else:
+            extra = self.e_none
+        sink = sink_argument(attn_sink, self.sink, q.shape[2], self.device)
+        return (aligned16(q), *main, indices.contiguous(), self.m_len(topk_length), *extra,
+                sink)
+
+    def _launch_with(self, metadata):
+        """The decode launch of a call given ``metadata``: the variant reading its plan
+        (loaded on first use), after the checks; the usual one for [0, 0] metadata where the
+        call does not run the persistent grid, and (checked, not read) where the grid walks
+        whole rows (``reads_metadata``)."""
+        if not isinstance(metadata, torch.Tensor):
+            raise TypeError(f"metadata: expected a tensor from sparse_decode_metadata, got "
+                            f"{type(metadata).__name__}")
+        a = self.plan_args
+        shape = (0, 0) if a is None else (a.num_ctas, PLAN_WORDS[a.balance])
+        if (metadata.dtype != torch.int32 or metadata.device != self.device
+                or tuple(metadata.shape) != shape or not metadata.is_contiguous()):
+            raise ValueError(f"metadata: expected a contiguous int32 {list(shape)} tensor on "
+                             f"{self.device} (sparse_decode_metadata of this call), got "
+                             f"{metadata.dtype} {list(metadata.shape)} on {metadata.device}")
+        if a is None or not self.reads_metadata:
+            return self.launch, ()
+        if self.planned_launch is None:
+            p = self.planned
+            kernel = resolve_with(SPARSE_DECODE, p["target"], p["schedule"], **p["call"])
+            self.planned_launch = Launch(kernel, _PLANNED_SPEC, _DYNAMIC + ("Plan",),
+                                         **self.fixed)
+        return self.planned_launch, (metadata,)
 
     def __call__(self, q, k_cache, indices, topk_length, attn_sink, extra_k_cache,
-                 extra_indices, extra_topk_length, out, lse):
+                 extra_indices, extra_topk_length, out, lse, metadata=None):
         if self.check_device:
             recheck_device("q", q)
         # (q.new_empty: cheaper to call than torch.empty, and fake under a FakeTensorMode)
@@ -287,17 +446,11 @@ class _Plan:
             check_aligned_output("lse", lse)
         if self.launch is None:
             return out, lse
-        main = cache_views(k_cache, self.m_span, _VIEWS, _MAIN_MISALIGNED)
-        if self.has_extra:
-            extra = (*cache_views(extra_k_cache, self.e_span, _VIEWS, _EXTRA_MISALIGNED),
-                     extra_indices.contiguous(), self.e_len(extra_topk_length))
-        else:
-            extra = self.e_none
-        sink = sink_argument(attn_sink, self.sink, q.shape[2], self.device)
-        q = aligned16(q)
+        launch, plan = (self.launch, ()) if metadata is None else self._launch_with(metadata)
+        inputs = self._inputs(q, k_cache, indices, topk_length, attn_sink, extra_k_cache,
+                              extra_indices, extra_topk_length)
         if self.direct:
-            self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
-                        out, lse, *self.partials)
+            launch(*inputs, out, lse, *self.partials, *plan)
             return out, lse
         if self.pooled:
             o_part, lse_part, row_splits = stream_scratch.views(self.device, self.partial_shapes)
@@ -305,14 +458,103 @@ class _Plan:
             o_part, lse_part, row_splits = StreamScratch.fresh(self.device, self.partial_shapes)
         row_splits = row_splits.view(torch.int32)
         if self.persistent:  # rows of one split are finished by the decode kernel
-            self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
-                        out, lse, o_part, lse_part, row_splits)
+            launch(*inputs, out, lse, o_part, lse_part, row_splits, *plan)
         else:
-            self.launch(q, *main, indices.contiguous(), self.m_len(topk_length), *extra, sink,
-                        *self.no_out, o_part, lse_part, row_splits)
-        self.combine(o_part.view(self.flat_shapes[0]), lse_part.view(self.flat_shapes[1]),
-                     row_splits, sink, out, lse)
+            self.launch(*inputs, *self.no_out, o_part, lse_part, row_splits)
+        combine = self._clamped_combine() if plan else self.combine
+        combine(o_part.view(self.flat_shapes[0]), lse_part.view(self.flat_shapes[1]),
+                row_splits, inputs[-1], out, lse)
         return out, lse
+
+
+def _decode_call(h, b, s_q, scope, batch_invariant, extra_indices) -> dict:
+    """The decode spec's call description (its schedule's features)."""
+    return dict(h=h, b=b, s_q=s_q, scope=scope, batch_invariant=batch_invariant,
+                extra_width=extra_indices.shape[-1] if extra_indices is not None else 0)
+
+
+def _decode_schedule(target, call: dict, batch_invariant: bool) -> dict:
+    """The schedule a decode call described by ``call`` runs with on ``target``."""
+    schedule = call_schedule(SPARSE_DECODE, target, **call)
+    if batch_invariant and schedule.get("balance", "items") != "items":
+        # The tile balance cuts rows where the batch's work puts the CTA boundaries; a
+        # batch-invariant row needs splits of a fixed T: the item balance (the file
+        # default's value, so the variant is the one the build has for it).
+        schedule = {**schedule, "balance": "items"}
+    return schedule
+
+
+def _persistent_grid(schedule: dict, h: int, rows: int, indices, extra_indices,
+                     batch_invariant: bool, dev) -> tuple:
+    """The persistent grid of a call (``kernels.decode_runs_persistent``: the 64/128-head
+    schedule's and tokens in M's; whole head groups only, as the builder decides: padded ones
+    keep the fixed grid): ``(block_tokens, max_tiles, T, fixed, units, max_splits, ctas)``.
+
+    The persistent grid (tile_kernels/sparse_mla/work.py): rows cut into splits of T tiles; T
+    fixed in batch-invariant mode, else derived in the kernel from the call's tiles (at
+    least the floor passed as -T). Partial slots: a row of n > 1 splits takes
+    n < 2 * tiles / T, so fewer than 2 * num_ctas with a derived T."""
+    bt = schedule["block_tokens"]
+    max_tiles = -(-indices.shape[-1] // bt)
+    if extra_indices is not None:
+        max_tiles += -(-extra_indices.shape[-1] // bt)
+    floor = -(-max_tiles // MAX_COMBINE_SPLITS)
+    knob = "invariant_tiles_per_split" if batch_invariant else "tiles_per_split_min"
+    if not (isinstance(schedule[knob], int) and schedule[knob] >= 1):
+        raise ValueError(f"schedule: {knob} must be a positive int, got {schedule[knob]!r}")
+    units = rows * -(-h // schedule["heads_per_block"])
+    sms = _sm_count(dev)
+    tps, fixed = persistent_split_size(schedule[knob], floor, max_tiles, units, sms,
+                                       batch_invariant, schedule.get("balance", "items"))
+    max_splits = -(-max_tiles // tps)
+    return bt, max_tiles, tps, fixed, units, max_splits, min(sms, units * max_splits)
+
+
+def metadata_shape(q, k_cache, indices, topk_length=None, extra_k_cache=None,
+                   extra_indices=None, extra_topk_length=None, fp8_format="e4m3fn",
+                   batch_invariant=False, resolve=True) -> Optional[Tuple[int, int]]:
+    """The shape of :func:`sparse_decode_metadata`'s result for these arguments, from their
+    metadata only (shapes, device, the schedule files; no kernel loaded, no tensor data
+    read): the custom op's fake implementation (``dsv4_tl.library``). The same checks and
+    arithmetic as the plan's (:class:`_Plan`), so the two agree. ``resolve=False``: the
+    argument checks only (None)."""
+    b, s_q, h, _scale, _m_geom, e_geom = check_sparse_decode_args(
+        q, k_cache, indices, topk_length, None, None, extra_k_cache, extra_indices,
+        extra_topk_length, fp8_format)
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
+    if not resolve:
+        return None
+    check_kernel_device("q", q)
+    if b == 0 or s_q == 0:
+        return (0, 0)
+    target = _target(q.device)
+    scope = decode_scope(None if e_geom is None else e_geom.block_size)
+    extra = extra_indices if extra_k_cache is not None else None
+    schedule = _decode_schedule(target, _decode_call(h, b, s_q, scope, batch_invariant, extra),
+                                batch_invariant)
+    if not decode_runs_persistent(schedule, h):
+        return (0, 0)
+    ctas = _persistent_grid(schedule, h, b * s_q, indices, extra, batch_invariant, q.device)[-1]
+    return (ctas, PLAN_WORDS[schedule.get("balance", "items")])
+
+
+class _PlanArgs(NamedTuple):
+    """What the persistent grid's plan is computed from besides the lengths (the kernel's
+    static and run-time arguments; ``tiles_per_split`` as the kernel gets it)."""
+    balance: str
+    s_q: int
+    head_groups: int
+    block_tokens: int
+    topk: int
+    extra_topk: int
+    tiles_per_split: int
+    item_cost: int
+    num_ctas: int
+
+
+# The kernel variant reading its plan from metadata: the decode's parameters and ``Plan``.
+_PLANNED_SPEC = dataclasses.replace(SPARSE_DECODE, params=SPARSE_DECODE.params + ("Plan",))
 
 
 def persistent_split_size(knob: int, floor: int, max_tiles: int, units: int, sms: int,
