@@ -978,6 +978,31 @@ def test_tail_split_has_examples():
     assert {p.values[0]["num_heads"] for p in _tail_split_examples()} == {64, 128}
 
 
+def test_shipped_tail_split_decodes_are_examples():
+    """Every shipped sm_90a tail-split decode (the build listing, heads 8-128; routed since
+    run 107) is one of the lowering examples above: its builder arguments other than the
+    builder's defaults are an example's."""
+    import inspect
+    import warnings
+
+    from dsv4_tl.build import build_variants
+    from dsv4_tl.tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
+
+    defaults = {k: p.default for k, p in inspect.signature(build_sparse_decode).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    examples = [p.values[0] for p in _tail_split_examples()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # schedule-file fallbacks
+        variants = build_variants("cuda:sm_90a", (8, 16, 32, 64, 128), ["sparse_decode"])
+    shipped = [v for v in variants if dict(v.schedule).get("tail_split")]
+    assert {dict(v.static)["num_heads"] for v in shipped} == {64, 128}
+    for v in shipped:
+        kwargs = {**dict(v.static), **dict(v.schedule)}
+        own = {k: val for k, val in kwargs.items() if k not in defaults or defaults[k] != val}
+        assert own in [{k: val for k, val in e.items() if k not in defaults or defaults[k] != val}
+                       for e in examples], (v.key, own)
+
+
 @pytest.mark.parametrize("kwargs", _tail_split_examples())
 def test_tail_split_source(kwargs):
     """The generated CUDA of the tail-split grid (bench/PERF_NOTES.md item 77): every CTA-wide

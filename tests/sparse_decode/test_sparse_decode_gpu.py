@@ -1649,3 +1649,32 @@ def test_decode_tail_split_cuda_graph(seed):
             torch.cuda.synchronize()
             ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
             check_attention(_kmax(main, extra), out, ref_out, lse=(lse, ref_lse))
+
+
+@pytest.mark.parametrize("h,b,s_q,extra_kind,tail", [
+    (128, 74, 1, "c4a1024", True), (128, 74, 2, "c4a1024", True),
+    (128, 64, 1, "c4a1024", False), (128, 128, 1, "c4a1024", False),
+    (128, 100, 1, "c4a1024", False),
+], ids=lambda v: str(v))
+def test_decode_tail_split_routed(h, b, s_q, extra_kind, tail, seed):
+    """The routed front end (no schedule forced; bench/PERF_NOTES.md item 77): b74 / b74 s_q 2
+    run the tail-split grid, against the reference from poisoned outputs; b64 / b128 / b100
+    (one piece a unit on 132 SMs) run the shipped variant: bitwise main's routing (its
+    bucket's config with tail_split off, forced)."""
+    import importlib
+
+    assert torch.cuda.get_device_properties(DEV).multi_processor_count == 132, "an H100/H200"
+    sd = importlib.import_module("dsv4_tl.ops.sparse_decode")
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen)
+    out, lse = _poisoned_decode(q, main, extra, sink)
+    grids = {p.tail for p in list(sd._PLANS.plans.values()) if p.out_shape == tuple(out.shape)}
+    assert grids == {tail}, grids
+    ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+    check_attention(_kmax(main, extra), out, ref_out, lse=(lse, ref_lse))
+    if not tail:
+        with _forcing_sm90a("sparse_decode", {**_tail_config(h, b, s_q, "c4a"),
+                                              "tail_split": False}):
+            out0, lse0 = _poisoned_decode(q, main, extra, sink)
+        assert torch.equal(out.view(torch.int16), out0.view(torch.int16))
+        assert torch.equal(lse.view(torch.int32), lse0.view(torch.int32))

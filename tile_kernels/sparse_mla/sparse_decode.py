@@ -551,10 +551,14 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 32, "has_extra": False, "tokens_in_m": True, "heads_per_block": 32,
                 "threads": 384, "block_tokens": 64, "num_stages": 2, "num_splits": 2}},
-    # the tail-split grid (whole units, then the tail's pieces; PERF_NOTES item 77): h128 C4A
-    # with the lean producer (the h128 ctas67_up bucket's schedule), h64 with the default one
+    # the tail-split grid (whole units, then the tail's pieces; PERF_NOTES item 77): h128 and
+    # h64 C4A with the lean producer (the shipped ctas67_up buckets' schedules), h64 with the
+    # default one
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "producer_lean": True, "tail_split": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
                 "block_tokens": 32, "producer_lean": True, "tail_split": True}},
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,

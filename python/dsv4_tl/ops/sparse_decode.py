@@ -16,7 +16,7 @@ from ..validation import (
     check_tensor,
 )
 from ..kernels import (MAX_COMBINE_SPLITS, SPARSE_DECODE, SPARSE_DECODE_COMBINE, decode_scope,
-                       decode_runs_persistent, pow2_ceil)
+                       decode_runs_persistent, decode_runs_tail_split, pow2_ceil)
 from ._dispatch import (Launch, PlanCache, StreamScratch, _target, aligned16, cache_views,
                         call_schedule, check_aligned_output, check_output, full_lengths, meta,
                         meta_contiguous, meta_last, meta_strides, placeholder, recheck_device,
@@ -512,7 +512,7 @@ def tail_split_schedule(schedule: dict, h: int, rows: int, indices, extra_indice
     if not schedule.get("tail_split"):
         return schedule, None
     hpb = schedule["heads_per_block"]
-    if h % hpb == 0:
+    if decode_runs_tail_split(schedule, h):
         bt = schedule["block_tokens"]
         max_tiles = -(-indices.shape[-1] // bt)
         if extra_indices is not None:
