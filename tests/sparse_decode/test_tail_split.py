@@ -99,3 +99,25 @@ def test_tail_split_refusals(over):
               "block_tokens": 32, "tail_split": True, **over}
     with pytest.raises(ValueError, match="tail_split"):
         build_sparse_decode(**kwargs)
+
+
+@pytest.mark.parametrize("over", [
+    {"persistent": True}, {"consumers": "seesaw", "producer_slots": 4}, {"num_splits": 2},
+    {"warp_specialized": False, "tokens_in_m": True, "block_tokens": 64, "heads_per_block": 16},
+])
+def test_tail_split_pruned_as_the_builder_refuses(over):
+    """The tuner's and the tuning logs' rule (``schedule_rules.prune``) refuses what the builder
+    refuses, and keeps the routed buckets' configs (the resolved sm_90a schedules)."""
+    import warnings
+
+    from dsv4_tl.schedule_rules import prune
+    from dsv4_tl.schedules import resolved_buckets
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        routed = [c for _, c, _ in resolved_buckets("cuda_sm90a", "sparse_decode")
+                  if c.get("tail_split")]
+    assert len(routed) == 3
+    for config in routed:
+        assert prune("cuda_sm90a", "sparse_decode", config) is None
+    assert "tail_split" in prune("cuda_sm90a", "sparse_decode", {**routed[0], **over})

@@ -157,12 +157,14 @@ def build_sparse_decode(
             instead of ~200 KB, so a larger L1; bench/PERF_NOTES.md item 52), 2 two where the
             rule allows them (refused elsewhere).
         tail_split: the tail-split grid (``dsv4_tl.ops.sparse_decode.tail_split_plan``;
-            bench/PERF_NOTES.md item 77): the split consumers on the fixed grid, one split, whole head groups
-            (``num_heads`` a multiple of 64), with the extra scope; ``num_ctas`` CTAs: the first ``whole`` (row,
-            head group) units run whole and are stored directly, each later unit is cut into
-            ``tiles_per_split`` pieces (equal shares of the row's own tiles; ``num_ctas =
-            whole + (units - whole) * pieces``) whose partials the combine merges (``[slots, 1, 1, h, 512]`` as the persistent grid's, the split
-            table written for every row). The plan follows the shape only (CUDA graphs).
+            bench/PERF_NOTES.md item 77): the split consumers on the fixed grid, one split,
+            whole head groups (``num_heads`` a multiple of 64), with the extra scope;
+            ``num_ctas`` CTAs: the first ``whole`` (row, head group) units run whole and are
+            stored directly, each later unit is cut into ``tiles_per_split`` pieces (equal
+            shares of the row's own tiles; ``num_ctas = whole + (units - whole) * pieces``)
+            whose partials the combine merges (``[slots, 1, 1, h, 512]`` as the persistent
+            grid's, the split table written for every row). The plan follows the shape only
+            (CUDA graphs).
         consumers: the warp-specialised schedule's consumer pair on the fixed grid: "split"
             (warpgroup 0 scores every tile, warpgroup 1 only accumulates; 32- or 64-token
             tiles) or "seesaw" (prefill's pair, ``consume.py``: each consumer scores
