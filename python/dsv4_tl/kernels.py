@@ -23,7 +23,8 @@ tuning log, of its artifacts and of its kernel symbol):
   is compiled with, :meth:`KernelSpec.aot_schedules` those plus ``aot_twins``' (the variants
   a front end derives from a shipped schedule, in no schedule file: the persistent decode
   grid's ``plan_from_metadata`` / ``plan_only`` and the combine's ``clamp_slots``, which
-  ``sparse_decode(metadata=)`` and ``sparse_decode_metadata`` load);
+  ``sparse_decode(metadata=)`` and ``sparse_decode_metadata`` load, and a tail-split decode
+  config's shipped twin, ``tail_split`` off, which ``sparse_decode`` runs at whole waves);
 * ``front_ends`` / ``references``: the names of the op in ``dsv4_tl`` / ``dsv4_tl.ops`` and
   in ``dsv4_tl.reference``, which differ from the kernel's (``global_topk`` is
   ``compute_global_topk_indices_and_lens``); a test keeps them in step.
@@ -78,6 +79,10 @@ def _no_twins(target_dir: str, static: dict, config: dict) -> List[dict]:
     return []
 
 
+def _always(static: dict, config: dict) -> bool:
+    return True
+
+
 # ------------------------------------------------------------------------------ the spec
 @dataclass(frozen=True)
 class KernelSpec:
@@ -106,6 +111,9 @@ class KernelSpec:
     # (target_dir, static, shipped config) -> the configs a front end derives from it (knobs
     # in no schedule file), built ahead of time with it: :meth:`aot_schedules`
     aot_twins: Callable[[str, dict, dict], List[dict]] = _no_twins
+    # (static, config) -> whether a front end runs that config with those static parameters
+    # (False: only its ``aot_twins`` are built, e.g. decode's tail split at padded heads)
+    aot_runs: Callable[[dict, dict], bool] = _always
 
     def check_static(self, static: dict) -> None:
         """ValueError/TypeError naming the parameter unless ``static`` has exactly this op's
@@ -164,10 +172,13 @@ class KernelSpec:
     def aot_schedules(self, target_dir: str, static: dict) -> List[dict]:
         """The configs ``dsv4-tl build`` compiles ``static`` with: :meth:`schedules`, each
         followed by its ``aot_twins`` (the variants the front ends derive from it at run
-        time, e.g. the persistent decode grid's metadata variants), without repeats."""
+        time, e.g. the persistent decode grid's metadata variants, a tail-split decode
+        config's shipped twin), without repeats; a config no front end runs with ``static``
+        (``aot_runs``: decode's tail split at padded heads) only through its twins."""
         configs = []
         for config in self.schedules(target_dir, static):
-            for c in (config, *self.aot_twins(target_dir, static, config)):
+            runs = [config] if self.aot_runs(static, config) else []
+            for c in (*runs, *self.aot_twins(target_dir, static, config)):
                 if c not in configs:
                     configs.append(c)
         return configs
@@ -233,13 +244,30 @@ def decode_runs_persistent(config: dict, h: int) -> bool:
                 and h % config["heads_per_block"] == 0)
 
 
+def decode_runs_tail_split(config: dict, h: int) -> bool:
+    """Whether ``config`` can run the tail-split grid for ``h`` heads (the knob on, whole head
+    groups: the builder cuts whole head groups only; padded ones run the shipped variant)."""
+    return bool(config.get("tail_split") and h % config["heads_per_block"] == 0)
+
+
 def _decode_aot_twins(target_dir: str, static: dict, config: dict) -> List[dict]:
-    """The persistent grid's metadata variants of a shipped config (bench/PERF_NOTES.md item
-    73): ``plan_from_metadata`` (``sparse_decode(metadata=)``) and ``plan_only``
-    (``sparse_decode_metadata``), exactly the schedules ``ops/sparse_decode.py`` derives."""
+    """The variants ``ops/sparse_decode.py`` derives from a shipped config, exactly its
+    schedules: the persistent grid's metadata variants (bench/PERF_NOTES.md item 73),
+    ``plan_from_metadata`` (``sparse_decode(metadata=)``) and ``plan_only``
+    (``sparse_decode_metadata``); and a tail-split config's shipped twin, ``tail_split``
+    off, which a call runs where the plan gives one piece a unit or the head groups are
+    padded (``tail_split_schedule``, item 77)."""
+    if config.get("tail_split"):
+        return [{**config, "tail_split": False}]
     if not decode_runs_persistent(config, static["num_heads"]):
         return []
     return [{**config, "plan_from_metadata": True}, {**config, "plan_only": True}]
+
+
+def _decode_aot_runs(static: dict, config: dict) -> bool:
+    """Whether a front end can run ``config`` with ``static`` (a tail-split config only with
+    whole head groups: with padded ones its shipped twin runs, ``aot_twins``)."""
+    return not config.get("tail_split") or decode_runs_tail_split(config, static["num_heads"])
 
 
 def _decode_feature_values(static: dict) -> dict:
@@ -273,6 +301,7 @@ SPARSE_DECODE = KernelSpec(
     # the persistent grid's split sizes (run-time arguments of the kernel)
     plan_knobs=("tiles_per_split_min", "invariant_tiles_per_split"),
     aot_twins=_decode_aot_twins,
+    aot_runs=_decode_aot_runs,
 )
 """call: ``h``, ``b``, ``s_q`` (1), ``scope`` (:func:`decode_scope`), ``batch_invariant``
 (False), ``fp8_format`` ("e4m3fn")."""
@@ -296,11 +325,12 @@ def _combine_static(*, h: int, num_splits: int, **_call) -> dict:
 def _combine_aot_statics(target_dir: str, heads: Tuple[int, ...],
                          fp8_formats: Tuple[str, ...]) -> List[dict]:
     """Each head count with each split count > 1 of the target's decode schedules, and the
-    powers of two up to ``MAX_COMBINE_SPLITS`` when a schedule is persistent (its bound on a
-    row's splits follows the index widths)."""
+    powers of two up to ``MAX_COMBINE_SPLITS`` when a schedule is persistent or tail-split
+    (its bound on a row's splits follows the index widths, or the tail)."""
     configs = SPARSE_DECODE.schedules(target_dir)
     splits = {c["num_splits"] for c in configs} - {1}
-    if any(c.get("persistent") for c in configs):
+    # (the tail-split grid's bound too: up to SMs // tail pieces, pow2-rounded)
+    if any(c.get("persistent") or c.get("tail_split") for c in configs):
         splits |= {1 << i for i in range(1, MAX_COMBINE_SPLITS.bit_length())}
     splits = sorted(splits)
     return [dict(num_heads=h, num_splits=s) for h in heads for s in splits]

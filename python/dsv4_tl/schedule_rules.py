@@ -204,4 +204,11 @@ def prune(target_dir: str, op: str, config: dict) -> Optional[str]:
         splits = c["num_splits"]
         if splits < 1 or splits > 64:
             return f"num_splits: {splits} outside [1, 64]"
+        # (tile_kernels/sparse_mla/sparse_decode.build_sparse_decode's rule; a padded last
+        # head group, a static of the call, runs the shipped variant: the front end's rule)
+        if c.get("tail_split") and not (c.get("warp_specialized") and not c.get("persistent")
+                                        and not c.get("tokens_in_m") and splits == 1
+                                        and c.get("consumers", "split") == "split"):
+            return ("tail_split: needs the warp-specialised split consumers on the fixed grid "
+                    "and num_splits 1")
     return None

@@ -42,14 +42,14 @@ def test_manifest_records_every_variant_with_hashes(built):
     out, manifest = built
     expected = build_variants(TARGET, heads=(64,), ops=OPS)
     # combine: one variant per split count >1 of the decode schedules, and every power of two
-    # up to MAX_COMBINE_SPLITS once a shipped decode schedule is persistent (its split bound
-    # follows the index widths); global_topk: dense and ragged for each of its distinct
-    # schedules (file + tuning logs)
+    # up to MAX_COMBINE_SPLITS once a shipped decode schedule is persistent or tail-split (its
+    # split bound follows the index widths or the tail); global_topk: dense and ragged for
+    # each of its distinct schedules (file + tuning logs)
     target_dir = parse_target(TARGET).dirname
     configs = KERNELS["sparse_decode"].schedules(target_dir)
     splits = {c["num_splits"] for c in configs} - {1}
     powers = {1 << i for i in range(1, MAX_COMBINE_SPLITS.bit_length())}
-    if any(c.get("persistent") for c in configs):
+    if any(c.get("persistent") or c.get("tail_split") for c in configs):
         splits |= powers
     # ... and each power of two's clamp_slots twin (the combine after a decode reading
     # scheduler metadata, bench/PERF_NOTES.md item 73) when a 64-head decode schedule runs

@@ -220,7 +220,9 @@ NVCC_FAMILIES = {
 #     and the default producer with one math warpgroup (the spill-free check);
 #   the seesaw's half producer, lean: 64-token tiles at h128 C4A (the tightest producer
 #     registers of the seesaw splits, 104; the h96 32-token four-slot example: the same
-#     stream with more slots, its source checked as lowered).
+#     stream with more slots, its source checked as lowered);
+#   the tail-split grid, lean, h128 C4A (the split consumers with the grid's unit, piece and
+#     slot live beside them, PERF_NOTES item 77).
 NVCC_DECODES = (
     {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
      "block_tokens": 32, "producer_lean": True},
@@ -237,6 +239,8 @@ NVCC_DECODES = (
      "threads": 256, "block_tokens": 64, "num_stages": 2, "persistent": True},
     {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
      "block_tokens": 64, "consumers": "seesaw", "producer_lean": True},
+    {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+     "block_tokens": 32, "producer_lean": True, "tail_split": True},
 )
 
 
@@ -317,7 +321,8 @@ def _producer_lean_examples():
     return [p for p in _examples_with(DECODE, "producer_lean", lambda k: (
         f"lean-h{k['num_heads']}-bt{k['block_tokens']}-"
         f"{'tim' if k.get('tokens_in_m') else 'split'}-{'c4a' if k['has_extra'] else 'swa'}"
-        + (f"-persistent-{k.get('balance', 'items')}" if k.get("persistent") else "")))
+        + (f"-persistent-{k.get('balance', 'items')}" if k.get("persistent") else "")
+        + ("-tail" if k.get("tail_split") else "")))
         if p.values[0].get("consumers") != "seesaw"]
 
 
@@ -358,7 +363,8 @@ def test_producer_lean_source(kwargs, tmp_path):
     division, every token's bytes through ``dsv4_ldg_token`` (one call per branch of each
     round's scope choice, as the default producer's loads), one ``dsv4_lean_fast`` branch per
     round, and, for the examples of ``NVCC_DECODES`` where nvcc is here, no spills (on the
-    persistent grid: no more than ``LEAN_PERSISTENT_SPILLS``, bench/PERF_NOTES.md item 52)."""
+    persistent grid: no more than ``LEAN_PERSISTENT_SPILLS``, bench/PERF_NOTES.md item 52; the
+    tail-split grid: ``LEAN_TAIL_SPLIT_SPILLS``)."""
     source, producer = _lean_producer_source(kwargs, "lean producer")
     steps = kwargs.get("num_stages", 2) * kwargs["block_tokens"] // 32  # K buffers x rounds
     assert producer.count("dsv4_lean_fast(") == steps
@@ -369,6 +375,8 @@ def test_producer_lean_source(kwargs, tmp_path):
         return  # (its family's nvcc compile: NVCC_DECODES)
     if kwargs.get("persistent"):
         _check_no_spills(source, tmp_path, LEAN_PERSISTENT_SPILLS)
+    elif kwargs.get("tail_split"):
+        _check_no_spills(source, tmp_path, LEAN_TAIL_SPLIT_SPILLS)
     else:
         _check_no_spills(source, tmp_path)
 
@@ -378,6 +386,10 @@ def test_producer_lean_source(kwargs, tmp_path):
 # up to 276 / 508, bench/PERF_NOTES.md items 30, 44, 52; tokens in M: h16 4 / 4, h8 28 / 64,
 # item 50); the bound keeps it from growing.
 LEAN_PERSISTENT_SPILLS = (300, 540)
+# The tail-split grid's (h128 C4A, lean; nvcc 13.0: 20 / 48 at 216 / 160 / 128 registers): its
+# unit, piece, slot and store choice, live beside the split consumers' state (bench/PERF_NOTES.md
+# item 77); the bound keeps it from growing.
+LEAN_TAIL_SPLIT_SPILLS = (32, 64)
 
 
 def test_seesaw_lean_has_examples():
@@ -954,3 +966,53 @@ def test_plan_loops_keep_the_thread_index_out_of_their_range(variant):
     divergent region with 1 participating threads``) in some of its runs: which one
     depended on the shared-memory layout TileLang picked, which varies from run to run."""
     assert not _thread_dependent_top_loops(variant.build())
+
+
+# ------------------------------------------------------------------ the tail-split grid
+def _tail_split_examples():
+    return _examples_with(DECODE, "tail_split", lambda k: (
+        f"tail-h{k['num_heads']}-{'lean' if k.get('producer_lean') else 'default'}"))
+
+
+def test_tail_split_has_examples():
+    assert {p.values[0]["num_heads"] for p in _tail_split_examples()} == {64, 128}
+
+
+def test_shipped_tail_split_decodes_are_examples():
+    """Every shipped sm_90a tail-split decode (the build listing, heads 8-128; routed since
+    run 107) is one of the lowering examples above: its builder arguments other than the
+    builder's defaults are an example's."""
+    import inspect
+    import warnings
+
+    from dsv4_tl.build import build_variants
+    from dsv4_tl.tile_kernels.sparse_mla.sparse_decode import build_sparse_decode
+
+    defaults = {k: p.default for k, p in inspect.signature(build_sparse_decode).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    examples = [p.values[0] for p in _tail_split_examples()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # schedule-file fallbacks
+        variants = build_variants("cuda:sm_90a", (8, 16, 32, 64, 128), ["sparse_decode"])
+    shipped = [v for v in variants if dict(v.schedule).get("tail_split")]
+    assert {dict(v.static)["num_heads"] for v in shipped} == {64, 128}
+    for v in shipped:
+        kwargs = {**dict(v.static), **dict(v.schedule)}
+        own = {k: val for k, val in kwargs.items() if k not in defaults or defaults[k] != val}
+        assert own in [{k: val for k, val in e.items() if k not in defaults or defaults[k] != val}
+                       for e in examples], (v.key, own)
+
+
+@pytest.mark.parametrize("kwargs", _tail_split_examples())
+def test_tail_split_source(kwargs):
+    """The generated CUDA of the tail-split grid (bench/PERF_NOTES.md item 77): every CTA-wide
+    barrier reached by every thread (its unit, piece and store choice are data-dependent
+    branches), Q loaded by TMA once (two halves), both ends of a unit: the finished head group
+    by TMA stores and the fp32 partial stores, and the split table written."""
+    source = _compiled_decode(kwargs).get_kernel_source()
+    assert not _divergent_cta_barriers(source)
+    assert source.count("tma_load(Q_desc") == 2
+    assert "tma_store(" in source
+    # (beyond the parameter list: the partial stores, vectorised, and the split table)
+    assert source.count("OPartial") >= 2 and re.search(r"LsePartial\[", source)
+    assert re.search(r"RowSplits\[", source)

@@ -152,3 +152,87 @@ def test_metadata_path_loads_only_built_variants(recorded_loads):
             whole_rows += not reads
     assert kinds == {"plain", "plan_only", "plan_from_metadata", "clamp_slots"}
     assert whole_rows == 1  # (h128 b128: the metadata checked and not read)
+
+
+# ------------------------------------------------------------------------------ tail split
+# The tail-split grid (bench/PERF_NOTES.md item 77, run 107) routed in the sm_90a >= 67-CTA
+# buckets of the lean split consumers, h64 C4A and h128 C4A / C128A: calls whose plan cuts
+# the tail into pieces run it; calls of one piece a unit (whole waves, fewer units than SMs,
+# a tail of more than half a wave) run the shipped variant, tail_split off, as do padded head
+# groups, batch-invariant calls and the buckets left off. (h, b, s_q, scope, width, plan or
+# None for the shipped variant; plans of a 132-SM H200)
+_TAIL_CALLS = [
+    (128, 74, 1, "c4a", 1024, (132, 8)), (128, 74, 2, "c4a", 1024, (264, 4)),
+    (128, 67, 1, "c4a", 1024, (132, 18)), (128, 74, 1, "c128a", 1024, (132, 8)),
+    (64, 150, 1, "c4a", 512, (132, 7)), (64, 74, 2, "c4a", 512, (132, 8)),
+    # one piece a unit: b64 (128 units < 132 SMs), b128 (two whole waves), b100 (68 tail
+    # units: one piece each), h64 b200
+    (128, 64, 1, "c4a", 1024, None), (128, 128, 1, "c4a", 1024, None),
+    (128, 100, 1, "c4a", 1024, None), (64, 200, 1, "c4a", 512, None),
+    # not routed: h64 C128A (no row measured), padded head groups (h96), the long-C128A
+    # persistent bucket, fewer than 67 CTAs
+    (64, 150, 1, "c128a", 1024, None), (96, 74, 1, "c4a", 1024, None),
+    (128, 74, 1, "c128a", 4096, None), (128, 20, 1, "c4a", 1024, None),
+]
+
+
+def _decode_args(torch, h, b, s_q, scope, width):
+    u8, i32 = torch.uint8, torch.int32
+    return [torch.zeros((b, s_q, h, 512), dtype=torch.bfloat16),
+            torch.zeros((8, 64, 1, 584), dtype=u8), torch.zeros((b, s_q, 128), dtype=i32),
+            torch.full((b,), 100, dtype=i32),
+            torch.zeros((64, 2 if scope == "c128a" else 64, 1, 584), dtype=u8),
+            torch.zeros((b, s_q, width), dtype=i32), torch.full((b,), width, dtype=i32)]
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_tail_split_routing(recorded_loads, batch_invariant):
+    """b74 / b74 s_q 2 (and the other ragged rows of run 107) launch the tail-split variant
+    with their plan's grid (``tiles_per_split`` = pieces, ``num_ctas`` = whole + tail units x
+    pieces) and the combine of pow2(pieces) splits; b64 / b128 / b100 (one piece a unit)
+    launch the shipped variant (tail_split off: its bucket's config, the kernel of before the
+    knob) on the fixed grid, stored directly; batch-invariant calls never take the tail grid.
+    Every variant loaded is one ``dsv4-tl build`` ships at its default heads."""
+    from dsv4_tl import schedules
+    from dsv4_tl.build import build_variants
+    from dsv4_tl.kernels import SPARSE_DECODE, pow2_ceil
+    from dsv4_tl.ops._dispatch import call_schedule
+    from dsv4_tl.targets import parse_target
+
+    sd, loads, launches, torch = recorded_loads
+    target = parse_target("cuda:sm_90a")
+    built = {v.key for v in build_variants("cuda:sm_90a", (64, 96, 128))}
+    routed = {b["name"]: c.get("tail_split")
+              for b, c, _ in schedules.resolved_buckets("cuda_sm90a", "sparse_decode")}
+    assert [n for n, on in routed.items() if on] == [
+        "h64_c4a_ctas67_up", "h128_c4a_ctas67_up", "h128_c128a_ctas67_up"]
+    tails = 0
+    for h, b, s_q, scope, width, plan in _TAIL_CALLS:
+        row = (h, b, s_q, scope, width)
+        del loads[:], launches[:]
+        sd.sparse_decode(*_decode_args(torch, h, b, s_q, scope, width)[:4], None, None,
+                         *_decode_args(torch, h, b, s_q, scope, width)[4:],
+                         batch_invariant=batch_invariant)
+        (decode,) = [v for v in loads if v.op == "sparse_decode"]
+        assert all(v.key in built for v in loads), row
+        schedule = dict(decode.schedule)
+        bucket = dict(call_schedule(SPARSE_DECODE, target, h=h, b=b, s_q=s_q, scope=scope,
+                                    batch_invariant=batch_invariant, extra_width=width))
+        (args,) = [a for v, a in launches if v.op == "sparse_decode"]
+        combines = [v for v, _ in launches if v.op == "sparse_decode_combine"]
+        if plan is not None and not batch_invariant:
+            whole, pieces = plan
+            units = b * s_q * h // 64
+            assert schedule.get("tail_split") is True, row
+            assert tuple(args[-2:]) == (pieces, whole + (units - whole) * pieces), row
+            assert [dict(v.static)["num_splits"] for v in combines] == [pow2_ceil(pieces)], row
+            tails += 1
+            continue
+        assert not schedule.get("tail_split"), row
+        if not batch_invariant:
+            # the bucket's config with the knob off: bitwise the kernel of before it
+            assert schedule == {k: v for k, v in {**bucket, "tail_split": False}.items()
+                                if k not in SPARSE_DECODE.plan_knobs}, row
+        if not schedule.get("persistent") and schedule["num_splits"] == 1:
+            assert tuple(args[-2:]) == (0, 0) and not combines, row  # the fixed grid, direct
+    assert tails == (0 if batch_invariant else 6)

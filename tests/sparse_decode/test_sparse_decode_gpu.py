@@ -1276,7 +1276,57 @@ def _shipped_schedule(h, b, extra_kind):
                                                  extra_width=width))
 
 
+# ------------------------------------------------------------------ tail-split grid
+# The decode's ``tail_split`` knob (bench/PERF_NOTES.md item 77): on the fixed grid the units of
+# the full waves run whole, stored directly, and only the rest (the tail) is cut into pieces
+# whose partials the combine merges (ops.sparse_decode.tail_split_plan). The schedules are
+# sm_90a's resolved ones (the 64-head tile, lean producer, >= 67 CTAs) with the knob on; the
+# tails below are those of a 132-SM H200 (tail units: 1, 2, 8, 16, 18, 32, 60; 68, no split).
+TAIL_SPLIT_CASES = [
+    # (h, b, s_q, extra kind)
+    (64, 133, 1, "c4a512"),  # one tail unit, 10 pieces
+    (64, 150, 1, "c4a512"),  # 18 units, 7 pieces
+    (64, 74, 2, "c4a512"),  # 16 units (8 rows x 2 queries), 8 pieces
+    (64, 96, 2, "c4a512"),  # 60 units, 2 pieces
+    (128, 67, 1, "c4a1024"),  # one row (2 units), 18 pieces (half a row's 36 tiles)
+    (128, 74, 1, "c4a1024"),  # 16 units, 8 pieces
+    (128, 37, 2, "c4a1024"),  # 16 units of MTP rows, 8 pieces
+    (128, 74, 2, "c4a1024"),  # 32 units, 4 pieces
+    (128, 81, 2, "c4a1024"),  # 60 units, 2 pieces
+    (128, 70, 1, "c128a1024"),  # 8 units, 16 pieces
+    (128, 100, 1, "c4a1024"),  # 68 units: one piece (the front end runs the shipped variant)
+]
+
+
+def _tail_config(h, b, s_q, scope) -> dict:
+    """The resolved sm_90a schedule of these rows (plan knobs included), tail_split on."""
+    from dsv4_tl.kernels import SPARSE_DECODE
+    from dsv4_tl.ops._dispatch import call_schedule
+    from dsv4_tl.targets import parse_target
+
+    width = 512 if h <= 64 else 1024
+    config = dict(call_schedule(SPARSE_DECODE, parse_target("cuda:sm_90a"), h=h, b=b, s_q=s_q,
+                                scope=scope, batch_invariant=False, extra_width=width))
+    return {**config, "tail_split": True}
+
+
+def _tail_plan(h, b, s_q, extra_kind) -> tuple:
+    """``(whole rows, pieces)`` of the front end's plan on this device (widths: 128 + extra)."""
+    import importlib
+
+    from dsv4_tl.kernels import MAX_COMBINE_SPLITS
+
+    ops = importlib.import_module("dsv4_tl.ops.sparse_decode")
+    hg = h // 64
+    width = int(extra_kind[3:] if extra_kind.startswith("c4a") else extra_kind[5:])
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    whole, pieces = ops.tail_split_plan(b * s_q * hg, hg, sms, -(-WINDOW // 32) + width // 32,
+                                        MAX_COMBINE_SPLITS)
+    return whole // hg, pieces
+
+
 def _poisoned_decode(q, main, extra, sink):
+    """``sparse_decode`` of the whole batch into NaN-poisoned out / lse (synchronised)."""
     b, s_q, h, _ = q.shape
     out = torch.full((b, s_q, h, 512), math.nan, dtype=torch.bfloat16, device=DEV)
     lse = torch.full((b, h, s_q), math.nan, dtype=torch.float32, device=DEV)
@@ -1528,3 +1578,106 @@ def test_decode_metadata_through_vllm_compat(h, b, extra_kind, seed):
     plan = meta.tile_scheduler_metadata
     assert plan is not None and plan.numel() > 0
     assert torch.equal(plan, sparse_decode_metadata(q, *main, *extra))
+
+
+def _kmax(main, extra) -> float:
+    return max(cache_kmax(c) for c in (main[0], extra[0]) if c is not None)
+
+
+@pytest.mark.parametrize("h,b,s_q,extra_kind", [knob(*c) for c in TAIL_SPLIT_CASES],
+                         ids=["-".join(map(str, c)) for c in TAIL_SPLIT_CASES])
+def test_decode_tail_split_matches_reference(h, b, s_q, extra_kind, seed):
+    """The tail-split grid against the float32 reference: per-row lengths 0..width with -1
+    holes, garbage past the lengths and a last row with nothing valid (in the tail, so some
+    pieces are empty), mixed sinks, out / lse NaN-poisoned (every element written)."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen)
+    scope = "c4a" if extra_kind.startswith("c4a") else "c128a"
+    with _forcing_sm90a("sparse_decode", _tail_config(h, b, s_q, scope)):
+        check_decode(q, main, extra, sink)
+
+
+@pytest.mark.parametrize("h,b,s_q,extra_kind", [
+    knob(64, 150, 1, "c4a512"),
+    knob(128, 74, 1, "c4a1024"),
+    knob(128, 37, 2, "c4a1024"),
+], ids=lambda v: str(v))
+def test_decode_tail_split_whole_rows_bitwise(h, b, s_q, extra_kind, seed):
+    """The rows of the full waves run the fixed grid's code on the whole row: bitwise the
+    shipped schedule's out and lse; the tail rows go through pieces and the combine (their
+    out differs somewhere: the knob reached the kernel)."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen)
+    config = _tail_config(h, b, s_q, "c4a")
+    with _forcing_sm90a("sparse_decode", {**config, "tail_split": False}):
+        out0, lse0 = _poisoned_decode(q, main, extra, sink)
+    with _forcing_sm90a("sparse_decode", config):
+        out1, lse1 = _poisoned_decode(q, main, extra, sink)
+    whole_rows, pieces = _tail_plan(h, b, s_q, extra_kind)
+    assert pieces > 1 and whole_rows < b * s_q, (whole_rows, pieces)
+    o0, o1 = out0.view(b * s_q, h, 512), out1.view(b * s_q, h, 512)
+    l0, l1 = lse0.transpose(1, 2).reshape(b * s_q, h), lse1.transpose(1, 2).reshape(b * s_q, h)
+    assert torch.equal(o0[:whole_rows].view(torch.int16), o1[:whole_rows].view(torch.int16))
+    assert torch.equal(l0[:whole_rows].view(torch.int32), l1[:whole_rows].view(torch.int32))
+    assert not torch.equal(o0[whole_rows:].view(torch.int16), o1[whole_rows:].view(torch.int16))
+    ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+    check_attention(_kmax(main, extra), out1, ref_out, lse=(lse1, ref_lse))
+
+
+def test_decode_tail_split_cuda_graph(seed):
+    """The plan follows the shape only: one CUDA graph of a tail-split call (h128 b74 C4A,
+    8 pieces a tail unit) replayed with shorter lengths matches the reference of those."""
+    gen = torch.Generator(DEV).manual_seed(seed)
+    b, h = 74, 128
+    q, main, extra, sink = decode_case(b, 1, h, "c4a1024", gen)
+    out = torch.empty((b, 1, h, 512), dtype=torch.bfloat16, device=DEV)
+    lse = torch.empty((b, h, 1), dtype=torch.float32, device=DEV)
+    with _forcing_sm90a("sparse_decode", _tail_config(h, b, 1, "c4a")):
+        sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse)  # the plan and scratch
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse)
+        for _ in range(2):
+            for lens in (main[2], extra[2]):
+                shorter = (torch.rand(lens.shape, generator=gen, device=DEV)
+                           * (lens.float() + 1)).floor().to(torch.int32)
+                lens.copy_(shorter)
+            out.fill_(math.nan)
+            lse.fill_(math.nan)
+            graph.replay()
+            torch.cuda.synchronize()
+            ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+            check_attention(_kmax(main, extra), out, ref_out, lse=(lse, ref_lse))
+
+
+@pytest.mark.parametrize("h,b,s_q,extra_kind,tail", [
+    (128, 74, 1, "c4a1024", True), (128, 74, 2, "c4a1024", True),
+    (128, 64, 1, "c4a1024", False), (128, 128, 1, "c4a1024", False),
+    (128, 100, 1, "c4a1024", False),
+], ids=lambda v: str(v))
+def test_decode_tail_split_routed(h, b, s_q, extra_kind, tail, seed):
+    """The routed front end (no schedule forced; bench/PERF_NOTES.md item 77): b74 / b74 s_q 2
+    run the tail-split grid, against the reference from poisoned outputs; b64 / b128 / b100
+    (one piece a unit on 132 SMs) run the shipped variant: bitwise main's routing (its
+    bucket's config with tail_split off, forced)."""
+    import importlib
+
+    assert torch.cuda.get_device_properties(DEV).multi_processor_count == 132, "an H100/H200"
+    sd = importlib.import_module("dsv4_tl.ops.sparse_decode")
+    gen = torch.Generator(DEV).manual_seed(seed)
+    q, main, extra, sink = decode_case(b, s_q, h, extra_kind, gen)
+    _poisoned_decode(q, main, extra, sink)
+    # (again: a plan whose making loaded a kernel was stored into the cache that the load
+    # emptied, PlanCache.clear; the second call's plan stays)
+    out, lse = _poisoned_decode(q, main, extra, sink)
+    grids = {p.tail for p in list(sd._PLANS.plans.values()) if p.out_shape == tuple(out.shape)}
+    assert grids == {tail}, grids
+    ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
+    check_attention(_kmax(main, extra), out, ref_out, lse=(lse, ref_lse))
+    if not tail:
+        with _forcing_sm90a("sparse_decode", {**_tail_config(h, b, s_q, "c4a"),
+                                              "tail_split": False}):
+            out0, lse0 = _poisoned_decode(q, main, extra, sink)
+        assert torch.equal(out.view(torch.int16), out0.view(torch.int16))
+        assert torch.equal(lse.view(torch.int32), lse0.view(torch.int32))

@@ -58,13 +58,24 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                             balance: str = "items",
                             q_stages: int = 0,
                             plan_repeats: int = 1,
-                            plan_from_metadata: bool = False):
+                            plan_from_metadata: bool = False,
+                            tail_split: bool = False):
     """The warp-specialised Hopper schedule of sparse decode (same arguments and math).
 
     Producer warpgroup: ``produce_fp8`` (raw FP8 token quarters into registers, dequantised
     by bit placement into two BF16 K buffers of 32 or 64 tokens). Tiles past the split's
     range are produced all-invalid so the consumers always take buffers in pairs. The consumers write their output halves with one reciprocal
     per row, a full bf16 head group by TMA from their free Q half (``ws_store_rows``).
+
+    ``tail_split`` (fixed grid, one split, whole head groups): the tail-split grid
+    (``dsv4_tl.ops.sparse_decode.tail_split_plan``), ``num_ctas`` CTAs: the first ``whole``
+    units (row, head group) run whole, one CTA each, stored directly; every later unit is cut
+    into ``pieces = tiles_per_split`` pieces (equal shares of its row's own tiles,
+    ``split_range``), one CTA each, written as partials at slot ``(row - whole /
+    head_groups) * pieces + piece`` of ``[slots, 1, 1, h, 512]``, where ``num_ctas = whole +
+    (units - whole) * pieces`` (``whole`` is solved from it: a grid extent of that product
+    made TileLang's thread-sync pass fail). The split table marks whole rows with one split,
+    so the combine merges the tail rows only.
     """
     D = HEAD_DIM
     DH = D // 2
@@ -232,6 +243,94 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                       item.pairs, item.pairs_before)
 
     @T.macro
+    def tail_split_body(Q, MainFp8, MainBf16, MainU8, MainIndices, MainLength, ExtraFp8,
+                        ExtraBf16, ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse,
+                        OPartial, LsePartial, RowSplits, sm_scale, main_block_size,
+                        main_block_stride, main_num_blocks, extra_block_size,
+                        extra_block_stride, extra_num_blocks, tiles_per_split, num_ctas):
+        """The tail-split grid (``tail_split``): ``whole`` whole units, then
+        ``tiles_per_split`` pieces of each remaining unit, one CTA each, ``num_ctas`` CTAs (no
+        plan: the CTA's unit and piece follow from its index)."""
+        units = b * s_q * head_groups
+        with T.Kernel(num_ctas, threads=WS_THREADS,
+                      prelude=producer_prelude(producer_lean)) as cta:
+            st = WarpSpecializedState(HB, BI, D)
+            tx = T.get_thread_binding()
+            # (any argument safe: pieces at least 1, whole units within [0, units])
+            pieces = T.alloc_var(T.int32, init=T.max(tiles_per_split, 1))
+            whole = T.alloc_var(T.int32, init=T.if_then_else(
+                pieces == 1, units,
+                T.max(units - (num_ctas - units) // T.max(pieces - 1, 1), 0)))
+            tail = T.alloc_var(T.int32, init=T.if_then_else(cta < whole, 0, 1))
+            u = T.alloc_var(T.int32, init=T.if_then_else(
+                tail == 0, cta, whole + (cta - whole) // pieces))
+            piece = T.alloc_var(T.int32, init=T.if_then_else(tail == 0, 0,
+                                                              (cta - whole) % pieces))
+            n = T.alloc_var(T.int32, init=T.if_then_else(tail == 0, 1, pieces))
+            row = T.alloc_var(T.int32, init=u // head_groups)
+            hg = T.alloc_var(T.int32, init=u % head_groups)
+            r_b = T.alloc_var(T.int32, init=row // s_q)
+            r_s = T.alloc_var(T.int32, init=row % s_q)
+            slot = T.alloc_var(T.int32, init=T.if_then_else(
+                tail == 0, 0, (row - whole // head_groups) * pieces + piece))
+            h0 = hg * HB
+            scale_log2 = sm_scale * LOG2E
+            main_len, main_tiles, extra_len, t_begin, t_end = split_range(
+                MainLength, ExtraLength, topk, ew, r_b, piece, n, BI, has_extra)
+            pairs = T.ceildiv(t_end - t_begin, 2)
+            direct = n == 1
+            # the split table (a row without partials marked one split: the combine skips it)
+            if tx == 0 and hg == 0 and piece == 0 and rs > 0:
+                RowSplits[row, 0] = slot
+                RowSplits[row, 1] = n
+
+            ws_load_q(st, lambda hh, d: Q[r_b, r_s, hh, d],
+                      lambda h, d0, d1: Q[r_b, r_s, h:h + HB, d0:d1], h0, num_heads)
+
+            if tx < 128:
+                ws_set_regs(DECODE_WS_REGS[0])
+                ws_consumer_softmax(st, pairs, scale_log2)
+                inv = T.alloc_fragment([HB], T.float32)
+                for i in T.Parallel(HB):
+                    has = st.l_i[i] > 0
+                    if direct:
+                        Lse[r_b, h0 + i, r_s] = T.if_then_else(
+                            has, T.log(st.l_i[i]) + st.m_i[i] * sm_scale,
+                            T.infinity(T.float32))
+                    else:
+                        LsePartial[slot, 0, 0, h0 + i] = T.if_then_else(
+                            has, T.log2(st.l_i[i]) + st.m_i[i] * scale_log2,
+                            -T.infinity(T.float32))
+                    # 1 / denominator; the sink joins it when this CTA finishes its row
+                    inv[i] = T.if_then_else(
+                        has,
+                        1.0 / (st.l_i[i] + T.if_then_else(
+                            direct, T.exp2(Sink[h0 + i] * LOG2E - st.m_i[i] * scale_log2),
+                            0.0)),
+                        1.0)
+                T.copy(inv, st.inv_denom_shared)
+                T.barrier_arrive(st.bar_done)
+                write_half_item(st.acc_o_l, inv, 0, st.Q_l, BAR_STORE_WG0, Out, OPartial, r_b,
+                                r_s, h0, direct, slot)
+            elif tx < 256:
+                ws_set_regs(DECODE_WS_REGS[1])
+                ws_consumer_pv(st, pairs)  # (then warpgroup 0 is done with Q and K)
+                inv = T.alloc_fragment([HB], T.float32)
+                T.copy(st.inv_denom_shared, inv)
+                write_half_item(st.acc_o_r, inv, DH, st.Q_r, BAR_STORE_WG1, Out, OPartial, r_b,
+                                r_s, h0, direct, slot)
+            else:
+                ws_set_regs(DECODE_WS_REGS[2])
+                p = tx - 256
+                main = CacheScope(MainU8, MainIndices, topk, main_len, main_block_size,
+                                  main_block_stride, main_num_blocks)
+                extra = CacheScope(ExtraU8, ExtraIndices, ew, extra_len, extra_block_size,
+                                   extra_block_stride, extra_num_blocks)
+                regs = alloc_producer_registers(BI, producer_lean)
+                produce_tiles(st, regs, p, main, extra,
+                              TileRange(r_b, r_s, t_begin, t_end, main_tiles), pairs, 0)
+
+    @T.macro
     def body(Q, MainFp8, MainBf16, MainU8, MainIndices, MainLength, ExtraFp8, ExtraBf16,
              ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse, OPartial, LsePartial,
              RowSplits, sm_scale, main_block_size, main_block_stride, main_num_blocks,
@@ -298,6 +397,12 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                          main_num_blocks),
                         (ExtraU8, ExtraIndices, ExtraLength, ew, extra_block_size,
                          extra_block_stride, extra_num_blocks)), slot_limit)
+        elif tail_split:
+            tail_split_body(Q, MainFp8, MainBf16, MainU8, MainIndices, MainLength, ExtraFp8,
+                            ExtraBf16, ExtraU8, ExtraIndices, ExtraLength, Sink, Out, Lse,
+                            OPartial, LsePartial, RowSplits, sm_scale, main_block_size,
+                            main_block_stride, main_num_blocks, extra_block_size,
+                            extra_block_stride, extra_num_blocks, tiles_per_split, num_ctas)
         else:
             with T.Kernel(b * s_q, head_groups, S, threads=WS_THREADS,
                           prelude=producer_prelude(producer_lean)) as (row, hg, split):

@@ -116,6 +116,7 @@ def build_sparse_decode(
     plan_repeats: int = 1,
     plan_from_metadata: bool = False,
     plan_only: bool = False,
+    tail_split: bool = False,
 ):
     """Return the prim_func of sparse FP8 decode.
 
@@ -155,6 +156,15 @@ def build_sparse_decode(
             consumers met: the consumers' tile loop traced once, ~136 KB of shared memory
             instead of ~200 KB, so a larger L1; bench/PERF_NOTES.md item 52), 2 two where the
             rule allows them (refused elsewhere).
+        tail_split: the tail-split grid (``dsv4_tl.ops.sparse_decode.tail_split_plan``;
+            bench/PERF_NOTES.md item 77): the split consumers on the fixed grid, one split,
+            whole head groups (``num_heads`` a multiple of 64), with the extra scope;
+            ``num_ctas`` CTAs: the first ``whole`` (row, head group) units run whole and are
+            stored directly, each later unit is cut into ``tiles_per_split`` pieces (equal
+            shares of the row's own tiles; ``num_ctas = whole + (units - whole) * pieces``)
+            whose partials the combine merges (``[slots, 1, 1, h, 512]`` as the persistent
+            grid's, the split table written for every row). The plan follows the shape only
+            (CUDA graphs).
         consumers: the warp-specialised schedule's consumer pair on the fixed grid: "split"
             (warpgroup 0 scores every tile, warpgroup 1 only accumulates; 32- or 64-token
             tiles) or "seesaw" (prefill's pair, ``consume.py``: each consumer scores
@@ -225,6 +235,21 @@ def build_sparse_decode(
     check_plan_repeats(plan_repeats, persistent)
     check_plan_from_metadata(plan_from_metadata, persistent, plan_repeats)
     check_plan_only(plan_only, persistent, plan_repeats, plan_from_metadata)
+    if not isinstance(tail_split, bool):
+        raise ValueError(f"tail_split: expected a bool, got {tail_split!r}")
+    if tail_split and not (warp_specialized and not persistent and not tokens_in_m
+                           and consumers == "split" and num_splits == 1
+                           and num_heads % heads_per_block == 0):
+        raise ValueError("tail_split: needs the warp-specialised split consumers on the fixed "
+                         "grid (persistent False, tokens_in_m False), num_splits 1 and whole "
+                         f"head groups, got warp_specialized {warp_specialized}, persistent "
+                         f"{persistent}, tokens_in_m {tokens_in_m}, consumers {consumers!r}, "
+                         f"num_splits {num_splits}, num_heads {num_heads}")
+    if tail_split and not has_extra:
+        # (SWA-only rows of at most a few tiles gain little from pieces; there TileLang's
+        # thread-sync pass failed to lower the grid: "a required shared-memory sync inside a
+        # divergent region with 6 participating threads", h64, either producer)
+        raise ValueError("tail_split: needs the extra (compressed) scope, got has_extra False")
     D = HEAD_DIM
     BI = block_tokens
     HB = heads_per_block
@@ -287,7 +312,8 @@ def build_sparse_decode(
                                        balance=balance,
                                        q_stages=q_stages,
                                        plan_repeats=plan_repeats,
-                                       plan_from_metadata=plan_from_metadata)
+                                       plan_from_metadata=plan_from_metadata,
+                                       tail_split=tail_split)
     if persistent:
         raise ValueError("persistent: needs the warp-specialised schedule")
 
@@ -527,4 +553,16 @@ LOWERING_EXAMPLES = [
     {"builder": "build_sparse_decode",
      "kwargs": {"num_heads": 32, "has_extra": False, "tokens_in_m": True, "heads_per_block": 32,
                 "threads": 384, "block_tokens": 64, "num_stages": 2, "num_splits": 2}},
+    # the tail-split grid (whole units, then the tail's pieces; PERF_NOTES item 77): h128 and
+    # h64 C4A with the lean producer (the shipped ctas67_up buckets' schedules), h64 with the
+    # default one
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 128, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "producer_lean": True, "tail_split": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "producer_lean": True, "tail_split": True}},
+    {"builder": "build_sparse_decode",
+     "kwargs": {"num_heads": 64, "has_extra": True, "warp_specialized": True, "threads": 384,
+                "block_tokens": 32, "tail_split": True}},
 ]

@@ -16,7 +16,7 @@ from ..validation import (
     check_tensor,
 )
 from ..kernels import (MAX_COMBINE_SPLITS, SPARSE_DECODE, SPARSE_DECODE_COMBINE, decode_scope,
-                       decode_runs_persistent, pow2_ceil)
+                       decode_runs_persistent, decode_runs_tail_split, pow2_ceil)
 from ._dispatch import (Launch, PlanCache, StreamScratch, _target, aligned16, cache_views,
                         call_schedule, check_aligned_output, check_output, full_lengths, meta,
                         meta_contiguous, meta_last, meta_strides, placeholder, recheck_device,
@@ -262,7 +262,7 @@ class _Plan:
                 check_aligned_output(name, given)
         self.launch = self.plan_args = self.planned = None
         self.planned_launch = self.plan_only_launch = None
-        self.reads_metadata = False
+        self.reads_metadata = self.tail = False
         if b == 0 or s_q == 0:
             return
         self.m_span = m_geom.flat.numel()
@@ -288,11 +288,24 @@ class _Plan:
         call = _decode_call(h, b, s_q, scope, batch_invariant, extra)
         # The schedule, resolved once for the plan; the kernel is loaded with it below.
         schedule = _decode_schedule(target, call, batch_invariant)
-        kernel = resolve_with(SPARSE_DECODE, target, schedule, **call, fp8_format=fp8_format)
         rows = b * s_q
+        # (the tail-split grid's plan, or None: a call it would run as whole waves runs the
+        # shipped variant, tail_split off; tail_split_schedule)
+        schedule, tail = tail_split_schedule(schedule, h, rows, indices, extra, dev)
+        kernel = resolve_with(SPARSE_DECODE, target, schedule, **call, fp8_format=fp8_format)
+        self.tail = tail is not None
         self.persistent = decode_runs_persistent(schedule, h)
         grid = {"tiles_per_split": 0, "num_ctas": 0}
-        if self.persistent:
+        if tail is not None:
+            # The tail-split grid (tail_split_plan): whole units over the full waves, the
+            # rest cut into pieces; its rows of one split are stored by the decode kernel.
+            whole, pieces = tail
+            hg = -(-h // schedule["heads_per_block"])
+            grid = {"tiles_per_split": pieces, "num_ctas": whole + (rows * hg - whole) * pieces}
+            splits = pow2_ceil(pieces)
+            slots = (rows - whole // hg) * pieces
+            partial_shapes = ((slots, 1, 1, h, HEAD_DIM), (slots, 1, 1, h))
+        elif self.persistent:
             bt, max_tiles, tps, fixed, units, max_splits, ctas = _persistent_grid(
                 schedule, h, rows, indices, extra, batch_invariant, dev)
             grid = {"tiles_per_split": tps if fixed else -tps, "num_ctas": ctas}
@@ -457,7 +470,7 @@ class _Plan:
         else:
             o_part, lse_part, row_splits = StreamScratch.fresh(self.device, self.partial_shapes)
         row_splits = row_splits.view(torch.int32)
-        if self.persistent:  # rows of one split are finished by the decode kernel
+        if self.persistent or self.tail:  # rows of one split are finished by the decode kernel
             launch(*inputs, out, lse, o_part, lse_part, row_splits, *plan)
         else:
             self.launch(*inputs, *self.no_out, o_part, lse_part, row_splits)
@@ -476,12 +489,39 @@ def _decode_call(h, b, s_q, scope, batch_invariant, extra_indices) -> dict:
 def _decode_schedule(target, call: dict, batch_invariant: bool) -> dict:
     """The schedule a decode call described by ``call`` runs with on ``target``."""
     schedule = call_schedule(SPARSE_DECODE, target, **call)
+    if batch_invariant and schedule.get("tail_split"):
+        # The tail-split grid cuts the rows past the batch's full waves: which rows are cut
+        # follows the batch (the file default's value, off, keeps every row whole).
+        schedule = {**schedule, "tail_split": False}
     if batch_invariant and schedule.get("balance", "items") != "items":
         # The tile balance cuts rows where the batch's work puts the CTA boundaries; a
         # batch-invariant row needs splits of a fixed T: the item balance (the file
         # default's value, so the variant is the one the build has for it).
         schedule = {**schedule, "balance": "items"}
     return schedule
+
+
+def tail_split_schedule(schedule: dict, h: int, rows: int, indices, extra_indices,
+                        dev) -> Tuple[dict, Optional[Tuple[int, int]]]:
+    """``(schedule, plan)`` of a call on the fixed grid whose schedule turns ``tail_split``
+    on: the plan ``(whole, pieces)`` (:func:`tail_split_plan`) when it cuts the tail into
+    pieces; else ``(schedule with tail_split off, None)``, the shipped variant, bitwise
+    today's kernel: for whole waves or fewer units than SMs (one piece: the tail kernel cost
+    1-2 % there, run 107, bench/PERF_NOTES.md item 77) and padded head groups (the builder
+    cuts whole head groups only). A schedule without the knob on: itself and None."""
+    if not schedule.get("tail_split"):
+        return schedule, None
+    hpb = schedule["heads_per_block"]
+    if decode_runs_tail_split(schedule, h):
+        bt = schedule["block_tokens"]
+        max_tiles = -(-indices.shape[-1] // bt)
+        if extra_indices is not None:
+            max_tiles += -(-extra_indices.shape[-1] // bt)
+        whole, pieces = tail_split_plan(rows * (h // hpb), h // hpb, _sm_count(dev),
+                                        max_tiles, MAX_COMBINE_SPLITS)
+        if pieces > 1:
+            return schedule, (whole, pieces)
+    return {**schedule, "tail_split": False}, None
 
 
 def _persistent_grid(schedule: dict, h: int, rows: int, indices, extra_indices,
@@ -581,6 +621,32 @@ def persistent_split_size(knob: int, floor: int, max_tiles: int, units: int, sms
     if 2 * units > sms:
         return max(max_tiles, 1), True
     return max(knob, floor), False
+
+
+def tail_split_plan(units: int, head_groups: int, num_sms: int, max_tiles: int,
+                    max_pieces: int) -> tuple:
+    """The tail-split grid's ``(whole, pieces)`` (the kernel's ``tiles_per_split`` is
+    ``pieces``, its ``num_ctas`` ``whole + (units - whole) * pieces``) for ``units`` (row,
+    head group) units on ``num_sms`` SMs: the units of ``W = units // num_sms`` full waves run
+    whole (rounded down to whole rows, as the combine merges a row over all its heads); the
+    rest, the tail, each cut into ``pieces = num_sms // tail`` (the tail's pieces fill about
+    one wave), at most ``max_pieces`` (the combine's bound) and half a row's ``max_tiles`` at
+    the index widths (a piece of one tile runs a padded pair). No full wave, no tail or one
+    piece: ``(units, 1)``, every unit whole (the fixed grid's schedule). Depends on the shape
+    only, never on the lengths."""
+    for name, v in (("units", units), ("head_groups", head_groups), ("num_sms", num_sms),
+                    ("max_tiles", max_tiles), ("max_pieces", max_pieces)):
+        if not isinstance(v, int) or v < (0 if name == "units" else 1):
+            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+    full = units // num_sms
+    if full == 0 or units % num_sms == 0:
+        return units, 1
+    whole = full * num_sms // head_groups * head_groups
+    tail = units - whole
+    pieces = min(num_sms // tail, max_pieces, max(1, -(-max_tiles // 2)))
+    if pieces <= 1:
+        return units, 1
+    return whole, pieces
 
 
 def _sm_count(device: torch.device) -> int:
