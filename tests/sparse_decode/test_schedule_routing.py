@@ -165,13 +165,14 @@ _TAIL_CALLS = [
     (128, 74, 1, "c4a", 1024, (132, 8)), (128, 74, 2, "c4a", 1024, (264, 4)),
     (128, 67, 1, "c4a", 1024, (132, 18)), (128, 74, 1, "c128a", 1024, (132, 8)),
     (64, 150, 1, "c4a", 512, (132, 7)), (64, 74, 2, "c4a", 512, (132, 8)),
+    (64, 150, 1, "c128a", 1024, (132, 7)), (64, 32, 6, "c128a", 1024, (132, 2)),
     # one piece a unit: b64 (128 units < 132 SMs), b128 (two whole waves), b100 (68 tail
     # units: one piece each), h64 b200
     (128, 64, 1, "c4a", 1024, None), (128, 128, 1, "c4a", 1024, None),
     (128, 100, 1, "c4a", 1024, None), (64, 200, 1, "c4a", 512, None),
-    # not routed: h64 C128A (no row measured), padded head groups (h96), the long-C128A
-    # persistent bucket, fewer than 67 CTAs
-    (64, 150, 1, "c128a", 1024, None), (96, 74, 1, "c4a", 1024, None),
+    # not routed: padded head groups (h96), the long-C128A persistent bucket, fewer than 67
+    # CTAs
+    (96, 74, 1, "c4a", 1024, None),
     (128, 74, 1, "c128a", 4096, None), (128, 20, 1, "c4a", 1024, None),
 ]
 
@@ -187,7 +188,7 @@ def _decode_args(torch, h, b, s_q, scope, width):
 
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_tail_split_routing(recorded_loads, batch_invariant):
-    """b74 / b74 s_q 2 (and the other ragged rows of run 107) launch the tail-split variant
+    """b74 / b74 s_q 2 (and the other ragged rows of runs 107 / 114) launch the tail-split variant
     with their plan's grid (``tiles_per_split`` = pieces, ``num_ctas`` = whole + tail units x
     pieces) and the combine of pow2(pieces) splits; b64 / b128 / b100 (one piece a unit)
     launch the shipped variant (tail_split off: its bucket's config, the kernel of before the
@@ -205,7 +206,7 @@ def test_tail_split_routing(recorded_loads, batch_invariant):
     routed = {b["name"]: c.get("tail_split")
               for b, c, _ in schedules.resolved_buckets("cuda_sm90a", "sparse_decode")}
     assert [n for n, on in routed.items() if on] == [
-        "h64_c4a_ctas67_up", "h128_c4a_ctas67_up", "h128_c128a_ctas67_up"]
+        "h64_c4a_ctas67_up", "h64_c128a_ctas67_up", "h128_c4a_ctas67_up", "h128_c128a_ctas67_up"]
     tails = 0
     for h, b, s_q, scope, width, plan in _TAIL_CALLS:
         row = (h, b, s_q, scope, width)
@@ -235,4 +236,4 @@ def test_tail_split_routing(recorded_loads, batch_invariant):
                                 if k not in SPARSE_DECODE.plan_knobs}, row
         if not schedule.get("persistent") and schedule["num_splits"] == 1:
             assert tuple(args[-2:]) == (0, 0) and not combines, row  # the fixed grid, direct
-    assert tails == (0 if batch_invariant else 6)
+    assert tails == (0 if batch_invariant else 8)
