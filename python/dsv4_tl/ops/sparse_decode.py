@@ -506,22 +506,31 @@ def tail_split_schedule(schedule: dict, h: int, rows: int, indices, extra_indice
     """``(schedule, plan)`` of a call on the fixed grid whose schedule turns ``tail_split``
     on: the plan ``(whole, pieces)`` (:func:`tail_split_plan`) when it cuts the tail into
     pieces; else ``(schedule with tail_split off, None)``, the shipped variant, bitwise
-    today's kernel: for whole waves or fewer units than SMs (one piece: the tail kernel cost
-    1-2 % there, run 107, bench/PERF_NOTES.md item 77) and padded head groups (the builder
-    cuts whole head groups only). A schedule without the knob on: itself and None."""
+    today's kernel: for whole waves, fewer units than SMs or a tail of more than half a wave
+    (one piece a unit: the tail kernel cost 1-2 % there, run 107, bench/PERF_NOTES.md item
+    77) and padded head groups (the builder cuts whole head groups only). A schedule without
+    the knob on: itself and None."""
     if not schedule.get("tail_split"):
         return schedule, None
-    hpb = schedule["heads_per_block"]
     if decode_runs_tail_split(schedule, h):
-        bt = schedule["block_tokens"]
-        max_tiles = -(-indices.shape[-1] // bt)
-        if extra_indices is not None:
-            max_tiles += -(-extra_indices.shape[-1] // bt)
-        whole, pieces = tail_split_plan(rows * (h // hpb), h // hpb, _sm_count(dev),
-                                        max_tiles, MAX_COMBINE_SPLITS)
+        hg = h // schedule["heads_per_block"]
+        whole, pieces = tail_split_plan(rows * hg, hg, _sm_count(dev),
+                                        _max_tiles(schedule, indices, extra_indices),
+                                        MAX_COMBINE_SPLITS)
         if pieces > 1:
             return schedule, (whole, pieces)
     return {**schedule, "tail_split": False}, None
+
+
+def _max_tiles(schedule: dict, indices, extra_indices) -> int:
+    """A row's KV tiles at the index widths (each scope's width rounded up to the schedule's
+    ``block_tokens``): the bound both the persistent grid's and the tail-split grid's plans
+    size their splits from."""
+    bt = schedule["block_tokens"]
+    tiles = -(-indices.shape[-1] // bt)
+    if extra_indices is not None:
+        tiles += -(-extra_indices.shape[-1] // bt)
+    return tiles
 
 
 def _persistent_grid(schedule: dict, h: int, rows: int, indices, extra_indices,
@@ -535,9 +544,7 @@ def _persistent_grid(schedule: dict, h: int, rows: int, indices, extra_indices,
     least the floor passed as -T). Partial slots: a row of n > 1 splits takes
     n < 2 * tiles / T, so fewer than 2 * num_ctas with a derived T."""
     bt = schedule["block_tokens"]
-    max_tiles = -(-indices.shape[-1] // bt)
-    if extra_indices is not None:
-        max_tiles += -(-extra_indices.shape[-1] // bt)
+    max_tiles = _max_tiles(schedule, indices, extra_indices)
     floor = -(-max_tiles // MAX_COMBINE_SPLITS)
     knob = "invariant_tiles_per_split" if batch_invariant else "tiles_per_split_min"
     if not (isinstance(schedule[knob], int) and schedule[knob] >= 1):
