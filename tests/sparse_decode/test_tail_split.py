@@ -84,8 +84,12 @@ def test_tail_split_plan_refuses_bad_arguments():
         ops.tail_split_plan(10, 1, 0, 4, 8)
     with pytest.raises(ValueError, match="head_groups"):
         ops.tail_split_plan(10, 0, 132, 4, 8)
-    with pytest.raises(ValueError, match="units"):
+    with pytest.raises(ValueError, match=r"units: expected an int >= 0, got -1"):
         ops.tail_split_plan(-1, 1, 132, 4, 8)
+    with pytest.raises(ValueError, match=r"max_tiles: expected an int >= 1, got 2\.0"):
+        ops.tail_split_plan(10, 1, 132, 2.0, 8)
+    with pytest.raises(ValueError, match="max_pieces"):
+        ops.tail_split_plan(10, 1, 132, 4, 0)
 
 
 @pytest.mark.parametrize("over", [

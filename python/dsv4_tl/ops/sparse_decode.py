@@ -643,8 +643,9 @@ def tail_split_plan(units: int, head_groups: int, num_sms: int, max_tiles: int,
     only, never on the lengths."""
     for name, v in (("units", units), ("head_groups", head_groups), ("num_sms", num_sms),
                     ("max_tiles", max_tiles), ("max_pieces", max_pieces)):
-        if not isinstance(v, int) or v < (0 if name == "units" else 1):
-            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        least = 0 if name == "units" else 1
+        if not isinstance(v, int) or v < least:
+            raise ValueError(f"{name}: expected an int >= {least}, got {v!r}")
     full = units // num_sms
     if full == 0 or units % num_sms == 0:
         return units, 1
