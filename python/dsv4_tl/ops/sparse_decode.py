@@ -212,12 +212,16 @@ def sparse_decode_metadata_by_torch(q, k_cache, indices, topk_length=None, extra
 def _metadata_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
                    extra_topk_length, fp8_format, batch_invariant):
     """The plan of a call with these arguments (no sink, scale or outputs: they do not
-    change the schedule)."""
-    key = (meta_last(q), meta_strides(k_cache), meta_last(indices), meta(topk_length), None,
-           None, None, meta_strides(extra_k_cache), meta_last(extra_indices),
-           meta(extra_topk_length), fp8_format, batch_invariant.__class__, batch_invariant,
-           None, None)
-    plan = _PLANS.plans.get(key)
+    change the schedule). Its key never equals a decode call's (theirs hold the scale's
+    class, never None), so the two kinds of plan do not mix."""
+    try:
+        key = (meta_last(q), meta_strides(k_cache), meta_last(indices), meta(topk_length), None,
+               None, None, meta_strides(extra_k_cache), meta_last(extra_indices),
+               meta(extra_topk_length), fp8_format, batch_invariant.__class__, batch_invariant,
+               None, None)
+        plan = _PLANS.plans.get(key)
+    except Exception:  # not a tensor, unhashable, ...: the plan's checks name the argument
+        key = plan = None
     if plan is None:
         plan = _PLANS.make(key, _Plan, q, k_cache, indices, topk_length, None, None,
                            extra_k_cache, extra_indices, extra_topk_length, fp8_format,
