@@ -512,11 +512,12 @@ def tail_split_schedule(schedule: dict, h: int, rows: int, indices, extra_indice
     pieces; else ``(schedule with tail_split off, None)``, the shipped variant, bitwise
     today's kernel: for whole waves, fewer units than SMs or a tail of more than half a wave
     (one piece a unit: the tail kernel cost 1-2 % there, run 107, bench/PERF_NOTES.md item
-    77) and padded head groups (the builder cuts whole head groups only). A schedule without
-    the knob on: itself and None."""
+    77), padded head groups and calls without the extra scope (the builder cuts whole head
+    groups only, and refuses SWA-only calls). A schedule without the knob on: itself and
+    None."""
     if not schedule.get("tail_split"):
         return schedule, None
-    if decode_runs_tail_split(schedule, h):
+    if decode_runs_tail_split(schedule, h, extra_indices is not None):
         hg = h // schedule["heads_per_block"]
         whole, pieces = tail_split_plan(rows * hg, hg, _sm_count(dev),
                                         _max_tiles(schedule, indices, extra_indices),
