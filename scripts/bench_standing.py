@@ -15,7 +15,9 @@ import sys
 from collections import OrderedDict
 
 
-def standing(paths, peer):
+def standing(paths):
+    """Per row (the shape, in the first report's order) each implementation's times and bad
+    checks over the reports, and the devices they name."""
     rows, card = OrderedDict(), set()
     for path in paths:
         with open(path) as f:
@@ -44,7 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peer", default="flashmla")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    rows, card = standing(args.reports, args.peer)
+    rows, card = standing(args.reports)
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     lines = [f"# standing: {args.peer} time / ours, medians of {len(args.reports)} reports, "
              f"{', '.join(sorted(card))}", "",

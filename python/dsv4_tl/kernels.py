@@ -244,10 +244,10 @@ def decode_runs_persistent(config: dict, h: int) -> bool:
                 and h % config["heads_per_block"] == 0)
 
 
-def decode_runs_tail_split(config: dict, h: int) -> bool:
+def decode_runs_tail_split(config: dict, h: int, has_extra: bool) -> bool:
     """Whether ``config`` can run the tail-split grid for ``h`` heads (the knob on, whole head
-    groups: the builder cuts whole head groups only; padded ones run the shipped variant)."""
-    return bool(config.get("tail_split") and h % config["heads_per_block"] == 0)
+    groups and the extra scope, as the builder requires; elsewhere the shipped variant runs)."""
+    return bool(config.get("tail_split") and h % config["heads_per_block"] == 0 and has_extra)
 
 
 def _decode_aot_twins(target_dir: str, static: dict, config: dict) -> List[dict]:
@@ -266,8 +266,9 @@ def _decode_aot_twins(target_dir: str, static: dict, config: dict) -> List[dict]
 
 def _decode_aot_runs(static: dict, config: dict) -> bool:
     """Whether a front end can run ``config`` with ``static`` (a tail-split config only with
-    whole head groups: with padded ones its shipped twin runs, ``aot_twins``)."""
-    return not config.get("tail_split") or decode_runs_tail_split(config, static["num_heads"])
+    whole head groups and the extra scope: elsewhere its shipped twin runs, ``aot_twins``)."""
+    return not config.get("tail_split") or decode_runs_tail_split(config, static["num_heads"],
+                                                                  static["has_extra"])
 
 
 def _decode_feature_values(static: dict) -> dict:

@@ -383,6 +383,20 @@ def test_errors_are_raised_on_every_call(rec, plans_made, monkeypatch):
             cache.numel() + 8, dtype=torch.uint8)[4:-4].view(cache.shape)))
 
 
+def test_metadata_errors_name_the_argument(rec):
+    """``ops.sparse_decode_metadata`` refuses bad arguments as ``sparse_decode`` does: one line
+    naming the argument, also where the plan cache's key cannot be built from it."""
+    args = {k: v for k, v in _decode_args().items() if k not in ("softmax_scale", "attn_sink")}
+    assert dsv4_tl.ops.sparse_decode_metadata(**args).shape == (0, 0)  # no persistent grid
+    for _ in range(2):  # a failed call leaves no plan behind
+        with pytest.raises(TypeError, match="^q: expected a torch.Tensor, got list"):
+            dsv4_tl.ops.sparse_decode_metadata(**dict(args, q=[1, 2]))
+        with pytest.raises(TypeError, match="^batch_invariant: expected a bool, got list"):
+            dsv4_tl.ops.sparse_decode_metadata(**args, batch_invariant=[1])  # unhashable
+        with pytest.raises(TypeError, match="^fp8_format: expected str, got list"):
+            dsv4_tl.ops.sparse_decode_metadata(**args, fp8_format=["e4m3fn"])
+
+
 def test_per_call_data_reaches_the_kernel(rec):
     args = _decode_args(extra=False)
     dsv4_tl.ops.sparse_decode(**args)

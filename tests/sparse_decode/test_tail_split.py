@@ -84,8 +84,12 @@ def test_tail_split_plan_refuses_bad_arguments():
         ops.tail_split_plan(10, 1, 0, 4, 8)
     with pytest.raises(ValueError, match="head_groups"):
         ops.tail_split_plan(10, 0, 132, 4, 8)
-    with pytest.raises(ValueError, match="units"):
+    with pytest.raises(ValueError, match=r"units: expected an int >= 0, got -1"):
         ops.tail_split_plan(-1, 1, 132, 4, 8)
+    with pytest.raises(ValueError, match=r"max_tiles: expected an int >= 1, got 2\.0"):
+        ops.tail_split_plan(10, 1, 132, 2.0, 8)
+    with pytest.raises(ValueError, match="max_pieces"):
+        ops.tail_split_plan(10, 1, 132, 4, 0)
 
 
 @pytest.mark.parametrize("over", [
@@ -121,3 +125,25 @@ def test_tail_split_pruned_as_the_builder_refuses(over):
     for config in routed:
         assert prune("cuda_sm90a", "sparse_decode", config) is None
     assert "tail_split" in prune("cuda_sm90a", "sparse_decode", {**routed[0], **over})
+
+
+def test_tail_split_schedule_only_where_the_builder_builds(monkeypatch):
+    """``tail_split_schedule`` gives the tail grid only with whole head groups and the extra
+    scope (the builder refuses the rest): a schedule turning the knob on for a padded or
+    SWA-only call runs the shipped variant, and the build lists only that twin for it."""
+    import torch
+
+    from dsv4_tl.kernels import SPARSE_DECODE, _decode_aot_runs
+
+    monkeypatch.setattr(ops, "_sm_count", lambda device: 132)
+    config = {"heads_per_block": 64, "block_tokens": 32, "tail_split": True}
+    indices, extra = torch.zeros((74, 1, 128)), torch.zeros((74, 1, 1024))
+    cpu = torch.device("cpu")
+    assert ops.tail_split_schedule(config, 128, 74, indices, extra, cpu) == (config, (132, 8))
+    off = {**config, "tail_split": False}
+    assert ops.tail_split_schedule(config, 128, 74, indices, None, cpu) == (off, None)
+    assert ops.tail_split_schedule(config, 96, 74, indices, extra, cpu) == (off, None)
+    assert SPARSE_DECODE.aot_runs is _decode_aot_runs
+    assert _decode_aot_runs({"num_heads": 128, "has_extra": True}, config)
+    assert not _decode_aot_runs({"num_heads": 128, "has_extra": False}, config)
+    assert not _decode_aot_runs({"num_heads": 96, "has_extra": True}, config)

@@ -395,7 +395,7 @@ def _item_words_of_model(plan: dict, s_q: int, hg: int) -> list:
             for (u0, k0), (u1, k1) in zip(bounds[:-1], bounds[1:])]
 
 
-def _random_lengths(rng, b: int, width: int, block: int) -> list:
+def _random_lengths(rng, b: int, width: int) -> list:
     """Per-request lengths in tokens: mostly 0..width, some past it or negative (the kernel
     clamps them), some whole rows."""
     out = []
@@ -427,7 +427,7 @@ def test_metadata_item_words_match_the_model(seed):
         b = rng.choice([1, 2, 3, 32, 64, 128, 300])
         s_q, hg = rng.choice([1, 2]), rng.choice([1, 2])
         width, block = rng.choice([(512, 64), (4096, 32), (8192, 32), (128, 64)])
-        lengths = _random_lengths(rng, b, width, block)
+        lengths = _random_lengths(rng, b, width)
         tps = rng.choice([-1, -4, 8, 36])
         g = rng.choice([1, 7, 66, 132])
         ic = rng.choice([2, 3])
@@ -452,8 +452,8 @@ def test_metadata_tile_words_match_the_kernel(seed):
     for _ in range(40):
         b = rng.choice([1, 2, 3, 8, 32, 128, 400])
         s_q, hg = rng.choice([1, 1, 2]), rng.choice([1, 2])
-        main = _random_lengths(rng, b, 128, 32)
-        extra = _random_lengths(rng, b, 8192, 32)
+        main = _random_lengths(rng, b, 128)
+        extra = _random_lengths(rng, b, 8192)
         if rng.random() < 0.3:
             extra = [4096] * b
         q = rng.choice([1, 3, 4])

@@ -256,7 +256,9 @@ def warp_specialized_decode(num_heads: int, has_extra: bool, fp8_format: str, S:
                       prelude=producer_prelude(producer_lean)) as cta:
             st = WarpSpecializedState(HB, BI, D)
             tx = T.get_thread_binding()
-            # (any argument safe: pieces at least 1, whole units within [0, units])
+            # (pieces at least 1 and whole at least 0 whatever the arguments; the units stay
+            # inside the call for the front end's num_ctas, whole + (units - whole) * pieces:
+            # a larger one would index rows past b * s_q)
             pieces = T.alloc_var(T.int32, init=T.max(tiles_per_split, 1))
             whole = T.alloc_var(T.int32, init=T.if_then_else(
                 pieces == 1, units,

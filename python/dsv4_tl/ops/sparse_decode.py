@@ -212,12 +212,16 @@ def sparse_decode_metadata_by_torch(q, k_cache, indices, topk_length=None, extra
 def _metadata_plan(q, k_cache, indices, topk_length, extra_k_cache, extra_indices,
                    extra_topk_length, fp8_format, batch_invariant):
     """The plan of a call with these arguments (no sink, scale or outputs: they do not
-    change the schedule)."""
-    key = (meta_last(q), meta_strides(k_cache), meta_last(indices), meta(topk_length), None,
-           None, None, meta_strides(extra_k_cache), meta_last(extra_indices),
-           meta(extra_topk_length), fp8_format, batch_invariant.__class__, batch_invariant,
-           None, None)
-    plan = _PLANS.plans.get(key)
+    change the schedule). Its key never equals a decode call's (theirs hold the scale's
+    class, never None), so the two kinds of plan do not mix."""
+    try:
+        key = (meta_last(q), meta_strides(k_cache), meta_last(indices), meta(topk_length), None,
+               None, None, meta_strides(extra_k_cache), meta_last(extra_indices),
+               meta(extra_topk_length), fp8_format, batch_invariant.__class__, batch_invariant,
+               None, None)
+        plan = _PLANS.plans.get(key)
+    except Exception:  # not a tensor, unhashable, ...: the plan's checks name the argument
+        key = plan = None
     if plan is None:
         plan = _PLANS.make(key, _Plan, q, k_cache, indices, topk_length, None, None,
                            extra_k_cache, extra_indices, extra_topk_length, fp8_format,
@@ -506,22 +510,32 @@ def tail_split_schedule(schedule: dict, h: int, rows: int, indices, extra_indice
     """``(schedule, plan)`` of a call on the fixed grid whose schedule turns ``tail_split``
     on: the plan ``(whole, pieces)`` (:func:`tail_split_plan`) when it cuts the tail into
     pieces; else ``(schedule with tail_split off, None)``, the shipped variant, bitwise
-    today's kernel: for whole waves or fewer units than SMs (one piece: the tail kernel cost
-    1-2 % there, run 107, bench/PERF_NOTES.md item 77) and padded head groups (the builder
-    cuts whole head groups only). A schedule without the knob on: itself and None."""
+    today's kernel: for whole waves, fewer units than SMs or a tail of more than half a wave
+    (one piece a unit: the tail kernel cost 1-2 % there, run 107, bench/PERF_NOTES.md item
+    77), padded head groups and calls without the extra scope (the builder cuts whole head
+    groups only, and refuses SWA-only calls). A schedule without the knob on: itself and
+    None."""
     if not schedule.get("tail_split"):
         return schedule, None
-    hpb = schedule["heads_per_block"]
-    if decode_runs_tail_split(schedule, h):
-        bt = schedule["block_tokens"]
-        max_tiles = -(-indices.shape[-1] // bt)
-        if extra_indices is not None:
-            max_tiles += -(-extra_indices.shape[-1] // bt)
-        whole, pieces = tail_split_plan(rows * (h // hpb), h // hpb, _sm_count(dev),
-                                        max_tiles, MAX_COMBINE_SPLITS)
+    if decode_runs_tail_split(schedule, h, extra_indices is not None):
+        hg = h // schedule["heads_per_block"]
+        whole, pieces = tail_split_plan(rows * hg, hg, _sm_count(dev),
+                                        _max_tiles(schedule, indices, extra_indices),
+                                        MAX_COMBINE_SPLITS)
         if pieces > 1:
             return schedule, (whole, pieces)
     return {**schedule, "tail_split": False}, None
+
+
+def _max_tiles(schedule: dict, indices, extra_indices) -> int:
+    """A row's KV tiles at the index widths (each scope's width rounded up to the schedule's
+    ``block_tokens``): the bound both the persistent grid's and the tail-split grid's plans
+    size their splits from."""
+    bt = schedule["block_tokens"]
+    tiles = -(-indices.shape[-1] // bt)
+    if extra_indices is not None:
+        tiles += -(-extra_indices.shape[-1] // bt)
+    return tiles
 
 
 def _persistent_grid(schedule: dict, h: int, rows: int, indices, extra_indices,
@@ -535,9 +549,7 @@ def _persistent_grid(schedule: dict, h: int, rows: int, indices, extra_indices,
     least the floor passed as -T). Partial slots: a row of n > 1 splits takes
     n < 2 * tiles / T, so fewer than 2 * num_ctas with a derived T."""
     bt = schedule["block_tokens"]
-    max_tiles = -(-indices.shape[-1] // bt)
-    if extra_indices is not None:
-        max_tiles += -(-extra_indices.shape[-1] // bt)
+    max_tiles = _max_tiles(schedule, indices, extra_indices)
     floor = -(-max_tiles // MAX_COMBINE_SPLITS)
     knob = "invariant_tiles_per_split" if batch_invariant else "tiles_per_split_min"
     if not (isinstance(schedule[knob], int) and schedule[knob] >= 1):
@@ -636,8 +648,9 @@ def tail_split_plan(units: int, head_groups: int, num_sms: int, max_tiles: int,
     only, never on the lengths."""
     for name, v in (("units", units), ("head_groups", head_groups), ("num_sms", num_sms),
                     ("max_tiles", max_tiles), ("max_pieces", max_pieces)):
-        if not isinstance(v, int) or v < (0 if name == "units" else 1):
-            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        least = 0 if name == "units" else 1
+        if not isinstance(v, int) or v < least:
+            raise ValueError(f"{name}: expected an int >= {least}, got {v!r}")
     full = units // num_sms
     if full == 0 or units % num_sms == 0:
         return units, 1
