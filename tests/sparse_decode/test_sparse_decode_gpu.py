@@ -1325,12 +1325,13 @@ def _tail_plan(h, b, s_q, extra_kind) -> tuple:
     return whole // hg, pieces
 
 
-def _poisoned_decode(q, main, extra, sink):
-    """``sparse_decode`` of the whole batch into NaN-poisoned out / lse (synchronised)."""
+def _poisoned_decode(q, main, extra, sink, metadata=None):
+    """``sparse_decode`` of the whole batch into NaN-poisoned out / lse (synchronised), with
+    the step's scheduler ``metadata`` where given."""
     b, s_q, h, _ = q.shape
     out = torch.full((b, s_q, h, 512), math.nan, dtype=torch.bfloat16, device=DEV)
     lse = torch.full((b, h, s_q), math.nan, dtype=torch.float32, device=DEV)
-    sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse)
+    sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse, metadata=metadata)
     torch.cuda.synchronize()
     return out, lse
 
@@ -1370,15 +1371,6 @@ METADATA_ROWS = [(64, 2, "c128a4096"), (64, 32, "c128a8192"), (128, 2, "c128a819
                  (128, 32, "c128a4096"), (8, 32, "c4a512"), (16, 64, "c4a512")]
 
 
-def _with_metadata(q, main, extra, sink, metadata):
-    b, s_q, h, _ = q.shape
-    out = torch.full((b, s_q, h, 512), math.nan, dtype=torch.bfloat16, device=DEV)
-    lse = torch.full((b, h, s_q), math.nan, dtype=torch.float32, device=DEV)
-    sparse_decode(q, *main, SCALE, sink, *extra, out=out, lse=lse, metadata=metadata)
-    torch.cuda.synchronize()
-    return out, lse
-
-
 @pytest.mark.parametrize("h,b,extra_kind", METADATA_ROWS, ids=lambda v: str(v))
 def test_decode_metadata_same_bits(h, b, extra_kind, seed):
     """With ``metadata`` the shipped persistent schedule reads its plan: outputs poisoned,
@@ -1397,7 +1389,7 @@ def test_decode_metadata_same_bits(h, b, extra_kind, seed):
     assert 1 <= metadata.shape[0] <= torch.cuda.get_device_properties(DEV).multi_processor_count
     # (the metadata kernel's words are those of the torch definition, decode_metadata.py)
     assert torch.equal(metadata, sparse_decode_metadata_by_torch(q, *main, *extra))
-    out, lse = _with_metadata(q, main, extra, sink, metadata)
+    out, lse = _poisoned_decode(q, main, extra, sink, metadata)
     ref_out, ref_lse = sparse_decode_ref(q, *main, SCALE, sink, *extra)
     check_attention(max(cache_kmax(c) for c in (main[0], extra[0])), out, ref_out,
                     lse=(lse, ref_lse))
@@ -1461,8 +1453,8 @@ def test_decode_metadata_any_values_are_safe(h, b, extra_kind, seed):
                                     other_lens[1]),
              good.flip(0).contiguous(), torch.zeros_like(good), torch.full_like(good, 1 << 30)]
     for metadata in wrong:
-        _with_metadata(q, main, extra, sink, metadata)
-    out, lse = _with_metadata(q, main, extra, sink, good)
+        _poisoned_decode(q, main, extra, sink, metadata)
+    out, lse = _poisoned_decode(q, main, extra, sink, good)
     planned = _poisoned_decode(q, main, extra, sink)
     assert torch.equal(out.view(torch.int16), planned[0].view(torch.int16))
     assert torch.equal(lse.view(torch.int32), planned[1].view(torch.int32))
