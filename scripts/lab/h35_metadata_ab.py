@@ -27,13 +27,11 @@ combine variant the rows need in N processes into ``$DSV4_TL_KERNEL_DIR``.
 """
 
 import argparse
-import concurrent.futures
 import contextlib
 import json
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -41,9 +39,8 @@ from dsv4_tl import bench
 from dsv4_tl.bench import DecodeShape, decode_inputs, graph_time_us
 from dsv4_tl.kernels import MAX_COMBINE_SPLITS, SPARSE_DECODE, Variant, pow2_ceil
 from dsv4_tl.schedules import forced_schedule, schedule_for
-from dsv4_tl.targets import parse_target
+from lab_jit import TARGET, precompile
 
-TARGET = parse_target("cuda:sm_90a")
 SMS = 132  # H100 / H200: the combine variants a row needs follow the grid's CTA count
 
 
@@ -119,41 +116,8 @@ def _variants(shapes: list, repeats: int) -> list:
     return sorted(out, key=lambda v: v.key)
 
 
-def _compile(args):
-    from dsv4_tl.loader import compile_jit
-    op, static, schedule, kdir = args
-    t = time.time()
-    compile_jit(Variant.make(op, static, schedule), TARGET, kdir)
-    return Variant.make(op, static, schedule).key, time.time() - t
-
-
-def precompile(shapes: list, repeats: int, jobs: int) -> None:
-    from pathlib import Path
-    from dsv4_tl.loader import default_kernel_dir
-    kdir = Path(default_kernel_dir())
-    todo = [(v.op, dict(v.static), dict(v.schedule), kdir) for v in _variants(shapes, repeats)]
-    todo.sort(key=lambda job: job[0] != "sparse_decode")  # the long compiles first
-    t = time.time()
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        for key, dt in pool.map(_compile, todo):
-            print(f"compiled {key} in {dt:.0f} s", flush=True)
-    print(f"precompile: {len(todo)} variants in {time.time() - t:.0f} s", flush=True)
-
-
-@contextlib.contextmanager
-def _nothing():
-    yield
-
-
 def _forced(config: dict):
     return lambda: forced_schedule(TARGET.dirname, "sparse_decode", config)
-
-
-def _ours(x: dict):
-    from dsv4_tl.ops import sparse_decode
-    return lambda: sparse_decode(x["q"], x["k_cache"], x["indices"], x["topk_length"],
-                                 bench.SCALE, x["attn_sink"], x["extra_k_cache"],
-                                 x["extra_indices"], x["extra_topk_length"])
 
 
 def _with_metadata(x: dict):
@@ -178,14 +142,14 @@ def _bitwise(a, b) -> bool:
 
 
 def _makers(inputs: list, persistent: bool, repeated, repeats: int, flashmla) -> dict:
-    makers = {"plan1": (_nothing, [_ours(x) for x in inputs])}
+    makers = {"plan1": (contextlib.nullcontext, [bench.ours_decode(x) for x in inputs])}
     if persistent:
-        makers["metadata"] = (_nothing, [_with_metadata(x) for x in inputs])
-        makers["meta_op"] = (_nothing, [_metadata_op(x) for x in inputs])
+        makers["metadata"] = (contextlib.nullcontext, [_with_metadata(x) for x in inputs])
+        makers["meta_op"] = (contextlib.nullcontext, [_metadata_op(x) for x in inputs])
     if repeated is not None:
-        makers[f"plan{repeats}"] = (_forced(repeated), [_ours(x) for x in inputs])
+        makers[f"plan{repeats}"] = (_forced(repeated), [bench.ours_decode(x) for x in inputs])
     if flashmla is not None:
-        makers["flashmla"] = (_nothing, [flashmla.decode(x) for x in inputs])
+        makers["flashmla"] = (contextlib.nullcontext, [flashmla.decode(x) for x in inputs])
     return makers
 
 
@@ -290,7 +254,7 @@ def main():
     if args.rows:
         shapes = [s for s in shapes if any(p in s.name for p in args.rows.split(","))]
     if args.precompile:
-        precompile(shapes, args.repeats, args.precompile)
+        precompile(_variants(shapes, args.repeats), args.precompile)
         if args.precompile_only:
             return
     from dsv4_tl.bench_peers import load_peers

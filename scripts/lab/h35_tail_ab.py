@@ -19,18 +19,15 @@ rounds, to ``h35_tail_ab.json`` and a table.
 """
 
 import argparse
-import concurrent.futures
 import contextlib
 import json
 import os
 import statistics
 import sys
-import time
 
 from dsv4_tl.kernels import SPARSE_DECODE, Variant, pow2_ceil
-from dsv4_tl.targets import parse_target
+from lab_jit import TARGET, precompile
 
-TARGET = parse_target("cuda:sm_90a")
 SMS = 132  # the H200's (the plan of --list / --precompile; the run reads the device's)
 
 
@@ -96,40 +93,6 @@ def variants(shapes: list, routed: bool = False) -> list:
     return sorted(out, key=lambda v: v.key)
 
 
-def _compile(args):
-    from dsv4_tl.loader import compile_jit
-    op, static, schedule, kdir = args
-    t = time.time()
-    compile_jit(Variant.make(op, static, schedule), TARGET, kdir)
-    return Variant.make(op, static, schedule).key, time.time() - t
-
-
-def precompile(vs: list, jobs: int) -> None:
-    from pathlib import Path
-    from dsv4_tl.loader import default_kernel_dir
-    kdir = Path(default_kernel_dir())
-    todo = [(v.op, dict(v.static), dict(v.schedule), kdir) for v in vs]
-    todo.sort(key=lambda job: job[0] != "sparse_decode")  # the long compiles first
-    t = time.time()
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        for key, dt in pool.map(_compile, todo):
-            print(f"compiled {key} in {dt:.0f} s", flush=True)
-    print(f"precompile: {len(todo)} variants in {time.time() - t:.0f} s", flush=True)
-
-
-@contextlib.contextmanager
-def _nothing():
-    yield
-
-
-def _ours(x: dict):
-    from dsv4_tl import bench
-    from dsv4_tl.ops import sparse_decode
-    return lambda: sparse_decode(x["q"], x["k_cache"], x["indices"], x["topk_length"],
-                                 bench.SCALE, x["attn_sink"], x["extra_k_cache"],
-                                 x["extra_indices"], x["extra_topk_length"])
-
-
 def _routed_grids(shape) -> list:
     """The grids of the front end's plans of ``shape`` now cached ("tail" / "fixed")."""
     import importlib
@@ -153,11 +116,12 @@ def measure_rows(shapes: list, rounds: int, flashmla, sms: int, flush=None,
             inputs = decode_inputs(shape, gen, 3, "cuda")
             makers = {}
             for name, config in configs(shape, routed).items():
-                ctx = _nothing if config is None else (
+                ctx = contextlib.nullcontext if config is None else (
                     lambda c=config: forced_schedule(TARGET.dirname, "sparse_decode", c))
-                makers[name] = (ctx, [_ours(x) for x in inputs])
+                makers[name] = (ctx, [bench.ours_decode(x) for x in inputs])
             if flashmla is not None:
-                makers["flashmla"] = (_nothing, [flashmla.decode(x) for x in inputs])
+                makers["flashmla"] = (contextlib.nullcontext,
+                                      [flashmla.decode(x) for x in inputs])
             for name, (ctx, calls) in makers.items():  # check once (first input set)
                 with ctx():
                     try:
