@@ -111,6 +111,12 @@ def _case(b, s_q, h, extra_kind, gen, *, sink="mixed", fp8_format="e4m3fn"):
         pytest.param(64, 20, "c128a8192", marks=HEAVY),
         (128, 3, "c128a4096"),
         (128, 24, "c128a4096"),
+        # split counts by tile pairs below 15 CTAs (item 87): 10 splits at h64 C4A 512
+        # (the (64, 1) / (64, 7) cases above), 9 at widths 513-1024
+        (64, 8, "c128a1024"),
+        (64, 1, "c4a1024"),
+        (128, 4, "c128a1024"),
+        (32, 8, "c128a1024"),
     ],
     ids=lambda v: str(v),
 )

@@ -383,7 +383,10 @@ def test_build_variants_follow_the_logs_and_the_static_parameters(logs):
     # only the static parameters the bucket can see: 128 heads, with the extra scope
     assert new and all(dict(v.static)["num_heads"] == 128 and dict(v.static)["has_extra"]
                        and dict(v.schedule)["block_tokens"] == 64 for v in new)
-    assert all(c["num_splits"] in (1, 2, 4, 8) for c in KERNELS["sparse_decode"].schedules(SM90A))
+    # (9 / 10: the split counts by tile pairs of the compressed buckets below 15 CTAs,
+    # bench/PERF_NOTES.md item 87; the others the schedule file's space)
+    assert all(c["num_splits"] in (1, 2, 4, 8, 9, 10)
+               for c in KERNELS["sparse_decode"].schedules(SM90A))
 
 
 def test_same_logs_give_byte_identical_manifests(logs, tmp_path):

@@ -70,6 +70,14 @@ def _dsv4_suite() -> dict:
         for kind in ("swa", "c4a", "c128a"):
             for tag, b in by_range.items():
                 decode[f"h{h}_{kind}_{tag}"] = DecodeShape(h, b, kind)
+    # The split counts by tile pairs below 15 CTAs (item 87): the compressed buckets of the
+    # index widths 513-1024 (and 1-512 for h64 C4A) take b <= 7 / 14 rows; the 1-16-CTA
+    # buckets they were cut from keep 15-16 CTAs (h64 b16, h128 b8)
+    for h, b_new, b_old in ((64, 8, 16), (128, 4, 8)):
+        for kind in ("c4a", "c128a"):
+            decode[f"h{h}_{kind}_w1024_ctas1_14"] = DecodeShape(h, b_new, kind, extra_width=1024)
+            decode[f"h{h}_{kind}_ctas1_16"] = DecodeShape(h, b_old, kind)
+    decode["h64_c4a_w512_ctas1_13"] = DecodeShape(64, 8, "c4a", extra_width=512)
     # TP head counts on the tokens-in-M schedule: the rows of bench.tp_decode_shapes
     # (h8 in every CTA range, h16 / h32 at 1-16, 34-66 and >= 67 CTAs, h32 SWA at 17-33 (the
     # draft rows' range): items 51, 65, 74)
@@ -83,6 +91,8 @@ def _dsv4_suite() -> dict:
                 b = {"ctas1_16": 8, "ctas17_33": 32, "ctas34_66": 64, "ctas67_up": 128}[tag]
                 decode[f"h{h}_{kind}_{tag}"] = DecodeShape(h, b, kind, extra_width=width,
                                                            varying=kind == "c128a")
+    decode["h32_c128a_w1024_ctas1_14"] = decode["h32_c128a_ctas1_16"]
+    decode["h32_c128a_ctas1_16"] = DecodeShape(32, 16, "c128a", extra_width=1024, varying=True)
     # C128A at long context (index width >= 4096, per-row lengths): the persistent grid (item 53)
     for h in (64, 128):
         for tag, b in (("ctas1_16", 2), ("ctas17_up", 32)):
