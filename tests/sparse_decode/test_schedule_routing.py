@@ -24,6 +24,34 @@ def test_eight_heads_take_tokens_in_m_at_every_batch(scope, ctas):
     assert config.get("tokens_in_m") and config.get("heads_per_block") == 8, (scope, ctas, config)
 
 
+@pytest.mark.parametrize("h,b,scope,width,splits", [
+    # widths 513-1024 (36 tiles of 32 tokens with the window): 9 splits of 4 tiles while
+    # they fit one wave (<= 14 CTAs), else the 1-16-CTA bucket's 8
+    (128, 1, "c4a", 1024, 9), (128, 7, "c128a", 1024, 9), (128, 8, "c4a", 1024, 8),
+    (64, 1, "c128a", 1024, 9), (64, 14, "c4a", 1024, 9), (64, 15, "c128a", 1024, 8),
+    (32, 8, "c128a", 1024, 9), (32, 15, "c128a", 1024, 8),
+    # h64 C4A widths 1-512 (20 tiles): 10 splits of 2 tiles up to 13 CTAs
+    (64, 1, "c4a", 512, 10), (64, 13, "c4a", 512, 10), (64, 14, "c4a", 512, 8),
+    # other widths and head counts keep 8
+    (128, 1, "c4a", 512, 8), (16, 1, "c128a", 1024, 8), (64, 1, "c128a", 256, 8),
+])
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_split_counts_by_tile_pairs(h, b, scope, width, splits, batch_invariant):
+    """The fixed grid's split counts at few CTAs (bench/PERF_NOTES.md item 87): a split's
+    critical path is its tile pairs, so the 36-tile rows take 9 splits and h64 C4A 512 10
+    where that stays within 132 SMs; batch-invariant calls (width counted 0) keep the
+    1-16-CTA bucket's 8 whatever the width."""
+    from dsv4_tl.kernels import SPARSE_DECODE
+    from dsv4_tl.ops._dispatch import call_schedule
+    from dsv4_tl.targets import parse_target
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = call_schedule(SPARSE_DECODE, parse_target("cuda:sm_90a"), h=h, b=b, s_q=1,
+                               scope=scope, batch_invariant=batch_invariant, extra_width=width)
+    assert config["num_splits"] == (8 if batch_invariant else splits), config
+
+
 @pytest.mark.parametrize("h", [8, 16, 32, 64, 128])
 def test_batch_invariant_calls_take_one_schedule_whatever_the_batch(h):
     """batch_invariant=True resolves one schedule per head count and scope for every batch
