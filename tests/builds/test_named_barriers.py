@@ -5,6 +5,11 @@ shaped like TileLang 0.1.15's output: no kernel is compiled.
 The clashing source is the shape of bench/PERF_NOTES.md item 83's hang (the producer's
 ``bar.sync 3, 128`` from one ThreadSync run, consumer warpgroup 0's from the other)."""
 
+import importlib.util
+from pathlib import Path
+
+import pytest
+
 from dsv4_tl.cuda.named_barriers import clashes, kernel_roles
 
 HEAD = '''extern "C" __global__ void k(float* __restrict__ A);
@@ -74,3 +79,22 @@ def test_a_kernel_without_role_branches_passes():
     flat = HEAD + "  tl::__sync_thread_partial(3, 128);\n  tl::__sync_thread_partial(3, 384);\n}\n"
     assert clashes(flat) == []
 
+
+def test_the_lowering_step_reports_a_clash_of_the_source_it_lowered(monkeypatch):
+    """The wiring of ``scripts/kernel_fingerprints.py``: the source its lowering returns is the
+    one checked (here the clashing snippet in place of a real lowering, so nothing compiles)."""
+    pytest.importorskip("tilelang")
+    path = Path(__file__).resolve().parents[2] / "scripts" / "kernel_fingerprints.py"
+    spec = importlib.util.spec_from_file_location("kernel_fingerprints", path)
+    fp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fp)
+    from dsv4_tl.build import build_variants
+
+    variant = build_variants("cuda:sm_90a", (8,), ["dequant_gather"])[0]
+    todo = (variant.key, (variant.op, dict(variant.static), dict(variant.schedule)), "cuda:sm_90a", True)
+    monkeypatch.setattr(fp, "lower", lambda func, key, target: CLASHING)
+    key, digest, error, _, found = fp._job(todo)
+    assert (key, error, len(digest)) == (variant.key, None, 64)
+    assert found == clashes(CLASHING) and len(found) == 1
+    monkeypatch.setattr(fp, "lower", lambda func, key, target: CLEAN)
+    assert fp._job(todo)[4] == []
