@@ -25,7 +25,11 @@ off value, ``retired_knobs``) still matches, while a changed, lost or new kernel
 Lowering (CUDA / HIP: ``tilelang.lower`` with the prim_func's own pass configs, no nvcc or
 hipcc; SYCL: ``dsv4_tl.sycl``'s own lowering, no SPIR-V compile) runs each variant in a fresh
 process forked from a server that has imported TileLang and compiled nothing, as a build's
-first compile would.
+first compile would. The CUDA source each CUDA lowering generates is then read for named
+barriers shared by two warp roles (``dsv4_tl.cuda.named_barriers``: TileLang's two ThreadSync
+runs can give the producer and a consumer warpgroup one id, and the kernel hangs, PERF_NOTES
+item 83); a clash fails the run like a lowering failure, with one line naming the variant, the
+id and the two roles.
 """
 
 import argparse
@@ -56,9 +60,10 @@ def variant_entry(variant, digest: str) -> dict:
             "tir_sha256": digest}
 
 
-def lower(func, variant_key: str, target) -> None:
+def lower(func, variant_key: str, target):
     """Lower ``func`` for ``target`` (a parsed target) as a build would, without the
-    compiler; raises what TileLang raises."""
+    compiler; raises what TileLang raises. Returns the generated CUDA / HIP source (None for
+    SYCL)."""
     from dsv4_tl.targets import backend_of
 
     if target.kind == "sycl":
@@ -66,7 +71,7 @@ def lower(func, variant_key: str, target) -> None:
         from dsv4_tl.sycl.lower import lower_to_sycl
 
         lower_to_sycl(func, kernel_symbol(variant_key))
-        return
+        return None
     import tilelang
     import tvm
 
@@ -74,11 +79,14 @@ def lower(func, variant_key: str, target) -> None:
     configs = dict(attrs["tilelang_pass_configs"]) if attrs and "tilelang_pass_configs" in attrs else {}
     tl_target = tvm.target.Target(backend_of(target).tilelang_target(target.arch))
     with tvm.transform.PassContext(opt_level=3, config=configs), tl_target:
-        tilelang.lower(func, target=tl_target)
+        return tilelang.lower(func, target=tl_target).kernel_source
 
 
 def _job(args: tuple) -> tuple:
-    """``(key, tir_sha256 or None, error or None, seconds)`` of one variant (in a worker)."""
+    """``(key, tir_sha256 or None, error or None, seconds, [named-barrier clashes])`` of one
+    variant (in a worker). The clashes are read from the CUDA source the lowering generated
+    (``dsv4_tl.cuda.named_barriers``: one id in two warp roles hangs the kernel, PERF_NOTES
+    item 83), so they cost no compile of their own."""
     import logging
 
     warnings.simplefilter("ignore")
@@ -88,21 +96,29 @@ def _job(args: tuple) -> tuple:
 
     key, (op, static, schedule), target_name, do_lower = args
     start = time.time()
+    clashes = []
     try:
         variant = Variant.make(op, static, schedule)
         func = variant.build()
         digest = tir_sha256(func)
         if do_lower:
-            lower(func, variant.key, parse_target(target_name))
+            target = parse_target(target_name)
+            source = lower(func, variant.key, target)
+            if target.kind == "cuda":
+                from dsv4_tl.cuda.named_barriers import clashes as barrier_clashes
+
+                clashes = barrier_clashes(source)
     except Exception as exc:  # reported per variant; the run fails at the end
         text = str(exc).strip()
         return key, None, f"{type(exc).__name__}: {text.splitlines()[-1] if text else ''}", \
-            time.time() - start
-    return key, digest, None, time.time() - start
+            time.time() - start, []
+    return key, digest, None, time.time() - start, clashes
 
 
 def fingerprints(target_name: str, heads, ops, jobs: int, do_lower: bool = True) -> tuple:
-    """``({key: entry}, [failure lines])`` for every shipped variant of ``target_name``."""
+    """``({key: entry}, [failure lines])`` for every shipped variant of ``target_name`` (a
+    lowering failure or a named-barrier clash; the clashing variant's entry is kept: its TIR
+    is what it is)."""
     from dsv4_tl.build import build_variants
 
     with warnings.catch_warnings():
@@ -118,12 +134,13 @@ def fingerprints(target_name: str, heads, ops, jobs: int, do_lower: bool = True)
     context.set_forkserver_preload(["tilelang", "dsv4_tl.build", "dsv4_tl.kernels"])
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context,
                                                 max_tasks_per_child=1 if do_lower else None) as pool:
-        for n, (key, digest, error, seconds) in enumerate(pool.map(_job, todo), 1):
+        for n, (key, digest, error, seconds, clashes) in enumerate(pool.map(_job, todo), 1):
             print(f"  [{n}/{len(todo)}] {target_name} {key} {seconds:.1f}s "
                   f"{digest[:12] if digest else 'FAILED: ' + error}", file=sys.stderr, flush=True)
             if error:
-                failures.append(f"{target_name} {key}: {error}")
+                failures.append(f"LOWERING FAILED {target_name} {key}: {error}")
                 continue
+            failures += [f"NAMED BARRIER CLASH {target_name} {key}: {c}" for c in clashes]
             entries[key] = variant_entry(by_key[key], digest)
     return entries, failures
 
@@ -184,10 +201,10 @@ def main(argv=None) -> int:
         entries, failures = fingerprints(target.name, heads, args.ops, args.jobs,
                                          not args.no_lower)
         print(f"{target.name}: {len(entries)} variants {'built' if args.no_lower else 'lowered'}, "
-              f"{len(failures)} failed, "
+              f"{len(failures)} failure(s), "
               f"{time.time() - start:.0f} s", flush=True)
         for line in failures:
-            print(f"  LOWERING FAILED {line}", flush=True)
+            print(f"  {line}", flush=True)
         status |= bool(failures)
         path = args.dir / f"{target.dirname}.json"
         if args.check:
