@@ -10,7 +10,8 @@ Per-instruction stall samples: add ``--section SourceCounters -o rep``, then
 
 ``--decode H,B,KIND`` (KIND swa / c4a / c128a) picks the decode row, ``--schedule JSON``
 forces the decode schedule (keys over the row's resolved one, e.g. '{"num_splits": 2}'),
-``--decode-only`` leaves prefill out (then ``--launch-count 1``).
+``--decode-only`` leaves prefill out (then ``--launch-count 1``), ``--extra-width`` /
+``--varying`` the compressed scope's width / per-request lengths 0..width.
 """
 
 import argparse
@@ -28,9 +29,11 @@ def main() -> None:
     ap.add_argument("--decode-only", action="store_true")
     ap.add_argument("--extra-width", type=int, default=None,
                     help="the compressed scope's width (DecodeShape's default otherwise)")
+    ap.add_argument("--varying", action="store_true",
+                    help="per-request compressed lengths 0..width (the long C128A rows)")
     args = ap.parse_args()
     h, b, kind = args.decode.split(",")
-    shape = DecodeShape(int(h), int(b), kind, extra_width=args.extra_width)
+    shape = DecodeShape(int(h), int(b), kind, extra_width=args.extra_width, varying=args.varying)
     gen = torch.Generator("cuda").manual_seed(0)
     x = decode_inputs(shape, gen, 1, "cuda")[0]
     calls = []
