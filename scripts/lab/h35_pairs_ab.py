@@ -18,11 +18,10 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import sys
 
 from dsv4_tl.kernels import SPARSE_DECODE, Variant
-from lab_jit import TARGET, precompile
+from lab_jit import TARGET, check_then_time, precompile
 
 
 def rows() -> list:
@@ -70,7 +69,7 @@ def variants() -> list:
 def measure(rounds: int, flashmla, flush) -> list:
     import torch
     from dsv4_tl import bench
-    from dsv4_tl.bench import decode_inputs, graph_time_us
+    from dsv4_tl.bench import decode_inputs
     from dsv4_tl.schedules import forced_schedule
     gen = torch.Generator("cuda").manual_seed(0)
     results = []
@@ -85,22 +84,7 @@ def measure(rounds: int, flashmla, flush) -> list:
                     [bench.ours_decode(x) for x in inputs])
             if flashmla is not None:
                 makers["flashmla"] = (contextlib.nullcontext, [flashmla.decode(x) for x in inputs])
-            for name, (ctx, calls) in makers.items():
-                with ctx():
-                    try:
-                        result = calls[0]()
-                        torch.cuda.synchronize()
-                        entry["check"][name] = bench._check_decode(inputs[0], result)
-                    except Exception as exc:
-                        entry["check"][name] = f"{type(exc).__name__}: {exc}"[:300]
-            times = {name: [] for name in makers}
-            for _ in range(rounds):
-                for name, (ctx, calls) in makers.items():
-                    if str(entry["check"].get(name)).startswith("ok"):
-                        with ctx():
-                            times[name].append(graph_time_us(calls))
-            entry["times"] = {k: statistics.median(v) for k, v in times.items() if v}
-            entry["rounds"] = times
+            entry["rounds"] = check_then_time(entry, inputs, makers, rounds)
             del inputs
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {exc}"[:300]

@@ -22,11 +22,10 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import sys
 
 from dsv4_tl.kernels import SPARSE_DECODE, Variant, pow2_ceil
-from lab_jit import TARGET, precompile
+from lab_jit import TARGET, check_then_time, precompile
 
 SMS = 132  # the H200's (the plan of --list / --precompile; the run reads the device's)
 
@@ -105,7 +104,7 @@ def measure_rows(shapes: list, rounds: int, flashmla, sms: int, flush=None,
                  routed: bool = False) -> list:
     import torch
     from dsv4_tl import bench
-    from dsv4_tl.bench import decode_inputs, graph_time_us
+    from dsv4_tl.bench import decode_inputs
     from dsv4_tl.schedules import forced_schedule
     gen = torch.Generator("cuda").manual_seed(0)
     results = []
@@ -122,23 +121,11 @@ def measure_rows(shapes: list, rounds: int, flashmla, sms: int, flush=None,
             if flashmla is not None:
                 makers["flashmla"] = (contextlib.nullcontext,
                                       [flashmla.decode(x) for x in inputs])
-            for name, (ctx, calls) in makers.items():  # check once (first input set)
-                with ctx():
-                    try:
-                        result = calls[0]()
-                        torch.cuda.synchronize()
-                        entry["check"][name] = bench._check_decode(inputs[0], result)
-                        if name == "routed":
-                            entry["routed_grid"] = _routed_grids(shape)
-                    except Exception as exc:
-                        entry["check"][name] = f"{type(exc).__name__}: {exc}"[:300]
-            times = {name: [] for name in makers}
-            for _ in range(rounds):
-                for name, (ctx, calls) in makers.items():
-                    if str(entry["check"].get(name)).startswith("ok"):
-                        with ctx():
-                            times[name].append(graph_time_us(calls))
-            entry["times"] = {k: statistics.median(v) for k, v in times.items() if v}
+
+            def record_grid(name, shape=shape, entry=entry):
+                if name == "routed":
+                    entry["routed_grid"] = _routed_grids(shape)
+            check_then_time(entry, inputs, makers, rounds, record_grid)
             del inputs
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {exc}"[:300]

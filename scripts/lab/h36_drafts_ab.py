@@ -11,9 +11,9 @@ CUDA-graph replay (``bench.graph_time_us``), medians of ``--rounds`` interleaved
 """
 
 import argparse
+import contextlib
 import json
 import os
-import statistics
 import sys
 
 
@@ -26,29 +26,19 @@ def rows() -> list:
 def measure(rounds: int, flashmla) -> list:
     import torch
     from dsv4_tl import bench
-    from dsv4_tl.bench import decode_inputs, graph_time_us
+    from dsv4_tl.bench import decode_inputs
+    from lab_jit import check_then_time
     gen = torch.Generator("cuda").manual_seed(36)
     results = []
     for shape in rows():
         entry = {"shape": shape.name, "times": {}, "check": {}}
         try:
             inputs = decode_inputs(shape, gen, 3, "cuda")
-            makers = {"ours": [bench.ours_decode(x) for x in inputs]}
+            makers = {"ours": (contextlib.nullcontext, [bench.ours_decode(x) for x in inputs])}
             if flashmla is not None:
-                makers["flashmla"] = [flashmla.decode(x) for x in inputs]
-            for name, calls in makers.items():
-                try:
-                    result = calls[0]()
-                    torch.cuda.synchronize()
-                    entry["check"][name] = bench._check_decode(inputs[0], result)
-                except Exception as exc:
-                    entry["check"][name] = f"{type(exc).__name__}: {exc}"[:300]
-            times = {name: [] for name in makers}
-            for _ in range(rounds):
-                for name, calls in makers.items():
-                    if str(entry["check"].get(name)).startswith("ok"):
-                        times[name].append(graph_time_us(calls))
-            entry["times"] = {k: statistics.median(v) for k, v in times.items() if v}
+                makers["flashmla"] = (contextlib.nullcontext,
+                                      [flashmla.decode(x) for x in inputs])
+            check_then_time(entry, inputs, makers, rounds)
             del inputs
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {exc}"[:300]

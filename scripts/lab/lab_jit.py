@@ -1,6 +1,8 @@
 """What the lab A/B scripts here share: compiling the variants a device call will load ahead of
 it, on a machine without a GPU, into the kernel dir the call then reads
-(``$DSV4_TL_KERNEL_DIR``; bench/PERF_NOTES.md's device commands), longest compiles first."""
+(``$DSV4_TL_KERNEL_DIR``; bench/PERF_NOTES.md's device commands), longest compiles first; and
+one row's A/B (each column checked once against the reference, then timed in interleaved
+rounds)."""
 
 import concurrent.futures
 import time
@@ -33,3 +35,36 @@ def precompile(variants: list, jobs: int) -> None:
         for key, dt in pool.map(_compile, todo):
             print(f"compiled {key} in {dt:.0f} s", flush=True)
     print(f"precompile: {len(todo)} variants in {time.time() - t:.0f} s", flush=True)
+
+
+def check_then_time(entry: dict, inputs: list, makers: dict, rounds: int,
+                    after_check=None) -> dict:
+    """One row's A/B. ``makers``: column -> ``(context factory, one call per input set)``. Each
+    column's first call is checked against the float32 reference on ``inputs[0]``
+    (``bench._check_decode``, into ``entry["check"]``; ``after_check(name)`` runs right after);
+    the columns whose check is "ok" are then timed per call (CUDA-graph replay over the input
+    sets, ``bench.graph_time_us``) in ``rounds`` interleaved rounds, their medians into
+    ``entry["times"]``. Returns each column's per-round times."""
+    import statistics
+
+    import torch
+    from dsv4_tl import bench
+
+    for name, (ctx, calls) in makers.items():
+        with ctx():
+            try:
+                result = calls[0]()
+                torch.cuda.synchronize()
+                entry["check"][name] = bench._check_decode(inputs[0], result)
+                if after_check is not None:
+                    after_check(name)
+            except Exception as exc:
+                entry["check"][name] = f"{type(exc).__name__}: {exc}"[:300]
+    times = {name: [] for name in makers}
+    for _ in range(rounds):
+        for name, (ctx, calls) in makers.items():
+            if str(entry["check"].get(name)).startswith("ok"):
+                with ctx():
+                    times[name].append(bench.graph_time_us(calls))
+    entry["times"] = {k: statistics.median(v) for k, v in times.items() if v}
+    return times
