@@ -25,7 +25,8 @@ from lab_jit import TARGET, check_then_time, precompile
 
 
 def rows() -> list:
-    """``(shape, split counts)``: the shipped count first."""
+    """``(shape, split counts)``: 8 first, the count every row shipped with before item 87
+    routed 9 / 10 splits (the rows' schedules differ in ``num_splits`` only)."""
     from dsv4_tl.bench import DecodeShape as S
     return [(S(128, 1, "c4a"), (8, 9, 18)), (S(128, 1, "c128a", extra_width=1024), (8, 9, 18)),
             (S(64, 1, "c4a", extra_width=512), (8, 10)),
@@ -46,9 +47,9 @@ def _call(shape) -> dict:
 def configs(shape, splits) -> dict:
     from dsv4_tl.ops._dispatch import call_schedule
     resolved = dict(call_schedule(SPARSE_DECODE, TARGET, **_call(shape)))
-    if resolved.get("num_splits") != splits[0]:
-        raise SystemExit(f"{shape.name}: resolved num_splits {resolved.get('num_splits')}, "
-                         f"expected {splits[0]}")
+    if resolved.get("num_splits") not in splits:
+        raise SystemExit(f"{shape.name}: resolved num_splits {resolved.get('num_splits')} is "
+                         f"not among the columns {splits}")
     return {f"S{s}": {**resolved, "num_splits": s} for s in splits}
 
 
@@ -96,7 +97,7 @@ def measure(rounds: int, flashmla, flush) -> list:
 
 
 def table(results: list) -> str:
-    lines = ["| row | S8 (shipped) | S9 | S10 | S16 | S18 | flashmla | best / shipped "
+    lines = ["| row | S8 (before item 87) | S9 | S10 | S16 | S18 | flashmla | best / S8 "
              "| flashmla / best | checks |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for e in results:
